@@ -1,0 +1,62 @@
+"""opregistry: a plugin-based registry for PyTorch custom operators.
+
+Op packages declare ops through the entry-point group ``opregistry.ops``;
+backends (``opregistry-cpu``, ``opregistry-cuda``, ...) register kernels for
+their dispatch key; :func:`load` resolves every installed package together
+and registers the result with ``torch.library``.  Importing this package
+does not import torch.
+"""
+
+from __future__ import annotations
+
+from .config import Policy, Settings
+from .declare import OpHandle, OpLibrary
+from .errors import (
+    DeclarationError,
+    LockMismatchError,
+    MaterializationError,
+    OpRegistryError,
+    PluginLoadError,
+    PluginValidationError,
+    ResolutionError,
+    SchemaError,
+)
+from .hookspecs import hookimpl, hookspec
+from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
+from .registry import Registry, get_registry, load, plan
+
+__all__ = [
+    "Backend",
+    "DeclarationError",
+    "Kernel",
+    "LockMismatchError",
+    "MaterializationError",
+    "Namespace",
+    "OpDef",
+    "OpHandle",
+    "OpLibrary",
+    "OpRegistryError",
+    "Origin",
+    "PluginLoadError",
+    "PluginValidationError",
+    "Policy",
+    "Problem",
+    "Registry",
+    "ResolutionError",
+    "SchemaError",
+    "Settings",
+    "get_registry",
+    "hookimpl",
+    "hookspec",
+    "load",
+    "plan",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("opregistry")
+    raise AttributeError(f"module 'opregistry' has no attribute {name!r}")

@@ -1,0 +1,61 @@
+"""Building blocks for backend authors.
+
+A backend is any object implementing the backend hooks of
+:mod:`opregistry.hookspecs`.  :class:`DeviceBackend` implements them for the
+common case — one device dispatch key whose kernels are registered with
+``Library.impl`` — so that ``opregistry-cpu``, ``opregistry-cuda`` and an
+out-of-tree device (``PrivateUse1``, ``XPU``) are each a few lines::
+
+    backend = DeviceBackend("npu", key="PrivateUse1", device_type="npu",
+                            available=lambda: importlib.util.find_spec("torch_npu") is not None)
+
+and an entry point ``npu = my_backend:backend`` in ``opregistry.backends``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .hookspecs import hookimpl
+from .model import Backend, Kernel
+
+__all__ = ["DeviceBackend", "op_name"]
+
+
+def op_name(kernel: Kernel) -> str:
+    """The op as ``Library.impl`` wants it: ``name.overload``, without namespace."""
+    return kernel.op.split("::", 1)[1]
+
+
+class DeviceBackend:
+    """A backend that registers device kernels for one dispatch key.
+
+    :param name: the backend's name in listings (``"cuda"``).
+    :param key: the dispatch key (``"CUDA"``, ``"PrivateUse1"``).
+    :param device_type: the ``torch.device`` type (``"cuda"``).
+    :param available: called once per load; must not import torch unless
+        torch is already imported.  Default: always available.
+    """
+
+    def __init__(self, name: str, *, key: str, device_type: str,
+                 available: Callable[[], bool] | None = None, description: str = "") -> None:
+        self.record = Backend(name=name, keys=(key,), device_type=device_type,
+                              description=description)
+        self._available = available
+
+    def __repr__(self) -> str:
+        return f"<DeviceBackend {self.record.name} {self.record.keys[0]}>"
+
+    @hookimpl
+    def opregistry_backends(self) -> list[Backend]:
+        return [self.record]
+
+    @hookimpl
+    def opregistry_backend_available(self, backend: Backend) -> bool:
+        return True if self._available is None else bool(self._available())
+
+    @hookimpl
+    def opregistry_materialize_kernel(self, library: Any, kernel: Kernel,
+                                      fn: Callable[..., Any]) -> bool:
+        library.impl(op_name(kernel), fn, kernel.key)
+        return True

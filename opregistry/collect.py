@@ -1,0 +1,253 @@
+"""Stage 2, collect: call the hooks of every plugin and gather declarations.
+
+Plugins are registered with a :class:`pluggy.PluginManager` that validates
+them against :mod:`opregistry.hookspecs`.  Each plugin's hook
+implementations are then called one plugin at a time, so a plugin that
+raises, or returns something that is not a declaration, is reported as a
+problem of its distribution and the others are still collected.  Every
+record is stamped with the :class:`~opregistry.model.Origin` of the plugin
+that returned it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any, Callable, Iterable
+
+import attrs
+import pluggy
+from attrs import field, frozen
+
+from . import hookspecs
+from .discovery import BACKENDS_GROUP, OPS_GROUP, Discovered, Plugin, Skipped, load_problem
+from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
+from .logs import get_logger
+
+__all__ = ["Declarations", "Collected", "collect", "make_plugin_manager"]
+
+log = get_logger()
+
+OP_HOOKS: dict[str, type] = {
+    "opregistry_namespaces": Namespace,
+    "opregistry_ops": OpDef,
+    "opregistry_kernels": Kernel,
+}
+BACKEND_HOOKS: dict[str, type] = {"opregistry_backends": Backend}
+PER_BACKEND_HOOKS = ("opregistry_backend_available", "opregistry_materialize_kernel")
+HOOK_GROUPS: dict[str, str] = {
+    **{name: OPS_GROUP for name in OP_HOOKS},
+    **{name: BACKENDS_GROUP for name in (*BACKEND_HOOKS, *PER_BACKEND_HOOKS)},
+}
+
+
+@frozen(kw_only=True)
+class Declarations:
+    """Everything the admitted plugins declared, with problems found so far."""
+
+    namespaces: tuple[Namespace, ...] = field(default=(), converter=tuple)
+    ops: tuple[OpDef, ...] = field(default=(), converter=tuple)
+    kernels: tuple[Kernel, ...] = field(default=(), converter=tuple)
+    backends: tuple[Backend, ...] = field(default=(), converter=tuple)
+    #: backend name -> whether it can run on this machine
+    available: dict[str, bool] = field(factory=dict, eq=False)
+    #: every distribution whose plugin loaded
+    distributions: tuple[Origin, ...] = field(default=(), converter=tuple)
+    skipped: tuple[Skipped, ...] = field(default=(), converter=tuple)
+    problems: tuple[Problem, ...] = field(default=(), converter=tuple)
+
+
+@frozen
+class Collected:
+    """Declarations, plus the backends' materialize hooks (not data: callables)."""
+
+    declarations: Declarations
+    materializers: dict[str, Callable[..., Any]] = field(eq=False, repr=False)
+
+
+class _PluginManager(pluggy.PluginManager):
+    """Takes ``opregistry_*`` functions as hook implementations without the marker."""
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith("opregistry_"):
+            method = getattr(plugin, name, None)
+            if inspect.isroutine(method):
+                return {}
+        return opts
+
+
+def make_plugin_manager() -> pluggy.PluginManager:
+    """A plugin manager with opregistry's hook specifications and no plugins."""
+    pm = _PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _validation_problem(origin: Origin, message: str) -> Problem:
+    return Problem(
+        code="plugin-invalid",
+        message=f"{origin}: {message}",
+        hint=f"fix the hook implementations of {origin.distribution} (see docs/hooks.md)",
+        culprits=(origin,),
+    )
+
+
+def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
+    origin = plugin.origin
+    name = f"{origin.group}:{origin.distribution}:{origin.entry_point}"
+    try:
+        pm.register(plugin.obj, name=name)
+    except pluggy.PluginValidationError as exc:
+        return _validation_problem(origin, str(exc))
+    except ValueError as exc:  # the same object or name registered twice
+        return _validation_problem(origin, f"cannot be registered: {exc}")
+    for caller in pm.get_hookcallers(plugin.obj) or ():
+        if caller.spec is None:
+            close = difflib.get_close_matches(caller.name, HOOK_GROUPS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            pm.unregister(plugin.obj)
+            return _validation_problem(origin, f"implements unknown hook {caller.name}{hint}")
+        if HOOK_GROUPS[caller.name] != origin.group:
+            pm.unregister(plugin.obj)
+            return _validation_problem(
+                origin,
+                f"implements {caller.name}, a hook of {HOOK_GROUPS[caller.name]}, but its "
+                f"entry point is in {origin.group}",
+            )
+    return None
+
+
+def _impls(pm: pluggy.PluginManager, hook_name: str, obj: Any) -> list[Any]:
+    caller = getattr(pm.hook, hook_name)
+    return [impl for impl in caller.get_hookimpls() if impl.plugin is obj]
+
+
+def _call(impl: Any, origin: Origin, hook_name: str, **kwargs: Any) -> Any:
+    args = {k: v for k, v in kwargs.items() if k in impl.argnames}
+    return impl.function(**args)
+
+
+def _hook_problem(origin: Origin, hook_name: str, exc: BaseException) -> Problem:
+    problem = load_problem(origin, exc)
+    return attrs.evolve(
+        problem,
+        code="plugin-hook-error" if problem.code == "plugin-import-error" else problem.code,
+        message=f"{origin}: {hook_name}() raised {type(exc).__name__}: {exc}",
+    )
+
+
+def _records(
+    origin: Origin, hook_name: str, result: Any, record_type: type
+) -> tuple[list[Any], Problem | None]:
+    if result is None:
+        return [], None
+    if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
+        result = [result]
+    records = []
+    for item in result:
+        if not isinstance(item, record_type):
+            return [], _validation_problem(
+                origin,
+                f"{hook_name}() returned a {type(item).__name__}; it must return "
+                f"{record_type.__name__} records",
+            )
+        records.append(attrs.evolve(item, origin=origin))
+    return records, None
+
+
+def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> Collected:
+    """Register ``discovered`` plugins and gather their declarations."""
+    pm = pm or make_plugin_manager()
+    problems = list(discovered.problems)
+    skipped = list(discovered.skipped)
+    gathered: dict[type, list[Any]] = {Namespace: [], OpDef: [], Kernel: [], Backend: []}
+    available: dict[str, bool] = {}
+    materializers: dict[str, Callable[..., Any]] = {}
+    distributions: list[Origin] = []
+
+    for plugin in discovered.plugins:
+        origin = plugin.origin
+        problem = _register(pm, plugin)
+        if problem is not None:
+            problems.append(problem)
+            skipped.append(Skipped(origin, problem.message))
+            continue
+        hooks = OP_HOOKS if origin.group == OPS_GROUP else BACKEND_HOOKS
+        own: dict[type, list[Any]] = {t: [] for t in gathered}
+        try:
+            for hook_name, record_type in hooks.items():
+                for impl in _impls(pm, hook_name, plugin.obj):
+                    try:
+                        result = _call(impl, origin, hook_name)
+                    except Exception as exc:
+                        raise _Failed(_hook_problem(origin, hook_name, exc)) from exc
+                    records, problem = _records(origin, hook_name, result, record_type)
+                    if problem is not None:
+                        raise _Failed(problem)
+                    own[record_type].extend(records)
+            if origin.group == BACKENDS_GROUP:
+                own_backend_state = _backend_state(pm, plugin, own[Backend])
+                available.update(own_backend_state[0])
+                materializers.update(own_backend_state[1])
+        except _Failed as failed:
+            problems.append(failed.problem)
+            skipped.append(Skipped(origin, failed.problem.message))
+            continue
+        for record_type, records in own.items():
+            gathered[record_type].extend(records)
+        distributions.append(origin)
+
+    declarations = Declarations(
+        namespaces=gathered[Namespace],
+        ops=gathered[OpDef],
+        kernels=gathered[Kernel],
+        backends=gathered[Backend],
+        available=available,
+        distributions=distributions,
+        skipped=skipped,
+        problems=problems,
+    )
+    log.debug(
+        "collected",
+        plugins=len(distributions),
+        ops=len(declarations.ops),
+        kernels=len(declarations.kernels),
+        problems=len(problems),
+    )
+    return Collected(declarations, materializers)
+
+
+class _Failed(Exception):
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+
+
+def _backend_state(
+    pm: pluggy.PluginManager, plugin: Plugin, backends: list[Backend]
+) -> tuple[dict[str, bool], dict[str, Callable[..., Any]]]:
+    origin = plugin.origin
+    available: dict[str, bool] = {}
+    materializers: dict[str, Callable[..., Any]] = {}
+    materialize = _impls(pm, "opregistry_materialize_kernel", plugin.obj)
+    if backends and not materialize:
+        raise _Failed(
+            _validation_problem(
+                origin, "declares a backend but does not implement opregistry_materialize_kernel"
+            )
+        )
+    for backend in backends:
+        answer = None
+        for impl in _impls(pm, "opregistry_backend_available", plugin.obj):
+            try:
+                answer = _call(impl, origin, "opregistry_backend_available", backend=backend)
+            except Exception as exc:
+                raise _Failed(_hook_problem(origin, "opregistry_backend_available", exc)) from exc
+            if answer is not None:
+                break
+        available[backend.name] = True if answer is None else bool(answer)
+        impl = materialize[0]
+        materializers[backend.name] = lambda _impl=impl, _o=origin, **kw: _call(
+            _impl, _o, "opregistry_materialize_kernel", **kw
+        )
+    return available, materializers

@@ -1,0 +1,320 @@
+"""How op authors declare ops: :class:`OpLibrary`, in two styles.
+
+*Declarative, lazy* — the module imports neither torch nor the kernels::
+
+    lib = OpLibrary("mylib")
+    lib.define(
+        "muladd(Tensor a, Tensor b, float c) -> Tensor",
+        kernels={"cpu": "mylib.kernels:muladd_cpu"},
+        fake="mylib.kernels:muladd_fake",
+        autograd=("mylib.kernels:muladd_backward", "mylib.kernels:muladd_setup"),
+    )
+
+*Decorators* — in the spirit of :func:`torch.library.custom_op`, for modules
+that import torch anyway; the schema is inferred from the type hints::
+
+    @lib.op(mutates_args=())
+    def numpy_sin(x: torch.Tensor) -> torch.Tensor: ...
+
+    @numpy_sin.register_fake
+    def _(x): return torch.empty_like(x)
+
+Either way the library only *records* declarations; nothing reaches torch
+until :func:`opregistry.load` resolves every installed package together.
+The entry point of the op package names the :class:`OpLibrary` object.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar, overload
+
+from .errors import DeclarationError
+from .hookspecs import hookimpl
+from .model import Kernel, KernelRef, Namespace, OpDef
+
+__all__ = ["OpLibrary", "OpHandle"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+LibraryKind = Literal["DEF", "FRAGMENT", "IMPL"]
+
+
+def _source(depth: int) -> str:
+    frame = sys._getframe(depth + 1)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    base, _, overload = name.partition(".")
+    return base, overload
+
+
+class OpHandle:
+    """One declared op.  Registration methods work as decorators or direct calls.
+
+    Calling the handle calls ``torch.ops.<ns>.<op>``; the first call loads
+    the registry if nothing has yet.
+    """
+
+    def __init__(self, library: OpLibrary, op: OpDef) -> None:
+        self._library = library
+        self._op = op
+        self._overload: Any = None
+
+    @property
+    def qualname(self) -> str:
+        return self._op.qualname
+
+    @property
+    def definition(self) -> OpDef:
+        return self._op
+
+    def __repr__(self) -> str:
+        return f"<OpHandle {self.qualname}{self._op.schema}>"
+
+    def _register(self, key: str, fn: KernelRef | None, depth: int, **extra: Any) -> Any:
+        def add(f: Any) -> Any:
+            self._library._add_kernel(self.qualname, key, f, source=_source(depth + 1), **extra)
+            return f
+
+        if fn is None:
+            return add
+        return add(fn)
+
+    def register_kernel(self, device_type: str, fn: KernelRef | None = None) -> Any:
+        """Add the kernel for one device type (``"cpu"``, ``"cuda"``, ...)."""
+        return self._register(device_type, fn, 2)
+
+    def register_fake(self, fn: KernelRef | None = None) -> Any:
+        """Add the fake (meta) kernel, with :func:`torch.library.register_fake` semantics."""
+        return self._register("Meta", fn, 2)
+
+    def register_vmap(self, fn: KernelRef | None = None) -> Any:
+        """Add the vmap rule, with :func:`torch.library.register_vmap` semantics."""
+        return self._register("FuncTorchBatched", fn, 2)
+
+    def register_autograd(
+        self, backward: KernelRef, /, *, setup_context: KernelRef | None = None
+    ) -> None:
+        """Add backward and setup_context, as :func:`torch.library.register_autograd`."""
+        self._library._add_kernel(
+            self.qualname, "Autograd", backward, setup_context=setup_context, source=_source(1)
+        )
+
+    def register_samples(self, fn: KernelRef | None = None) -> Any:
+        """Name the function that returns sample inputs for ``opcheck``."""
+
+        def add(f: Any) -> Any:
+            self._library._set_samples(self.qualname, f)
+            return f
+
+        return add if fn is None else add(fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        op = self._overload
+        if op is None:
+            op = self._overload = self._library._lookup(self._op)
+        return op(*args, **kwargs)
+
+
+class OpLibrary:
+    """The declarations of one distribution for one namespace.
+
+    :param namespace: the namespace, a Python identifier.
+    :param kind: ``"DEF"`` to own the namespace, ``"FRAGMENT"`` to add ops
+        to a namespace another distribution owns, ``"IMPL"`` to only add
+        kernels to ops defined elsewhere.
+    :param closed: for a ``DEF``, refuse fragments from other distributions.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        kind: LibraryKind = "DEF",
+        *,
+        closed: bool = False,
+        description: str = "",
+    ) -> None:
+        if kind not in ("DEF", "FRAGMENT", "IMPL"):
+            raise DeclarationError(f"OpLibrary kind must be DEF, FRAGMENT or IMPL, not {kind!r}")
+        self.namespace = namespace
+        self.kind = kind
+        self._namespace = (
+            None
+            if kind == "IMPL"
+            else Namespace(name=namespace, kind=kind, closed=closed, description=description)
+        )
+        self._ops: dict[str, OpDef] = {}
+        self._kernels: list[Kernel] = []
+
+    def __repr__(self) -> str:
+        return f"<OpLibrary {self.namespace} {self.kind}: {len(self._ops)} ops>"
+
+    # -- declarative style ---------------------------------------------------
+    def define(
+        self,
+        schema: str,
+        *,
+        kernels: Mapping[str, KernelRef] | None = None,
+        fake: KernelRef | None = None,
+        autograd: tuple[KernelRef, KernelRef | None] | KernelRef | None = None,
+        vmap: KernelRef | None = None,
+        mutates_args: Sequence[str] | None = None,
+        tags: Iterable[str] = (),
+        samples: KernelRef | None = None,
+        doc: str = "",
+    ) -> OpHandle:
+        """Declare an op from a schema string, as ``Library.define`` does.
+
+        :param schema: ``"name.overload(args) -> returns"``.
+        :param kernels: device type (or dispatch key) to kernel reference.
+        :param fake: the fake kernel.
+        :param autograd: ``(backward, setup_context)`` or just ``backward``.
+        :param vmap: the vmap rule.
+        :param mutates_args: if given, must agree with the ``(a!)`` annotations.
+        :param tags: ``torch.Tag`` names, e.g. ``"pt2_compliant_tag"``.
+        :param samples: function returning sample inputs for ``opcheck``.
+        """
+        if self.kind == "IMPL":
+            raise DeclarationError(
+                f"OpLibrary({self.namespace!r}, 'IMPL') only adds kernels; "
+                f"define ops in a DEF or FRAGMENT library"
+            )
+        if not isinstance(schema, str) or "(" not in schema:
+            raise DeclarationError(
+                f"{self.namespace}: schema {schema!r} must look like 'name(Tensor x) -> Tensor'"
+            )
+        name, _, rest = schema.partition("(")
+        base, overload = _split_name(name.strip())
+        handle = self._add_op(
+            base,
+            overload,
+            "(" + rest,
+            mutates_args=mutates_args,
+            tags=tags,
+            samples=samples,
+            doc=doc,
+            source=_source(1),
+        )
+        qualname = handle.qualname
+        for key, fn in (kernels or {}).items():
+            self._add_kernel(qualname, key, fn, source=_source(1))
+        if fake is not None:
+            self._add_kernel(qualname, "Meta", fake, source=_source(1))
+        if autograd is not None:
+            backward, setup = autograd if isinstance(autograd, tuple) else (autograd, None)
+            self._add_kernel(qualname, "Autograd", backward, setup_context=setup, source=_source(1))
+        if vmap is not None:
+            self._add_kernel(qualname, "FuncTorchBatched", vmap, source=_source(1))
+        return handle
+
+    @overload
+    def impl(self, op: str, key: str, fn: None = None, *, override: bool = False) -> Callable[[F], F]: ...
+    @overload
+    def impl(self, op: str, key: str, fn: F, *, override: bool = False) -> F: ...
+
+    def impl(self, op: str, key: str, fn: Any = None, *, override: bool = False) -> Any:
+        """Add a kernel for ``op`` (``"name"`` in this namespace, or ``"ns::name"``).
+
+        ``override=True`` declares the intent to replace a kernel another
+        distribution or torch registered for that key; policy must allow it.
+        """
+        qualname = op if "::" in op else f"{self.namespace}::{op}"
+        source = _source(1)
+
+        def add(f: Any) -> Any:
+            self._add_kernel(qualname, key, f, override=override, source=source)
+            return f
+
+        return add if fn is None else add(fn)
+
+    # -- decorator style ---------------------------------------------------
+    def op(
+        self,
+        name: str | None = None,
+        *,
+        mutates_args: Iterable[str] | str,
+        device_types: str | Sequence[str] = "cpu",
+        schema: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> Callable[[Callable[..., Any]], OpHandle]:
+        """Decorator: declare an op whose kernel is the decorated function.
+
+        As :func:`torch.library.custom_op`, the schema is inferred from type
+        hints (pass ``schema=`` to write it yourself) and ``mutates_args``
+        is required.  The function becomes the kernel for ``device_types``.
+        """
+        if isinstance(mutates_args, str):
+            raise DeclarationError(
+                "mutates_args must list argument names (use () for a functional op); "
+                "opregistry does not support 'unknown'"
+            )
+        mutated = tuple(mutates_args)
+        devices = (device_types,) if isinstance(device_types, str) else tuple(device_types)
+        source = _source(1)
+
+        def decorate(fn: Callable[..., Any]) -> OpHandle:
+            base, overload = _split_name(name or fn.__name__)
+            signature = schema
+            if signature is None:
+                import torch.library
+
+                signature = torch.library.infer_schema(fn, mutates_args=mutated)
+            handle = self._add_op(
+                base,
+                overload,
+                signature,
+                mutates_args=mutated,
+                tags=tags,
+                doc=fn.__doc__ or "",
+                source=source,
+            )
+            for device in devices:
+                self._add_kernel(handle.qualname, device, fn, source=source)
+            return handle
+
+        return decorate
+
+    # -- records -------------------------------------------------------------
+    def _add_op(self, name: str, overload: str, schema: str, **kwargs: Any) -> OpHandle:
+        op = OpDef(namespace=self.namespace, name=name, overload=overload, schema=schema, **kwargs)
+        if op.qualname in self._ops:
+            raise DeclarationError(
+                f"{op.qualname} is declared twice in this OpLibrary "
+                f"(first at {self._ops[op.qualname].source}, again at {op.source})",
+                op=op.qualname,
+            )
+        self._ops[op.qualname] = op
+        return OpHandle(self, op)
+
+    def _add_kernel(self, qualname: str, key: str, fn: KernelRef, **kwargs: Any) -> None:
+        self._kernels.append(Kernel(op=qualname, key=key, fn=fn, **kwargs))
+
+    def _set_samples(self, qualname: str, fn: KernelRef) -> None:
+        from attrs import evolve
+
+        self._ops[qualname] = evolve(self._ops[qualname], samples=fn)
+
+    def _lookup(self, op: OpDef) -> Any:
+        import torch
+
+        from .registry import load
+
+        namespace = getattr(torch.ops, op.namespace)
+        if not hasattr(namespace, op.name):
+            load()
+        packet = getattr(namespace, op.name)
+        return getattr(packet, op.overload or "default")
+
+    # -- hook implementations ---------------------------------------------
+    @hookimpl
+    def opregistry_namespaces(self) -> list[Namespace]:
+        return [self._namespace] if self._namespace is not None else []
+
+    @hookimpl
+    def opregistry_ops(self) -> list[OpDef]:
+        return list(self._ops.values())
+
+    @hookimpl
+    def opregistry_kernels(self) -> list[Kernel]:
+        return list(self._kernels)

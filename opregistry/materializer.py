@@ -1,0 +1,229 @@
+"""Stage 4, materialize: turn a :class:`~opregistry.resolver.Plan` into torch registrations.
+
+The core defines namespaces and ops itself (``Library.define``); every kernel
+is registered by the backend plugin that owns its dispatch key, through the
+``opregistry_materialize_kernel`` hook.  Each distribution gets its own
+``torch.library.Library`` objects, kept alive by the returned
+:class:`Materialized` (a collected ``Library`` unregisters its ops).  One
+distribution is all-or-nothing: if torch rejects any of its registrations,
+or a kernel reference does not import, every ``Library`` of that
+distribution is destroyed, and so are those of distributions whose kernels
+target its ops.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+from attrs import define, field
+
+from .errors import MaterializationError
+from .model import Origin, Problem, resolve_ref
+from .resolver import OpPlan, Plan
+from .logs import get_logger
+
+__all__ = ["Materialized", "materialize"]
+
+log = get_logger()
+
+#: every op opregistry has defined and not yet unregistered, in this process
+_defined: set[str] = set()
+
+
+def defined_ops() -> frozenset[str]:
+    """Ops defined through opregistry (by any live registry) in this process."""
+    return frozenset(_defined)
+
+
+@define
+class Materialized:
+    """The live registrations: ``Library`` objects per distribution."""
+
+    libraries: dict[str, list[Any]] = field(factory=dict)
+    ops: list[str] = field(factory=list)
+    problems: list[Problem] = field(factory=list)
+    failed: dict[str, Origin] = field(factory=dict)
+
+    def destroy(self) -> None:
+        """Unregister everything, in reverse order of registration."""
+        for libs in reversed(list(self.libraries.values())):
+            for lib in reversed(libs):
+                lib._destroy()
+        _defined.difference_update(self.ops)
+        self.libraries.clear()
+        self.ops.clear()
+
+
+class _DistLibraries:
+    """The ``Library`` objects of one distribution, created on first use."""
+
+    def __init__(self, origin: Origin, owned: dict[str, str]) -> None:
+        self.origin = origin
+        self.owned = owned  # namespace -> "DEF" | "FRAGMENT"
+        self.libs: dict[str, Any] = {}
+
+    def get(self, namespace: str) -> Any:
+        lib = self.libs.get(namespace)
+        if lib is None:
+            from torch.library import Library
+
+            lib = self.libs[namespace] = Library(namespace, self.owned.get(namespace, "IMPL"))
+        return lib
+
+    def destroy(self) -> None:
+        for lib in reversed(list(self.libs.values())):
+            lib._destroy()
+        self.libs.clear()
+
+
+def _failure(origin: Origin, what: str, exc: BaseException, op: str | None,
+             key: str | None, source: str | None) -> Problem:
+    return Problem(
+        code="materialize-failed",
+        message=f"{origin}: {what} failed: {type(exc).__name__}: {exc}",
+        hint=f"fix {origin.distribution}; nothing of it was registered",
+        culprits=(origin,),
+        op=op,
+        key=key,
+        source=source,
+    )
+
+
+def _define(lib: Any, plan: OpPlan) -> None:
+    import torch
+
+    op = plan.op
+    tags = tuple(getattr(torch.Tag, t) for t in op.tags)
+    lib.define(op.full_schema, tags=tags)
+    schema = plan.parsed
+    if not schema.tensor_arguments and any(a.type.base == "Device" for a in schema.arguments):
+        _register_backend_select(lib, plan)
+
+
+def _register_backend_select(lib: Any, plan: OpPlan) -> None:
+    """A factory op has no tensor to dispatch on: route by its ``device`` argument."""
+    import torch
+
+    schema = plan.parsed
+    index = next(i for i, a in enumerate(schema.arguments) if a.type.base == "Device")
+    name = schema.arguments[index].name
+    kwarg_only = schema.arguments[index].kwarg_only
+    qualname = plan.op.qualname
+    cache: dict[str, Any] = {}
+
+    def backend_select(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get(name) if kwarg_only or len(args) <= index else args[index]
+        device_type = torch.device(device).type if device is not None else "cpu"
+        key = cache.get(device_type)
+        if key is None:
+            key = cache[device_type] = torch._C.DispatchKeySet(
+                getattr(torch._C.DispatchKey, torch._C._dispatch_key_for_device(device_type))
+            )
+        overload = cache.get("op")
+        if overload is None:
+            overload = cache["op"] = torch._library.utils.lookup_op(qualname)
+        return overload.redispatch(key, *args, **kwargs)
+
+    lib.impl(plan.op.name_with_overload, backend_select, "BackendSelect", with_keyset=True)
+
+
+def materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Materialized:
+    """Register ``plan`` with torch; a failing distribution is rolled back whole."""
+    owned: dict[str, dict[str, str]] = defaultdict(dict)
+    origins: dict[str, Origin] = {}
+    for ns in plan.namespaces:
+        if ns.owner is not None:
+            owned[ns.owner.distribution][ns.name] = "DEF"
+            origins[ns.owner.distribution] = ns.owner
+        for frag in ns.fragments:
+            owned[frag.distribution].setdefault(ns.name, "FRAGMENT")
+            origins[frag.distribution] = frag
+    kernels_by_dist: dict[str, list[tuple[OpPlan | None, Any]]] = defaultdict(list)
+    for op in plan.ops:
+        for k in op.kernels:
+            if k.status == "active" and k.kernel.origin is not None:
+                kernels_by_dist[k.kernel.origin.distribution].append((op, k))
+                origins.setdefault(k.kernel.origin.distribution, k.kernel.origin)
+    for k in plan.external_kernels:
+        if k.status == "active" and k.kernel.origin is not None:
+            kernels_by_dist[k.kernel.origin.distribution].append((None, k))
+            origins.setdefault(k.kernel.origin.distribution, k.kernel.origin)
+
+    libs = {d: _DistLibraries(origins[d], owned.get(d, {})) for d in sorted(origins)}
+    result = Materialized()
+    failed: dict[str, Problem] = {}
+
+    # definitions first, so that kernels of any distribution find their op
+    for op in plan.ops:
+        origin = op.op.origin
+        assert origin is not None
+        dist = origin.distribution
+        if dist in failed:
+            continue
+        try:
+            _define(libs[dist].get(op.op.namespace), op)
+        except Exception as exc:
+            failed[dist] = _failure(origin, f"defining {op.op.full_schema}", exc,
+                                    op.op.qualname, None, op.op.source)
+
+    for dist in sorted(kernels_by_dist):
+        if dist in failed:
+            continue
+        for op, k in kernels_by_dist[dist]:
+            kernel = k.kernel
+            what = f"registering the {kernel.key} kernel of {kernel.op}"
+            try:
+                fn = resolve_ref(kernel.fn)
+                setup = resolve_ref(kernel.setup_context) if kernel.setup_context else None
+            except Exception as exc:
+                failed[dist] = _failure(kernel.origin, f"importing {kernel.fn!s} for {kernel.op}",
+                                        exc, kernel.op, kernel.key, kernel.source)
+                break
+            try:
+                done = materializers[k.backend](
+                    library=libs[dist].get(kernel.namespace),
+                    op=op.op if op else None, kernel=kernel, fn=fn, setup_context=setup)
+                if not done:
+                    raise MaterializationError(
+                        f"backend {k.backend} did not register it (returned {done!r})")
+            except Exception as exc:
+                failed[dist] = _failure(kernel.origin, what, exc, kernel.op, kernel.key,
+                                        kernel.source)
+                break
+
+    # roll back failed distributions, and those whose kernels target their ops
+    while True:
+        failed_ops = {op.op.qualname for op in plan.ops
+                      if op.op.origin and op.op.origin.distribution in failed}
+        dependents = {}
+        for dist, items in kernels_by_dist.items():
+            if dist in failed:
+                continue
+            for op, k in items:
+                if k.kernel.op in failed_ops:
+                    owner = op.op.origin if op else None
+                    dependents[dist] = Problem(
+                        code="materialize-dependency-failed",
+                        message=f"{origins[dist]}: left out because the op {k.kernel.op} it "
+                                f"implements could not be registered by {owner}",
+                        hint=f"fix {owner.distribution if owner else 'its definer'} first",
+                        culprits=(origins[dist],), op=k.kernel.op, key=k.kernel.key)
+                    break
+        if not dependents:
+            break
+        failed.update(dependents)
+
+    for dist, problem in failed.items():
+        libs[dist].destroy()
+        result.problems.append(problem)
+        result.failed[dist] = origins[dist]
+        log.warning("distribution rolled back", distribution=origins[dist].dist,
+                    problem=problem.message)
+    for dist, dl in libs.items():
+        if dist not in failed and dl.libs:
+            result.libraries[dist] = list(dl.libs.values())
+    result.ops = [op.op.qualname for op in plan.ops
+                  if op.op.origin and op.op.origin.distribution not in failed]
+    _defined.update(result.ops)
+    return result

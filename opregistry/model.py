@@ -1,0 +1,279 @@
+"""Frozen records: what plugins declare, and what the resolver decides.
+
+Every stage of the pipeline hands the next one plain, frozen attrs data, so
+each can be printed, compared and tested without torch.  Op and backend
+authors build :class:`Namespace`, :class:`OpDef`, :class:`Kernel` and
+:class:`Backend` records (usually through :class:`~opregistry.OpLibrary`);
+the collector stamps each with the :class:`Origin` it came from.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Literal, Union
+
+import attrs
+from attrs import field, frozen
+
+from . import keys as _keys
+from .errors import DeclarationError
+
+__all__ = [
+    "Origin",
+    "Namespace",
+    "OpDef",
+    "Kernel",
+    "Backend",
+    "Problem",
+    "KernelRef",
+    "describe_ref",
+    "resolve_ref",
+]
+
+#: A kernel is either a ``"package.module:function"`` string, imported only
+#: when the kernel is materialized, or the callable itself.
+KernelRef = Union[str, Callable[..., Any]]
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_REF = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+
+NamespaceKind = Literal["DEF", "FRAGMENT"]
+
+
+def is_identifier(name: str) -> bool:
+    """Whether ``name`` is an ASCII identifier, as torch requires of names."""
+    return bool(_IDENT.match(name))
+
+
+def _check_ref(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, str):
+        if not _REF.match(value):
+            raise DeclarationError(
+                f"{attribute.name}={value!r} is not a kernel reference: write it as "
+                f"'package.module:function' (the form of an entry point's value)"
+            )
+    elif not callable(value):
+        raise DeclarationError(
+            f"{attribute.name} must be a 'module:function' string or a callable, "
+            f"got {type(value).__name__}"
+        )
+
+
+def describe_ref(ref: KernelRef | None) -> str | None:
+    """``module:qualname`` of a kernel reference, for listings and lockfiles."""
+    if ref is None or isinstance(ref, str):
+        return ref
+    module = getattr(ref, "__module__", None) or "?"
+    qualname = getattr(ref, "__qualname__", None) or getattr(ref, "__name__", repr(ref))
+    return f"{module}:{qualname}"
+
+
+def resolve_ref(ref: KernelRef) -> Callable[..., Any]:
+    """Import a ``"module:function"`` reference, or return a callable as is."""
+    if not isinstance(ref, str):
+        return ref
+    import importlib
+
+    module_name, _, attr_path = ref.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{ref} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+@frozen(order=True)
+class Origin:
+    """Where a declaration came from: a distribution and one of its entry points."""
+
+    distribution: str
+    version: str
+    group: str = ""
+    entry_point: str = ""
+    value: str = ""
+
+    @property
+    def dist(self) -> str:
+        """``name==version``, the way pip spells a pinned distribution."""
+        return f"{self.distribution}=={self.version}"
+
+    @property
+    def entry_point_spec(self) -> str:
+        return f"{self.entry_point} = {self.value}" if self.entry_point else ""
+
+    def __str__(self) -> str:
+        if not self.entry_point:
+            return self.dist
+        return f"{self.dist} (entry point '{self.entry_point} = {self.value}' in {self.group})"
+
+
+@frozen(kw_only=True)
+class Namespace:
+    """A namespace a distribution defines (``DEF``) or adds ops to (``FRAGMENT``).
+
+    ``closed=True`` on a ``DEF`` refuses fragments from other distributions.
+    """
+
+    name: str
+    kind: NamespaceKind = field(default="DEF", validator=attrs.validators.in_(("DEF", "FRAGMENT")))
+    closed: bool = False
+    description: str = ""
+    origin: Origin | None = field(default=None, eq=False, order=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.closed and self.kind != "DEF":
+            raise DeclarationError(
+                f"namespace {self.name!r}: only the DEF of a namespace can close it "
+                f"(closed=True on a FRAGMENT means nothing)"
+            )
+
+
+@frozen(kw_only=True)
+class OpDef:
+    """One operator: ``namespace::name.overload`` and its schema.
+
+    ``schema`` is the signature without the name, as
+    :func:`torch.library.infer_schema` returns it: ``"(Tensor x) -> Tensor"``.
+    ``samples`` names a function returning sample inputs for ``opcheck``: a
+    list of ``(args, kwargs)`` pairs or of :class:`~opregistry.Sample`.
+    """
+
+    namespace: str
+    name: str
+    schema: str
+    overload: str = ""
+    mutates_args: tuple[str, ...] | None = field(
+        default=None, converter=attrs.converters.optional(tuple)
+    )
+    tags: tuple[str, ...] = field(default=(), converter=tuple)
+    samples: KernelRef | None = field(default=None, validator=_check_ref)
+    doc: str = ""
+    source: str | None = field(default=None, eq=False)
+    origin: Origin | None = field(default=None, eq=False, order=False)
+
+    @property
+    def qualname(self) -> str:
+        """``ns::name`` or ``ns::name.overload``, as torch spells it."""
+        return f"{self.namespace}::{self.name_with_overload}"
+
+    @property
+    def name_with_overload(self) -> str:
+        return f"{self.name}.{self.overload}" if self.overload else self.name
+
+    @property
+    def full_schema(self) -> str:
+        """The schema string given to ``Library.define``."""
+        return f"{self.name_with_overload}{self.schema}"
+
+
+@frozen(kw_only=True)
+class Kernel:
+    """An implementation of an op for one dispatch key.
+
+    ``key`` accepts torch's dispatch-key names (``CPU``, ``CUDA``,
+    ``PrivateUse1``, ``Meta``, ``Autograd``, ``FuncTorchBatched``) and the
+    aliases op authors use (``cpu``, ``cuda``, ``fake``, ``autograd``,
+    ``vmap``); it is stored canonical.  ``setup_context`` is only meaningful
+    for ``Autograd``.  ``override=True`` asks to replace a kernel another
+    distribution (or torch) registered for the same key; the user's policy
+    must allow it too.
+    """
+
+    op: str
+    key: str = field(converter=_keys.canonical_key)
+    fn: KernelRef = field(validator=_check_ref)
+    setup_context: KernelRef | None = field(default=None, validator=_check_ref)
+    override: bool = False
+    source: str | None = field(default=None, eq=False)
+    origin: Origin | None = field(default=None, eq=False, order=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not _keys.is_known_key(self.key):
+            raise DeclarationError(
+                f"kernel for {self.op}: unknown dispatch key {self.key!r}; "
+                f"{_keys.suggest_key(self.key)}",
+                op=self.op,
+                key=self.key,
+            )
+        if self.setup_context is not None and self.key != "Autograd":
+            raise DeclarationError(
+                f"kernel for {self.op} on {self.key}: setup_context only belongs to "
+                f"an Autograd kernel"
+            )
+
+    @property
+    def namespace(self) -> str:
+        return self.op.split("::", 1)[0]
+
+
+@frozen(kw_only=True)
+class Backend:
+    """What a backend plugin serves: one or more dispatch keys.
+
+    ``device_type`` is the ``torch.device`` type for device backends
+    (``"cpu"``, ``"cuda"``, ``"privateuseone"``), ``None`` for the others.
+    """
+
+    name: str
+    keys: tuple[str, ...] = field(converter=lambda ks: tuple(_keys.canonical_key(k) for k in ks))
+    device_type: str | None = None
+    description: str = ""
+    origin: Origin | None = field(default=None, eq=False, order=False)
+
+    def __attrs_post_init__(self) -> None:
+        unknown = [k for k in self.keys if not _keys.is_known_key(k)]
+        if unknown:
+            raise DeclarationError(
+                f"backend {self.name!r} serves unknown dispatch key(s) {unknown}; "
+                f"{_keys.suggest_key(unknown[0])}"
+            )
+
+
+Severity = Literal["error", "warning"]
+
+
+@frozen(kw_only=True)
+class Problem:
+    """Something wrong, found by discovery, resolution or materialization.
+
+    ``culprits`` are the distributions left out because of it (every
+    distribution named in an error); ``others`` are named for context only
+    (the owner whose kernel would have been overridden, say).
+    """
+
+    code: str
+    message: str
+    hint: str = ""
+    severity: Severity = "error"
+    culprits: tuple[Origin, ...] = ()
+    others: tuple[Origin, ...] = ()
+    op: str | None = None
+    key: str | None = None
+    namespace: str | None = None
+    source: str | None = None
+
+    def __str__(self) -> str:
+        text = f"[{self.code}] {self.message}"
+        if self.source:
+            text += f" (at {self.source})"
+        if self.hint:
+            text += f" -> {self.hint}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "hint": self.hint,
+            "distributions": [o.dist for o in self.culprits],
+            "entry_points": [o.entry_point_spec for o in self.culprits],
+            "others": [o.dist for o in self.others],
+            "op": self.op,
+            "key": self.key,
+            "namespace": self.namespace,
+            "source": self.source,
+        }

@@ -1,0 +1,165 @@
+"""The pipeline end to end: :func:`plan` (no torch) and :func:`load` (registers).
+
+``load()`` is idempotent and thread-safe: the first call discovers,
+collects, resolves and materializes; later calls return the same
+:class:`Registry`.  Call it as often as you like — in DataLoader workers,
+spawned processes, on every rank.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Iterable
+
+
+from .collect import Collected, collect
+from .config import Policy, Settings
+from .discovery import discover
+from .errors import ResolutionError
+from .model import Problem
+from .resolver import KernelPlan, OpPlan, Plan, TorchState, resolve
+from .logs import get_logger
+
+__all__ = ["Registry", "load", "plan", "get_registry"]
+
+log = get_logger()
+
+_lock = threading.RLock()
+_registry: Registry | None = None
+_loading = False
+
+
+def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterable[str] | None,
+              policy: Policy | None) -> Settings:
+    return Settings.from_env(
+        strict=strict,
+        allow=None if plugins is None else frozenset(plugins),
+        block=None if block is None else frozenset(block),
+        policy=policy,
+    )
+
+
+def _collect_and_resolve(settings: Settings, torch_state: TorchState | None) -> tuple[Collected, Plan]:
+    collected = collect(discover(settings))
+    return collected, resolve(collected.declarations, policy=settings.policy, torch_state=torch_state)
+
+
+def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
+         policy: Policy | None = None) -> Plan:
+    """Discover, collect and resolve, without registering anything.
+
+    Does not import torch.  When torch is already imported, what its
+    dispatcher holds is taken into account (rules 4 and 5).
+    """
+    settings = _settings(None, plugins, block, policy)
+    torch_state = None
+    if "torch" in sys.modules:
+        from . import torch_state as ts
+
+        torch_state = ts.snapshot()
+    return _collect_and_resolve(settings, torch_state)[1]
+
+
+class Registry:
+    """The loaded registry: the plan, what was registered, and every problem."""
+
+    def __init__(self, plan: Plan, materialized: Any, settings: Settings) -> None:
+        self.plan = plan
+        self.settings = settings
+        self._materialized = materialized
+        failed = set(materialized.failed)
+        self.problems: tuple[Problem, ...] = plan.problems + tuple(materialized.problems)
+        self.ops: tuple[OpPlan, ...] = tuple(
+            op for op in plan.ops if op.op.origin is None or op.op.origin.distribution not in failed)
+        self.op_names: frozenset[str] = frozenset(materialized.ops)
+
+    @property
+    def errors(self) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.severity == "error")
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        return tuple(sorted({op.op.namespace for op in self.ops}))
+
+    @property
+    def kernels(self) -> tuple[KernelPlan, ...]:
+        return tuple(k for op in self.ops for k in op.kernels) + self.plan.external_kernels
+
+    def op(self, qualname: str) -> OpPlan | None:
+        for op in self.ops:
+            if op.op.qualname == qualname:
+                return op
+        return None
+
+    def unload(self) -> None:
+        """Unregister everything this registry registered."""
+        global _registry
+        with _lock:
+            self._materialized.destroy()
+            self.ops = ()
+            self.op_names = frozenset()
+            if _registry is self:
+                _registry = None
+
+    def __repr__(self) -> str:
+        return (f"<opregistry.Registry: {len(self.ops)} ops in {len(self.namespaces)} namespaces, "
+                f"{len(self.errors)} errors>")
+
+
+def get_registry() -> Registry | None:
+    """The registry :func:`load` returned, or ``None`` if nothing is loaded."""
+    return _registry
+
+
+def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
+         block: Iterable[str] | None = None, policy: Policy | None = None,
+         reload: bool = False) -> Registry:
+    """Load every installed op package into torch and return the registry.
+
+    :param strict: raise :class:`~opregistry.ResolutionError` on any error
+        problem, before anything is registered (default:
+        ``OPREGISTRY_STRICT``).  Without it, distributions with problems
+        are left out whole and the rest loads.
+    :param plugins: allow-list of distribution names (default:
+        ``OPREGISTRY_PLUGINS``).
+    :param block: block-list (default: ``OPREGISTRY_BLOCK``).
+    :param policy: override policy (default: ``OPREGISTRY_ALLOW_OVERRIDE``).
+    :param reload: unload the current registry and load again.
+
+    A second call returns the registry of the first (the arguments of the
+    second are ignored unless ``reload=True``).
+    """
+    global _registry, _loading
+    with _lock:
+        if _registry is not None and not reload:
+            return _registry
+        if _loading:
+            raise RuntimeError("opregistry.load() was called from inside a plugin while loading")
+        if _registry is not None:
+            _registry.unload()
+        _loading = True
+        try:
+            _registry = _load(_settings(strict, plugins, block, policy))
+        finally:
+            _loading = False
+        return _registry
+
+
+def _load(settings: Settings) -> Registry:
+    from . import torch_state
+    from .materializer import materialize
+
+    collected, resolved = _collect_and_resolve(settings, torch_state.snapshot())
+    if settings.strict and resolved.errors:
+        raise ResolutionError(resolved.errors)
+    materialized = materialize(resolved, collected.materializers)
+    if settings.strict and materialized.problems:
+        materialized.destroy()
+        raise ResolutionError(materialized.problems)
+    registry = Registry(resolved, materialized, settings)
+    for problem in registry.problems:
+        if problem.severity == "error":
+            log.warning("problem", code=problem.code, message=problem.message, hint=problem.hint)
+    log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
+    return registry

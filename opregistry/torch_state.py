@@ -1,0 +1,44 @@
+"""What torch's dispatcher already holds — the one module that reads torch internals.
+
+The resolver needs to know which ops and namespaces exist in torch outside
+opregistry (rule 4: a DEF of a namespace a C++ ``TORCH_LIBRARY`` holds) and
+whether torch already has a kernel for an (op, key) (rule 5).  torch has no
+public API for either, so the private calls are isolated here, and
+``tests/test_torch_state.py`` fails loudly if torch renames them.
+"""
+
+from __future__ import annotations
+
+from .resolver import TorchState
+
+__all__ = ["snapshot", "registered_ops", "has_kernel"]
+
+
+def registered_ops() -> list[str]:
+    """Every op in the dispatcher, as ``ns::name`` or ``ns::name.overload``."""
+    import torch
+
+    return list(torch._C._dispatch_get_all_op_names())
+
+
+def has_kernel(op: str, key: str) -> bool:
+    """Whether the dispatcher has a kernel for ``op`` registered directly at ``key``."""
+    import torch
+
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, key))
+    except RuntimeError:
+        return False
+
+
+def snapshot() -> TorchState:
+    """The dispatcher's ops and namespaces, less the ops opregistry registered."""
+    import torch
+
+    from .materializer import defined_ops
+
+    mine = defined_ops()
+    ops = frozenset(op for op in registered_ops() if op not in mine)
+    namespaces = frozenset(op.split("::", 1)[0] for op in ops)
+    tags = frozenset(name for name in dir(torch.Tag) if not name.startswith("_")) - {"name", "value"}
+    return TorchState(ops=ops, namespaces=namespaces, has_kernel=has_kernel, tags=tags)

@@ -1,0 +1,106 @@
+"""Fixtures: temporary distributions with real entry points, and a clean registry.
+
+``dists.make(...)`` writes a ``<name>-<version>.dist-info`` folder (METADATA
+and entry_points.txt) plus the plugin modules into a temporary directory on
+``sys.path``: importlib-metadata then finds real entry points, exactly as it
+finds pip-installed ones.  Tests scope discovery with ``plugins=`` (the
+allow-list) so that the repo's own installed distributions do not interfere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import opregistry
+from opregistry import registry as _registry
+
+BACKENDS = ["opregistry-cpu", "opregistry-cuda", "opregistry-meta", "opregistry-autograd",
+            "opregistry-vmap"]
+
+
+class DistFactory:
+    """Writes temporary distributions; every module name is made unique per test."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        self.names: list[str] = []
+        self.modules: list[str] = []
+        monkeypatch.syspath_prepend(str(root))
+
+    def make(self, name: str, *, version: str = "1.0", ops: dict[str, str] | None = None,
+             backends: dict[str, str] | None = None, modules: dict[str, str] | None = None,
+             ) -> str:
+        """Create distribution ``name``; returns its canonical name.
+
+        ``ops`` / ``backends`` map entry-point names to values
+        (``"module:attr"``); ``modules`` maps module names to source code.
+        """
+        info = self.root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        lines = []
+        for group, eps in (("opregistry.ops", ops), ("opregistry.backends", backends)):
+            if eps:
+                lines.append(f"[{group}]")
+                lines += [f"{k} = {v}" for k, v in eps.items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        for module, source in (modules or {}).items():
+            path = self.root / (module.replace(".", "/") + ".py")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(source))
+            self.modules.append(module)
+        importlib.invalidate_caches()
+        canonical = name.lower().replace("_", "-")
+        self.names.append(canonical)
+        return canonical
+
+    def cleanup(self) -> None:
+        for module in self.modules:
+            sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DistFactory]:
+    factory = DistFactory(tmp_path / "site", monkeypatch)
+    factory.root.mkdir()
+    yield factory
+    factory.cleanup()
+
+
+@pytest.fixture
+def ns() -> str:
+    """A namespace no other test uses."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(autouse=True)
+def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test starts and ends without a loaded registry or opregistry env vars."""
+    for var in ("OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT",
+                "OPREGISTRY_ALLOW_OVERRIDE", "OPREGISTRY_AUTOLOAD"):
+        monkeypatch.delenv(var, raising=False)
+    previous = _registry._registry
+    _registry._registry = None
+    yield
+    current = _registry._registry
+    if current is not None and current is not previous:
+        current.unload()
+    _registry._registry = previous
+
+
+def load(dists: DistFactory, **kwargs: object) -> opregistry.Registry:
+    """Load only the temporary distributions of this test, plus the real backends."""
+    kwargs.setdefault("plugins", [*BACKENDS, *dists.names])
+    return opregistry.load(reload=True, **kwargs)  # type: ignore[arg-type]
+
+
+def plan(dists: DistFactory, **kwargs: object) -> opregistry.resolver.Plan:  # type: ignore[name-defined]
+    kwargs.setdefault("plugins", [*BACKENDS, *dists.names])
+    return opregistry.plan(**kwargs)  # type: ignore[arg-type]

@@ -62,7 +62,8 @@ def canonical_key(key: str) -> str:
     """torch's name for ``key`` (``"cuda"`` -> ``"CUDA"``); unknown keys pass through."""
     if key in KNOWN_KEYS:
         return key
-    return ALIASES.get(key, ALIASES.get(key.lower(), key) if isinstance(key, str) else key)
+    # exact spellings only: "CPu" is a typo to report, not a key to guess
+    return ALIASES.get(key, key)
 
 
 def is_known_key(key: str) -> bool:

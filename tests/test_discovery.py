@@ -1,0 +1,76 @@
+"""Discovery: both entry-point groups, allow/block lists from the environment, strict mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from opregistry import ResolutionError
+from opregistry.config import Settings
+from opregistry.discovery import BACKENDS_GROUP, OPS_GROUP, discover
+
+from .conftest import BACKENDS
+
+GOOD = """
+from opregistry import OpLibrary
+lib = OpLibrary(NS)
+lib.define("f(Tensor x) -> Tensor")
+"""
+
+
+def _good(dists, name, ns):
+    mod = f"{name.replace('-', '_')}_{ns}"
+    return dists.make(name, ops={"ops": f"{mod}:lib"},
+                      modules={mod: GOOD.replace("NS", repr(ns))})
+
+
+def test_finds_both_groups_with_origins(dists, ns):
+    """Installed backends and a temporary op distribution are found, each with its origin."""
+    name = _good(dists, "Some_Pkg", ns)
+    found = discover(Settings(allow=[*BACKENDS, name]))
+    by_dist = {p.origin.distribution: p.origin for p in found.plugins}
+    assert name == "some-pkg" and by_dist["some-pkg"].group == OPS_GROUP
+    assert by_dist["some-pkg"].version == "1.0"
+    assert by_dist["some-pkg"].entry_point_spec == f"ops = Some_Pkg_{ns}:lib"
+    assert by_dist["opregistry-cpu"].group == BACKENDS_GROUP
+    assert str(by_dist["some-pkg"]).startswith("some-pkg==1.0 (entry point 'ops = ")
+
+
+def test_allow_list_from_environment(dists, ns, monkeypatch):
+    a = _good(dists, "pkg-a", ns)
+    _good(dists, "pkg-b", f"{ns}b")
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", f" PKG_A , {BACKENDS[0]}")  # pip-style names
+    found = discover(Settings.from_env())
+    assert {p.origin.distribution for p in found.plugins} == {a, BACKENDS[0]}
+    reasons = {s.origin.distribution: s.reason for s in found.skipped}
+    assert reasons["pkg-b"] == "not in OPREGISTRY_PLUGINS"
+
+
+def test_empty_allow_list_loads_nothing(dists, ns, monkeypatch):
+    _good(dists, "pkg-a", ns)
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", "")
+    found = discover(Settings.from_env())
+    assert found.plugins == ()
+    assert any(s.origin.distribution == "pkg-a" for s in found.skipped)
+
+
+def test_block_list_wins_over_allow_list(dists, ns, monkeypatch):
+    a = _good(dists, "pkg-a", ns)
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", a)
+    monkeypatch.setenv("OPREGISTRY_BLOCK", "pkg-a")
+    found = discover(Settings.from_env())
+    assert found.plugins == ()
+    assert [s.reason for s in found.skipped if s.origin.distribution == a] == [
+        "blocked by OPREGISTRY_BLOCK"]
+
+
+def test_strict_from_environment_raises_on_a_broken_plugin(dists, ns, monkeypatch):
+    """OPREGISTRY_STRICT=1 turns a plugin that fails to import into an exception."""
+    import opregistry
+
+    dists.make("ghost", ops={"ops": "no_such_module_for_strict:lib"})
+    monkeypatch.setenv("OPREGISTRY_STRICT", "1")
+    with pytest.raises(ResolutionError, match=r"ghost==1\.0 .*no_such_module_for_strict") as info:
+        opregistry.load(reload=True, plugins=[*BACKENDS, "ghost"])
+    assert info.value.distribution == "ghost==1.0"
+    assert info.value.entry_point == "ops = no_such_module_for_strict:lib"
+    assert opregistry.get_registry() is None

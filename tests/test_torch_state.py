@@ -1,0 +1,73 @@
+"""The private torch APIs opregistry reads (opregistry/torch_state.py) still exist and behave.
+
+torch has no public API for "which ops does the dispatcher hold" or "is there
+a kernel for (op, key)"; opregistry isolates the private calls in one module.
+These tests fail loudly, naming the call, when a torch release changes them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opregistry import torch_state
+
+
+def test_registered_ops_lists_aten_and_new_ops(ns):
+    """_dispatch_get_all_op_names sees aten ops and an op defined a moment ago."""
+    assert "aten::add.Tensor" in torch_state.registered_ops()
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        assert f"{ns}::probe" in torch_state.registered_ops()
+    finally:
+        lib._destroy()
+    assert f"{ns}::probe" not in torch_state.registered_ops()
+
+
+def test_has_kernel_per_dispatch_key(ns):
+    """_dispatch_has_kernel_for_dispatch_key answers per key, and False for unknown ops."""
+    assert torch_state.has_kernel("aten::add.Tensor", "CPU")
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        assert not torch_state.has_kernel(f"{ns}::probe", "CPU")
+        lib.impl("probe", lambda x: x.clone(), "CPU")
+        assert torch_state.has_kernel(f"{ns}::probe", "CPU")
+        assert not torch_state.has_kernel(f"{ns}::probe", "CUDA")
+    finally:
+        lib._destroy()
+    assert not torch_state.has_kernel(f"{ns}::no_such_op", "CPU")
+
+
+def test_snapshot_sees_foreign_namespaces_and_tags(ns):
+    """A Library made outside opregistry shows up as a namespace torch holds."""
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        state = torch_state.snapshot()
+        assert ns in state.namespaces and "aten" in state.namespaces
+        assert f"{ns}::probe" in state.ops
+        assert state.has_kernel("aten::add.Tensor", "CPU")
+        # every tag the resolver accepts must exist in this torch
+        assert {"pt2_compliant_tag", "inplace", "out"} <= state.tags
+        assert all(hasattr(torch.Tag, t) for t in state.tags)
+    finally:
+        lib._destroy()
+
+
+def test_static_tables_match_this_torch():
+    """The resolver's torch-free tables (tags, reserved namespaces) agree with torch itself.
+
+    ``opregistry list`` cannot ask torch, so it relies on these tables; when a
+    torch release adds a tag or a namespace, this test says which.
+    """
+    from opregistry.materializer import defined_ops
+    from opregistry.resolver import KNOWN_TAGS, RESERVED_NAMESPACES
+
+    tags = {n for n in dir(torch.Tag) if not n.startswith("_")} - {"name", "value"}
+    assert KNOWN_TAGS == tags, f"torch.Tag changed: {sorted(KNOWN_TAGS ^ tags)}"
+    mine = defined_ops()
+    torch_namespaces = {op.split("::", 1)[0] for op in torch_state.registered_ops()
+                        if op not in mine}
+    missing = torch_namespaces - RESERVED_NAMESPACES
+    assert not missing, f"torch defines namespaces the resolver does not reserve: {sorted(missing)}"

@@ -22,6 +22,7 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
+from .lockfile import verify_lock
 from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
 from .registry import Registry, get_registry, load, plan
 
@@ -50,6 +51,7 @@ __all__ = [
     "hookspec",
     "load",
     "plan",
+    "verify_lock",
     "__version__",
 ]
 

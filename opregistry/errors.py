@@ -96,4 +96,12 @@ class ResolutionError(OpRegistryError, RuntimeError):
 
 
 class LockMismatchError(OpRegistryError, RuntimeError):
-    """The resolved registry differs from a lockfile or from another rank's."""
+    """The resolved registry differs from a lockfile or from another rank's.
+
+    ``differences`` holds one sentence per difference (all of them, not just
+    the first), for tools that want more than the message.
+    """
+
+    def __init__(self, message: str, *, differences: Sequence[str] = (), **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.differences = tuple(differences)

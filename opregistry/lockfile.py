@@ -1,0 +1,318 @@
+"""A lockfile of the resolved registry, its fingerprint, and the differences between two.
+
+The lock data is plain JSON built from a :class:`~opregistry.resolver.Plan`:
+which distributions contribute (and at which version), the backends and
+their dispatch keys, the namespaces (owner, fragments), every op with its
+schema and tags, and every kernel with its origin (``module:function`` and
+distribution) and status.  Everything is keyed by name and sorted, so the
+data -- and :func:`fingerprint`, the sha256 of its canonical JSON -- does not
+depend on the order in which entry points were found.
+
+What the lock leaves out, on purpose:
+
+* source locations (``/home/me/site-packages/...:42``): they differ between
+  machines that installed the very same wheels;
+* whether a backend can run *on this machine* (CUDA present or not): a lock
+  made on a laptop must verify on a GPU node.  A kernel whose backend is
+  installed is ``active`` in the lock whether or not its device is present.
+
+This module never imports torch: ``opregistry lock`` / ``verify`` and
+:func:`verify_lock` run before torch is imported, e.g. first thing in a job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Union
+
+from .errors import LockMismatchError
+
+if TYPE_CHECKING:
+    from .resolver import KernelPlan, Plan
+
+__all__ = [
+    "LOCK_VERSION",
+    "DEFAULT_LOCKFILE",
+    "lock_data",
+    "fingerprint",
+    "fingerprint_of",
+    "write_lock",
+    "read_lock",
+    "diff_lock",
+    "verify_lock",
+]
+
+#: Version of the lock format; bumped when the meaning of a field changes.
+LOCK_VERSION = 1
+#: The file ``opregistry lock`` writes and ``opregistry verify`` reads by default.
+DEFAULT_LOCKFILE = "opregistry.lock"
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# "unavailable" means: installed, but this machine lacks the device.  The lock
+# describes what is installed, not the hardware (see the module docstring).
+_LOCK_STATUS = {"unavailable": "active"}
+
+
+def _kernel_entry(k: KernelPlan) -> dict[str, Any]:
+    from .model import describe_ref
+
+    kernel = k.kernel
+    return {
+        "kernel": describe_ref(kernel.fn),
+        "setup_context": describe_ref(kernel.setup_context),
+        "distribution": kernel.origin.distribution if kernel.origin else None,
+        "status": _LOCK_STATUS.get(k.status, k.status),
+        "override": kernel.override,
+    }
+
+
+def _kernels(kernels: Any) -> dict[str, Any]:
+    # Overridden kernels are kept under "overridden" so that the winner stays
+    # the one entry per key: an override is a difference worth reporting.
+    out: dict[str, Any] = {}
+    for k in sorted(kernels, key=lambda k: (k.kernel.key, k.status)):
+        entry = _kernel_entry(k)
+        if k.status == "overridden":
+            out.setdefault(f"{k.kernel.key} (overridden)", []).append(entry)
+        else:
+            out[k.kernel.key] = entry
+    for key, value in out.items():
+        if isinstance(value, list):
+            value.sort(key=lambda e: (e["distribution"] or "", e["kernel"] or ""))
+    return out
+
+
+def lock_data(plan: Plan) -> dict[str, Any]:
+    """The lock data of ``plan``: plain, sorted JSON-able data, without the fingerprint."""
+    excluded = {o.distribution for o in plan.excluded}
+    distributions = {o.distribution: o.version for o in plan.distributions
+                     if o.distribution not in excluded}
+    external: dict[str, Any] = {}
+    for k in plan.external_kernels:
+        external.setdefault(k.kernel.op, []).append(k)
+    return {
+        "lock_version": LOCK_VERSION,
+        "distributions": dict(sorted(distributions.items())),
+        "excluded": sorted({o.dist for o in plan.excluded}),
+        "backends": {
+            b.backend.name: {
+                "keys": sorted(b.backend.keys),
+                "device_type": b.backend.device_type,
+                "distribution": b.backend.origin.distribution if b.backend.origin else None,
+            }
+            for b in sorted(plan.backends, key=lambda b: b.backend.name)
+        },
+        "namespaces": {
+            n.name: {
+                "owner": n.owner.distribution if n.owner else None,
+                "fragments": sorted({f.distribution for f in n.fragments}),
+                "closed": n.closed,
+            }
+            for n in sorted(plan.namespaces, key=lambda n: n.name)
+        },
+        "ops": {
+            op.op.qualname: {
+                "schema": op.op.full_schema,
+                "tags": sorted(op.op.tags),
+                "distribution": op.op.origin.distribution if op.op.origin else None,
+                "kernels": _kernels(op.kernels),
+            }
+            for op in sorted(plan.ops, key=lambda o: o.op.qualname)
+        },
+        "external_kernels": {name: _kernels(ks) for name, ks in sorted(external.items())},
+    }
+
+
+def _canonical(data: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in data.items() if k != "fingerprint"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def fingerprint_of(data: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of lock data (its ``fingerprint`` field, if any, ignored)."""
+    return "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
+
+
+def fingerprint(plan: Plan) -> str:
+    """The stable fingerprint of ``plan``: ``sha256:<hex>`` of its canonical lock data."""
+    return fingerprint_of(lock_data(plan))
+
+
+def write_lock(plan: Plan, path: PathLike) -> dict[str, Any]:
+    """Write the lockfile of ``plan`` to ``path`` and return what was written."""
+    data = lock_data(plan)
+    data = {"fingerprint": fingerprint_of(data), **data}
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return data
+
+
+def read_lock(path: PathLike) -> dict[str, Any]:
+    """Read a lockfile, with errors that say which file and what to do."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} does not exist; create it with 'opregistry lock -o {p}'"
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} is not valid JSON ({exc}); regenerate it with "
+            f"'opregistry lock -o {p}'"
+        ) from None
+    if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
+        found = data.get("lock_version") if isinstance(data, dict) else None
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} has lock_version {found!r}, this opregistry reads "
+            f"{LOCK_VERSION}; regenerate it with 'opregistry lock -o {p}'"
+        )
+    return data
+
+
+# -- differences -------------------------------------------------------------
+
+
+def _dist(name: str | None, versions: Mapping[str, str]) -> str:
+    if name is None:
+        return "<unknown>"
+    return f"{name}=={versions[name]}" if name in versions else name
+
+
+def _describe_kernel(entry: Mapping[str, Any], versions: Mapping[str, str]) -> str:
+    return f"{entry.get('kernel')} from {_dist(entry.get('distribution'), versions)}"
+
+
+def _diff_kernels(where: str, old: Mapping[str, Any], new: Mapping[str, Any],
+                  a: str, b: str, va: Mapping[str, str], vb: Mapping[str, str]) -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        o, n = old.get(key), new.get(key)
+        if o == n:
+            continue
+        if isinstance(o, list) or isinstance(n, list):
+            out.append(f"{where} {key}: {a} has {o or 'none'}, {b} has {n or 'none'}")
+        elif n is None:
+            out.append(f"{where}: {a} has a {key} kernel ({_describe_kernel(o, va)}), {b} has none")
+        elif o is None:
+            out.append(f"{where}: {b} has a {key} kernel ({_describe_kernel(n, vb)}), {a} has none")
+        elif (o.get("kernel"), o.get("distribution"), o.get("setup_context")) != (
+                n.get("kernel"), n.get("distribution"), n.get("setup_context")):
+            out.append(f"{where} {key} kernel: other origin: {a} has {_describe_kernel(o, va)}, "
+                       f"{b} has {_describe_kernel(n, vb)}")
+        else:
+            fields = [f for f in sorted(set(o) | set(n)) if o.get(f) != n.get(f)]
+            out.append(f"{where} {key} kernel ({_describe_kernel(n, vb)}): other "
+                       + ", ".join(f"{f}: {a} has {o.get(f)!r}, {b} has {n.get(f)!r}"
+                                   for f in fields))
+    return out
+
+
+def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str = "the lockfile",
+              new_label: str = "this environment") -> list[str]:
+    """Every difference between two lock data, one sentence each; empty when equal.
+
+    ``old_label`` / ``new_label`` name the two sides in the sentences (``"the
+    lockfile"`` and ``"this environment"``, or ``"rank 0"`` and ``"rank 3"``).
+    """
+    a, b = old_label, new_label
+    out: list[str] = []
+    if old.get("lock_version") != new.get("lock_version"):
+        out.append(f"lock format: {a} has version {old.get('lock_version')!r}, "
+                   f"{b} has {new.get('lock_version')!r}")
+    va: Mapping[str, str] = old.get("distributions", {})
+    vb: Mapping[str, str] = new.get("distributions", {})
+    for name in sorted(set(va) | set(vb)):
+        if name not in vb:
+            out.append(f"distribution {name}=={va[name]}: in {a}, missing from {b}")
+        elif name not in va:
+            out.append(f"distribution {name}=={vb[name]}: in {b}, not in {a}")
+        elif va[name] != vb[name]:
+            out.append(f"distribution {name}: other version: {a} has {va[name]}, "
+                       f"{b} has {vb[name]}")
+    ea, eb = set(old.get("excluded", [])), set(new.get("excluded", []))
+    for dist in sorted(ea ^ eb):
+        side, other = (a, b) if dist in ea else (b, a)
+        out.append(f"distribution {dist}: left out because of a problem in {side}, not in {other}")
+
+    for section, label in (("backends", "backend"), ("namespaces", "namespace")):
+        sa, sb = old.get(section, {}), new.get(section, {})
+        for name in sorted(set(sa) | set(sb)):
+            if name not in sb:
+                out.append(f"{label} {name}: in {a}, missing from {b}")
+            elif name not in sa:
+                out.append(f"{label} {name}: in {b}, not in {a}")
+            elif sa[name] != sb[name]:
+                fields = [f for f in sorted(set(sa[name]) | set(sb[name]))
+                          if sa[name].get(f) != sb[name].get(f)]
+                out.append(f"{label} {name}: other "
+                           + ", ".join(f"{f}: {a} has {sa[name].get(f)!r}, {b} has "
+                                       f"{sb[name].get(f)!r}" for f in fields))
+
+    oa, ob = old.get("ops", {}), new.get("ops", {})
+    for name in sorted(set(oa) | set(ob)):
+        if name not in ob:
+            out.append(f"op {name} (from {_dist(oa[name].get('distribution'), va)}): "
+                       f"in {a}, missing from {b}")
+            continue
+        if name not in oa:
+            out.append(f"op {name} (from {_dist(ob[name].get('distribution'), vb)}): "
+                       f"in {b}, not in {a}")
+            continue
+        o, n = oa[name], ob[name]
+        if o.get("schema") != n.get("schema"):
+            out.append(f"op {name}: other schema: {a} has {o.get('schema')!r}, "
+                       f"{b} has {n.get('schema')!r}")
+        if o.get("distribution") != n.get("distribution"):
+            out.append(f"op {name}: defined by other distribution: {a} has "
+                       f"{_dist(o.get('distribution'), va)}, {b} has "
+                       f"{_dist(n.get('distribution'), vb)}")
+        if o.get("tags") != n.get("tags"):
+            out.append(f"op {name}: other tags: {a} has {o.get('tags')}, {b} has {n.get('tags')}")
+        out += _diff_kernels(f"op {name}", o.get("kernels", {}), n.get("kernels", {}),
+                             a, b, va, vb)
+
+    xa, xb = old.get("external_kernels", {}), new.get("external_kernels", {})
+    for name in sorted(set(xa) | set(xb)):
+        out += _diff_kernels(f"torch op {name}", xa.get(name, {}), xb.get(name, {}),
+                             a, b, va, vb)
+    return out
+
+
+def verify_lock(path: PathLike = DEFAULT_LOCKFILE, plan: Plan | None = None) -> str:
+    """Check that this environment resolves the registry recorded in the lockfile ``path``.
+
+    Compares the lockfile with ``plan`` (default: the plan of the loaded
+    registry, or :func:`opregistry.plan` when nothing is loaded -- which does
+    not import torch).  Returns the fingerprint when they agree; raises
+    :class:`~opregistry.LockMismatchError` listing every difference otherwise.
+    """
+    locked = read_lock(path)
+    if plan is None:
+        from .registry import get_registry
+        from .registry import plan as make_plan
+
+        loaded = get_registry()
+        plan = loaded.plan if loaded is not None else make_plan()
+    current = lock_data(plan)
+    differences = diff_lock(locked, current)
+    recorded = locked.get("fingerprint")
+    actual = fingerprint_of(current)
+    if not differences and recorded is not None and recorded != fingerprint_of(locked):
+        differences.append(f"the lockfile's fingerprint {recorded} does not match its content "
+                           f"({fingerprint_of(locked)}): it was edited by hand")
+    if differences:
+        raise LockMismatchError(
+            f"the registry of this environment ({actual}) differs from the lockfile "
+            f"{str(path)!r} ({recorded}) in {len(differences)} way(s):\n"
+            + "\n".join(f"  - {d}" for d in differences)
+            + f"\nInstall the locked versions, or, if this environment is the new truth, "
+              f"run 'opregistry lock -o {path}'.",
+            differences=differences,
+        )
+    return actual

@@ -1,0 +1,186 @@
+"""Lock data, fingerprint, diff and verify_lock: real entry points, no torch needed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import attrs
+import pytest
+
+import opregistry
+from opregistry import LockMismatchError
+from opregistry.collect import Declarations
+from opregistry.lockfile import (
+    diff_lock,
+    fingerprint,
+    fingerprint_of,
+    lock_data,
+    read_lock,
+    verify_lock,
+    write_lock,
+)
+from opregistry.model import Backend, Kernel, Namespace, OpDef, Origin
+from opregistry.resolver import resolve
+
+from .conftest import plan
+
+
+def lib(ns: str, body: str, kind: str = "DEF") -> str:
+    return f"from opregistry import OpLibrary\nlib = OpLibrary({ns!r}, {kind!r})\n{body}"
+
+
+def make_op_dist(dists, name: str, ns: str, body: str, kind: str = "DEF", version: str = "1.0"):
+    mod = f"{name.replace('-', '_')}_{ns}"
+    return dists.make(name, version=version, ops={"ops": f"{mod}:lib"},
+                      modules={mod: lib(ns, body, kind)})
+
+
+def declarations(reverse: bool) -> Declarations:
+    a = Origin("dist-a", "1.0", "opregistry.ops", "ops", "a:lib")
+    b = Origin("dist-b", "2.0", "opregistry.ops", "ops", "b:lib")
+    cpu = Origin("opregistry-cpu", "0.1.0", "opregistry.backends", "cpu", "c:plugin")
+    items = {
+        "namespaces": [Namespace(name="nsa", origin=a), Namespace(name="nsa", kind="FRAGMENT", origin=b)],
+        "ops": [OpDef(namespace="nsa", name="f", schema="(Tensor x) -> Tensor", origin=a),
+                OpDef(namespace="nsa", name="g", schema="(Tensor x) -> Tensor", origin=b)],
+        "kernels": [Kernel(op="nsa::f", key="cpu", fn="a.k:f", origin=a),
+                    Kernel(op="nsa::g", key="cpu", fn="b.k:g", origin=b),
+                    Kernel(op="nsa::g", key="fake", fn="b.k:g_fake", origin=b)],
+        "backends": [Backend(name="cpu", keys=("CPU",), device_type="cpu", origin=cpu)],
+        "distributions": [a, b, cpu],
+    }
+    if reverse:
+        items = {k: list(reversed(v)) for k, v in items.items()}
+    return Declarations(**items)
+
+
+def test_fingerprint_does_not_depend_on_entry_point_order():
+    """The same declarations found in the opposite order give the same lock and fingerprint."""
+    forward, backward = resolve(declarations(False)), resolve(declarations(True))
+    assert lock_data(forward) == lock_data(backward)
+    assert fingerprint(forward) == fingerprint(backward)
+    assert fingerprint(forward).startswith("sha256:") and len(fingerprint(forward)) == 71
+
+
+def test_fingerprint_changes_with_any_locked_fact():
+    """A version, a schema or a kernel origin each change the fingerprint."""
+    decl = declarations(False)
+    base = fingerprint(resolve(decl))
+    newer = Origin("dist-b", "2.1", "opregistry.ops", "ops", "b:lib")
+    changed = [
+        attrs.evolve(decl, distributions=(*decl.distributions[:1], newer, decl.distributions[2])),
+        attrs.evolve(decl, ops=(decl.ops[0], attrs.evolve(decl.ops[1], schema="(Tensor y) -> Tensor"))),
+        attrs.evolve(decl, kernels=(attrs.evolve(decl.kernels[0], fn="a.k:f2"), *decl.kernels[1:])),
+    ]
+    prints = {fingerprint(resolve(d)) for d in changed}
+    assert base not in prints and len(prints) == 3
+
+
+def test_lock_data_records_origins_and_status(dists, ns):
+    """Schemas, owners, kernels with origin and status; no machine-specific paths."""
+    d = make_op_dist(dists, "lock-a", ns,
+                     "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f', 'cuda': 'k:f'},"
+                     " fake='k:fake', tags=['pt2_compliant_tag'])\n")
+    data = lock_data(plan(dists))
+    assert data["distributions"][d] == "1.0"
+    assert data["namespaces"][ns] == {"owner": d, "fragments": [], "closed": False}
+    op = data["ops"][f"{ns}::f"]
+    assert op["schema"] == "f(Tensor x) -> Tensor" and op["tags"] == ["pt2_compliant_tag"]
+    assert op["kernels"]["CPU"] == {"kernel": "k:f", "setup_context": None, "distribution": d,
+                                    "status": "active", "override": False}
+    # CUDA is installed but this machine may lack a GPU: the lock says "active" either way
+    assert op["kernels"]["CUDA"]["status"] == "active"
+    assert "/" not in json.dumps(data["ops"])  # no source paths
+
+
+def test_write_then_verify_roundtrip(dists, ns, tmp_path):
+    """verify_lock returns the fingerprint written in the lockfile when nothing changed."""
+    make_op_dist(dists, "lock-b", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    resolved = plan(dists)
+    path = tmp_path / "opregistry.lock"
+    written = write_lock(resolved, path)
+    assert read_lock(path) == written
+    assert written["fingerprint"] == fingerprint(resolved) == fingerprint_of(written)
+    assert verify_lock(path, plan=plan(dists)) == written["fingerprint"]
+
+
+def test_verify_explains_every_difference(dists, ns, tmp_path):
+    """Missing distribution, other version, other schema and other kernel origin, all at once."""
+    a = make_op_dist(dists, "lock-c", ns,
+                     "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    b = make_op_dist(dists, "lock-d", f"{ns}d",
+                     "lib.define('g(Tensor x) -> Tensor', kernels={'cpu': 'k:g'})\n")
+    path = tmp_path / "opregistry.lock"
+    data = write_lock(plan(dists), path)
+    # the lockfile of "another machine": other version of a, other schema and kernel of f
+    data["distributions"][a] = "0.9"
+    data["ops"][f"{ns}::f"]["schema"] = "f(Tensor x, int n) -> Tensor"
+    data["ops"][f"{ns}::f"]["kernels"]["CPU"]["kernel"] = "k:f_old"
+    data["fingerprint"] = fingerprint_of(data)
+    path.write_text(json.dumps(data))
+    here = plan(dists, plugins=["opregistry-cpu", a])  # b is not installed "here"
+    with pytest.raises(LockMismatchError) as info:
+        verify_lock(path, plan=here)
+    diffs = info.value.differences
+    text = str(info.value)
+    assert f"distribution {a}: other version: the lockfile has 0.9, this environment has 1.0" in diffs
+    assert f"distribution {b}==1.0: in the lockfile, missing from this environment" in diffs
+    assert any(f"op {ns}::f: other schema" in d and "int n" in d for d in diffs)
+    assert any(f"op {ns}::f CPU kernel: other origin" in d and "k:f_old" in d for d in diffs)
+    assert any(f"op {ns}d::g (from {b}==1.0): in the lockfile, missing" in d for d in diffs)
+    assert all(d in text for d in diffs) and "opregistry lock -o" in text
+
+
+def test_diff_names_kernel_added_on_one_side(dists, ns):
+    """A kernel present on one side only (e.g. one more backend) is reported with its origin."""
+    d = make_op_dist(dists, "lock-e", ns,
+                     "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'}, vmap='k:vf')\n")
+    with_vmap = lock_data(plan(dists))
+    without = lock_data(plan(dists, block=["opregistry-vmap"]))
+    diffs = diff_lock(with_vmap, without, old_label="rank 0", new_label="rank 1")
+    assert "distribution opregistry-vmap==0.1.0: in rank 0, missing from rank 1" in diffs
+    assert any("FuncTorchBatched kernel" in x and "status: rank 0 has 'active', rank 1 has "
+               "'inactive'" in x and d in x for x in diffs)
+    assert diff_lock(with_vmap, with_vmap) == []
+
+
+def test_edited_lockfile_is_detected(dists, ns, tmp_path):
+    """A hand-edited fingerprint is a difference even when the content matches."""
+    make_op_dist(dists, "lock-f", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    path = tmp_path / "opregistry.lock"
+    data = write_lock(plan(dists), path)
+    data["fingerprint"] = "sha256:" + "0" * 64
+    path.write_text(json.dumps(data))
+    with pytest.raises(LockMismatchError, match="edited by hand"):
+        verify_lock(path, plan=plan(dists))
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "does not exist; create it with 'opregistry lock -o"),
+    ("{not json", "is not valid JSON"),
+    ('{"lock_version": 99}', "has lock_version 99"),
+])
+def test_bad_lockfile_says_what_to_do(tmp_path, content, match):
+    path = tmp_path / "opregistry.lock"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(LockMismatchError, match=match):
+        read_lock(path)
+
+
+def test_verify_lock_is_public_and_does_not_import_torch(tmp_path):
+    """opregistry.verify_lock at program start: plan only, torch stays unimported."""
+    path = tmp_path / "opregistry.lock"
+    code = (
+        "import sys, opregistry\n"
+        "from opregistry.lockfile import write_lock\n"
+        f"write_lock(opregistry.plan(), {str(path)!r})\n"
+        f"print(opregistry.verify_lock({str(path)!r}))\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == json.loads(path.read_text())["fingerprint"]
+    assert opregistry.verify_lock is verify_lock

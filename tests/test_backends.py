@@ -1,0 +1,352 @@
+"""The backend distributions: device keys (CPU, CUDA, an out-of-tree PrivateUse1), Meta, vmap.
+
+Every test installs temporary distributions with real entry points and
+checks what the dispatcher holds and which kernel a call really reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from .conftest import load
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# -------------------------------------------------------------------------
+# an out-of-tree device, written against the public hookspecs only
+# -------------------------------------------------------------------------
+
+#: A third-party backend for PrivateUse1: no DeviceBackend helper, only the
+#: hooks of opregistry.hookspecs, as a backend for a new device would be.
+NPU_BACKEND = '''
+from opregistry import Backend, hookimpl
+
+BACKEND = Backend(name="npu", keys=("PrivateUse1",), device_type="privateuseone",
+                  description="test device on PrivateUse1")
+registered = []
+
+@hookimpl
+def opregistry_backends():
+    return [BACKEND]
+
+@hookimpl
+def opregistry_backend_available(backend):
+    return True
+
+@hookimpl
+def opregistry_materialize_kernel(library, op, kernel, fn, setup_context):
+    registered.append((kernel.op, kernel.key))
+    library.impl(kernel.op.split("::", 1)[1], fn, kernel.key)
+    return True
+'''
+
+NPU_OPS = '''
+import torch
+from opregistry import OpLibrary
+
+lib = OpLibrary(NS)
+lib.define("mark(Tensor x) -> Tensor",
+           kernels={"cpu": f"{__name__}:mark_cpu", "privateuse1": f"{__name__}:mark_npu"})
+lib.define("ones(int n, *, Device device) -> Tensor",
+           kernels={"cpu": f"{__name__}:ones_cpu", "PrivateUse1": f"{__name__}:ones_npu"})
+
+def mark_cpu(x):
+    return x + 1
+
+def mark_npu(x):
+    return x + 100
+
+def ones_cpu(n, *, device):
+    return torch.ones(n)
+
+def ones_npu(n, *, device):
+    # a real backend allocates on its device; the value proves which kernel ran
+    return torch.full((n,), 100.0)
+'''
+
+
+def _npu(dists, ns, *, with_backend: bool = True):
+    mod = f"npu_{ns}"
+    dists.make("npu-ops", ops={"ops": f"{mod}_ops:lib"},
+               modules={f"{mod}_ops": NPU_OPS.replace("NS", repr(ns))})
+    if with_backend:
+        dists.make("opregistry-npu", backends={"npu": f"{mod}_backend"},
+                   modules={f"{mod}_backend": NPU_BACKEND})
+    return mod
+
+
+def test_out_of_tree_device_backend_registers_and_is_dispatched_to(dists, ns):
+    """A PrivateUse1 backend from a third party registers at PrivateUse1 and its kernel runs."""
+    mod = _npu(dists, ns)
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    backend = sys.modules[f"{mod}_backend"]
+    assert sorted(backend.registered) == [(f"{ns}::mark", "PrivateUse1"),
+                                          (f"{ns}::ones", "PrivateUse1")]
+    plan = reg.op(f"{ns}::mark").kernel("PrivateUse1")
+    assert (plan.status, plan.backend) == ("active", "npu")
+    for op in ("mark", "ones"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::{op}", "PrivateUse1")
+
+    ops = getattr(torch.ops, ns)
+    x = torch.zeros(2)
+    torch.testing.assert_close(ops.mark(x), x + 1)  # a CPU tensor reaches the CPU kernel
+    npu_only = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+    torch.testing.assert_close(ops.mark.default.redispatch(npu_only, x), x + 100)
+    # a factory op routes by its device argument, through the BackendSelect kernel
+    torch.testing.assert_close(ops.ones(3, device="privateuseone"), torch.full((3,), 100.0))
+    torch.testing.assert_close(ops.ones(3, device="cpu"), torch.ones(3))
+
+
+def test_out_of_tree_kernel_is_inactive_without_its_backend(dists, ns):
+    """Without the PrivateUse1 backend installed, its kernels are listed inactive, not registered."""
+    _npu(dists, ns, with_backend=False)
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    plan = reg.op(f"{ns}::mark").kernel("PrivateUse1")
+    assert plan.status == "inactive"
+    assert "PrivateUse1" in plan.reason
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::mark", "PrivateUse1")
+    torch.testing.assert_close(getattr(torch.ops, ns).mark(torch.zeros(1)), torch.ones(1))
+
+
+# -------------------------------------------------------------------------
+# CUDA: installed but unavailable without a GPU, CUDA-only modules never imported
+# -------------------------------------------------------------------------
+
+GPU_OPS = '''
+from opregistry import OpLibrary
+
+lib = OpLibrary(NS)
+lib.define("twice(Tensor x) -> Tensor",
+           kernels={"cpu": "MOD_cpu:twice", "cuda": "MOD_triton:twice"},
+           fake="MOD_cpu:twice_fake")
+'''
+
+CPU_KERNELS = '''
+import torch
+
+def twice(x):
+    return x * 2
+
+def twice_fake(x):
+    return torch.empty_like(x)
+'''
+
+#: a CUDA kernel module as a Triton user writes it: importing it on a
+#: machine without Triton (or without a GPU) fails
+TRITON_KERNELS = '''
+import sys
+sys.modules[__name__].__dict__["imported"] = True  # for the GPU test's own check
+import triton  # noqa: F401  -- fails where Triton is not installed
+
+def twice(x):
+    return x * 2
+'''
+
+
+def _gpu_dist(dists, ns):
+    mod = f"gpu_{ns}"
+    dists.make("gpu-ops", ops={"ops": f"{mod}_ops:lib"}, modules={
+        f"{mod}_ops": GPU_OPS.replace("NS", repr(ns)).replace("MOD", mod),
+        f"{mod}_cpu": CPU_KERNELS, f"{mod}_triton": TRITON_KERNELS})
+    return mod
+
+
+def test_cuda_backend_without_gpu_is_unavailable_and_imports_no_cuda_module(dists, ns, monkeypatch):
+    """No GPU: CUDA kernels are 'unavailable', their (Triton) module is never imported."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # a GPU machine behaves as one without
+    mod = _gpu_dist(dists, ns)
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    cuda_backend = [b for b in reg.plan.backends if b.backend.name == "cuda"]
+    assert cuda_backend and cuda_backend[0].available is False
+    plan = reg.op(f"{ns}::twice").kernel("CUDA")
+    assert plan.status == "unavailable"
+    assert "not available on this machine" in plan.reason
+    assert f"{mod}_triton" not in sys.modules
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::twice", "CUDA")
+    torch.testing.assert_close(getattr(torch.ops, ns).twice(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_cuda_availability_is_answered_without_importing_torch():
+    """opregistry_cuda.cuda_available() agrees with torch, and does not import torch to answer."""
+    code = ("import sys, json, opregistry_cuda\n"
+            "print(json.dumps([opregistry_cuda.cuda_available(), 'torch' in sys.modules]))")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True, timeout=60)
+    available, imported_torch = json.loads(out.stdout)
+    assert imported_torch is False
+    assert available == torch.cuda.is_available()
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_kernel_is_registered_and_runs_on_gpu(dists, ns):
+    """With a GPU, the CUDA kernel is active, imported, registered at CUDA and runs there."""
+    pytest.importorskip("triton")
+    mod = _gpu_dist(dists, ns)
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    assert reg.op(f"{ns}::twice").kernel("CUDA").status == "active"
+    assert sys.modules[f"{mod}_triton"].imported
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::twice", "CUDA")
+    x = torch.ones(3, device="cuda")
+    y = getattr(torch.ops, ns).twice(x)
+    assert y.device.type == "cuda"
+    torch.testing.assert_close(y, x * 2)
+
+
+@pytest.mark.cuda
+@cuda
+def test_tutorial_muladd_on_cuda_passes_opcheck():
+    """The tutorial's muladd declares a CUDA kernel: opcheck on CUDA tensors."""
+    import opregistry
+
+    reg = opregistry.load(reload=True, plugins=["tutorial-ops", "opregistry-cpu",
+                                                "opregistry-cuda", "opregistry-meta",
+                                                "opregistry-autograd", "opregistry-vmap"])
+    assert reg.op("tutorial::muladd").kernel("CUDA").status == "active"
+    a = torch.randn(4, device="cuda", dtype=torch.double, requires_grad=True)
+    b = torch.randn(4, device="cuda", dtype=torch.double, requires_grad=True)
+    torch.library.opcheck(torch.ops.tutorial.muladd.default, (a, b, 0.5))
+    torch.autograd.gradcheck(lambda a, b: torch.ops.tutorial.muladd(a, b, 0.5), (a, b))
+
+
+# -------------------------------------------------------------------------
+# Meta: fake kernels, data-dependent shapes, ops without one
+# -------------------------------------------------------------------------
+
+META_OPS = '''
+import torch
+from opregistry import OpLibrary
+
+lib = OpLibrary(NS)
+lib.define("positives(Tensor x) -> Tensor", kernels={"cpu": f"{__name__}:positives"},
+           fake=f"{__name__}:positives_fake")
+lib.define("double(Tensor x) -> Tensor", kernels={"cpu": f"{__name__}:double"},
+           fake=f"{__name__}:double_fake")
+lib.define("nofake(Tensor x) -> Tensor", kernels={"cpu": f"{__name__}:double"})
+
+def positives(x):
+    return x[x > 0]
+
+def positives_fake(x):
+    # the number of positives depends on the data: an unbacked symbolic size
+    n = torch.library.get_ctx().new_dynamic_size()
+    return x.new_empty(n)
+
+def double(x):
+    return x * 2
+
+def double_fake(x):
+    return torch.empty_like(x)
+'''
+
+
+def _meta_ops(dists, ns):
+    mod = f"meta_{ns}"
+    dists.make("meta-ops", ops={"ops": f"{mod}:lib"},
+               modules={mod: META_OPS.replace("NS", repr(ns))})
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    return reg, getattr(torch.ops, ns)
+
+
+def test_fake_kernel_runs_for_meta_and_fake_tensors(dists, ns):
+    """The Meta backend's fake kernel answers for meta tensors and under FakeTensorMode."""
+    _, ops = _meta_ops(dists, ns)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::double", "Meta")
+    out = ops.double(torch.empty(2, 3, device="meta"))
+    assert out.device.type == "meta" and out.shape == (2, 3)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.ones(4, 5))
+        assert ops.double(fake).shape == (4, 5)
+
+
+def test_fake_kernel_with_data_dependent_output_size(dists, ns):
+    """get_ctx().new_dynamic_size(): an unbacked SymInt under fake tensors, dynamic under compile."""
+    _, ops = _meta_ops(dists, ns)
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        out = ops.positives(mode.from_tensor(torch.randn(8)))
+        assert isinstance(out.shape[0], torch.SymInt)
+        assert out.shape[0].node.expr.free_symbols  # a fresh symbol, not a number
+
+    def f(x):
+        return ops.positives(x).sum() + 1
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+        for x in (torch.tensor([1.0, -2.0, 3.0]), torch.tensor([-1.0, 5.0, 6.0, 7.0, -1.0])):
+            torch.testing.assert_close(compiled(x), x[x > 0].sum() + 1)
+    torch.library.opcheck(ops.positives.default, (torch.randn(6),))
+
+
+def test_op_without_fake_kernel_is_reported_and_fails_under_fake_tensors(dists, ns):
+    """No fake kernel: a warning naming the op and distribution; the warning is true."""
+    reg, ops = _meta_ops(dists, ns)
+    warnings = [p for p in reg.problems if p.code == "op-no-fake"]
+    assert [p.op for p in warnings] == [f"{ns}::nofake"]
+    assert warnings[0].severity == "warning"
+    assert "meta-ops==1.0" in warnings[0].message and "torch.compile" in warnings[0].message
+    # a warning, not an error: the op is registered and runs eagerly
+    torch.testing.assert_close(ops.nofake(torch.ones(2)), torch.full((2,), 2.0))
+    with FakeTensorMode() as mode, pytest.raises(Exception, match="nofake"):
+        ops.nofake(mode.from_tensor(torch.ones(2)))
+
+
+# -------------------------------------------------------------------------
+# vmap
+# -------------------------------------------------------------------------
+
+VMAP_OPS = '''
+import torch
+from opregistry import OpLibrary
+
+lib = OpLibrary(NS)
+lib.define("rowsum(Tensor x) -> Tensor", kernels={"cpu": f"{__name__}:rowsum"},
+           fake=f"{__name__}:rowsum_fake", vmap=f"{__name__}:rowsum_vmap")
+lib.define("norule(Tensor x) -> Tensor", kernels={"cpu": f"{__name__}:rowsum"},
+           fake=f"{__name__}:rowsum_fake")
+calls = []
+
+def rowsum(x):
+    return x.sum(dim=-1)
+
+def rowsum_fake(x):
+    return x.new_empty(x.shape[:-1])
+
+def rowsum_vmap(info, in_dims, x):
+    calls.append((info.batch_size, in_dims))
+    (dim,) = in_dims
+    x = x.movedim(dim, 0) if dim is not None else x.expand(info.batch_size, *x.shape)
+    return rowsum(x), 0
+'''
+
+
+def test_vmap_rule_is_used_by_torch_vmap(dists, ns):
+    """torch.vmap over an op with a rule calls the rule (register_vmap semantics)."""
+    mod = f"vmap_{ns}"
+    dists.make("vmap-ops", ops={"ops": f"{mod}:lib"},
+               modules={mod: VMAP_OPS.replace("NS", repr(ns))})
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    ops = getattr(torch.ops, ns)
+    x = torch.randn(3, 4, 5)
+    torch.testing.assert_close(torch.vmap(ops.rowsum, in_dims=1)(x), x.sum(-1).T)
+    assert sys.modules[mod].calls == [(4, (1,))]
+    info = [p for p in reg.problems if p.code == "op-no-vmap"]
+    assert [(p.op, p.severity) for p in info] == [(f"{ns}::norule", "info")]
+    # without a rule torch falls back to a per-sample loop (slow, hence the report)
+    torch.testing.assert_close(torch.vmap(ops.norule)(x), x.sum(-1))
+    assert len(sys.modules[mod].calls) == 1

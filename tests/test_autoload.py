@@ -1,0 +1,143 @@
+"""Ops at ``import torch``: torch's device-backend autoload entry point, in fresh processes.
+
+Each test starts a new interpreter, because the entry point runs once, at
+the end of ``import torch``.  The interpreter sees the repo's pip-installed
+distributions (core, backends, tutorial-ops) and, where a test adds them,
+temporary distributions on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+#: Imports torch only: no opregistry, no tutorial_ops in the user's code.
+PROBE = """
+import json, sys
+import torch
+ns = torch.ops.tutorial
+result = {"muladd": hasattr(ns, "muladd"), "opregistry_imported": "opregistry" in sys.modules}
+if result["muladd"]:
+    result["value"] = torch.ops.tutorial.muladd(torch.ones(2), torch.full((2,), 3.0), 1.0).tolist()
+if "opregistry" in sys.modules:
+    import opregistry
+    reg = opregistry.get_registry()
+    result["registry"] = reg is not None
+    result["problems"] = [p.to_dict() for p in reg.problems] if reg else []
+print(json.dumps(result))
+"""
+
+
+def _run(code: str, extra_path: Path | None = None, **env_vars: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env.update(env_vars)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path),
+                                                         env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, f"import torch failed:\n{out.stderr[-3000:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_torch_alone_makes_installed_ops_callable():
+    """`import torch` runs opregistry's torch.backends entry point: torch.ops.tutorial.muladd works."""
+    result = _run(PROBE)
+    assert result["muladd"] is True
+    assert result["value"] == [4.0, 4.0]
+    assert result["registry"] is True
+    assert not [p for p in result["problems"] if p["severity"] == "error"], result["problems"]
+
+
+@pytest.mark.parametrize("switch", [{"OPREGISTRY_AUTOLOAD": "0"},
+                                    {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}],
+                         ids=["OPREGISTRY_AUTOLOAD=0", "TORCH_DEVICE_BACKEND_AUTOLOAD=0"])
+def test_autoload_switches_turn_it_off(switch):
+    """Either switch leaves torch.ops without the installed ops and no registry loaded."""
+    result = _run(PROBE, **switch)
+    assert result["muladd"] is False
+    assert result.get("registry", False) is False
+    if "TORCH_DEVICE_BACKEND_AUTOLOAD" in switch:
+        # torch does not even look at the entry point
+        assert result["opregistry_imported"] is False
+
+
+def test_ops_load_on_demand_when_autoload_is_off():
+    """With autoload off, opregistry.load() (or an OpHandle call) still registers everything."""
+    code = """
+import json, torch, opregistry
+before = hasattr(torch.ops.tutorial, "muladd")
+reg = opregistry.load()
+print(json.dumps([before, hasattr(torch.ops.tutorial, "muladd"), len(reg.errors)]))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPREGISTRY_")}
+    env["OPREGISTRY_AUTOLOAD"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == [False, True, 0]
+
+
+BROKEN = {
+    # module raises at import
+    "broken_import": "raise RuntimeError('broken_import: cannot start')\n",
+    # a hook raises while declarations are collected
+    "broken_hook": "def opregistry_ops():\n    raise ValueError('broken_hook: no ops today')\n",
+    # declares fine, but its kernel module does not exist: fails while registering
+    "broken_kernel": (
+        "from opregistry import OpLibrary\n"
+        "lib = OpLibrary('brokenkernelns')\n"
+        "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'no_such_module_xyz:f'})\n"
+    ),
+    # a backend whose availability check raises
+    "broken_backend": (
+        "from opregistry import Backend\n"
+        "def opregistry_backends():\n"
+        "    return [Backend(name='npu', keys=('PrivateUse1',))]\n"
+        "def opregistry_backend_available(backend):\n"
+        "    raise OSError('broken_backend: driver exploded')\n"
+        "def opregistry_materialize_kernel(library, kernel, fn):\n"
+        "    return True\n"
+    ),
+}
+
+
+def test_broken_plugins_do_not_break_import_torch(dists):
+    """Plugins failing at import, in a hook, at registration: `import torch` works, problems kept."""
+    for name, source in BROKEN.items():
+        mod = f"{name}_plugin"
+        group = {"backends": {name: mod}} if name == "broken_backend" else \
+            {"ops": {name: f"{mod}:lib" if name == "broken_kernel" else mod}}
+        dists.make(name.replace("_", "-"), modules={mod: source}, **group)
+    result = _run(PROBE, extra_path=dists.root)
+    # the healthy distributions still load
+    assert result["muladd"] is True and result["value"] == [4.0, 4.0]
+    assert result["registry"] is True
+    blamed = {d for p in result["problems"] if p["severity"] == "error"
+              for d in p["distributions"]}
+    assert blamed == {"broken-import==1.0", "broken-hook==1.0", "broken-kernel==1.0",
+                      "broken-backend==1.0"}, result["problems"]
+    messages = " ".join(p["message"] for p in result["problems"])
+    for fragment in ("cannot start", "no ops today", "no_such_module_xyz", "driver exploded"):
+        assert fragment in messages
+
+
+def test_autoload_failure_inside_opregistry_is_logged_not_raised(monkeypatch):
+    """Even an unexpected error in load() itself is logged; autoload() returns normally."""
+    from structlog.testing import capture_logs
+
+    from opregistry import autoload as autoload_module
+    from opregistry import registry
+
+    def explode(**kwargs):
+        raise RuntimeError("resolver bug")
+
+    monkeypatch.setattr(registry, "load", explode)
+    with capture_logs() as logs:
+        autoload_module.autoload()
+    assert any("resolver bug" in str(entry.get("error")) for entry in logs), logs

@@ -104,3 +104,17 @@ def load(dists: DistFactory, **kwargs: object) -> opregistry.Registry:
 def plan(dists: DistFactory, **kwargs: object) -> opregistry.resolver.Plan:  # type: ignore[name-defined]
     kwargs.setdefault("plugins", [*BACKENDS, *dists.names])
     return opregistry.plan(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def installed() -> opregistry.Registry:
+    """The registry of everything pip-installed: the one ``import torch`` autoloaded.
+
+    Module-scoped, so it runs before the per-test ``clean_registry`` stashes
+    the process' registry away; loads it here when autoload was switched off.
+    Never reload the installed distributions in a test: their namespaces are
+    already defined in this process.
+    """
+    import torch  # noqa: F401  -- runs the autoload entry point
+
+    return opregistry.load()

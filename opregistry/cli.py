@@ -1,9 +1,14 @@
 """The ``opregistry`` command (also ``python -m opregistry``).
 
-Commands that only read declarations (``list``) never import torch; they
-stop after the resolver.  Output is a plain table by default and JSON with
-``--json``; the exit status is 0 when the registry is healthy and 1 when it
-has errors.
+Commands follow the conventions of the packaging world (``pip list``,
+``pip show``, ``datasette plugins``): a plain table by default, ``--json``
+for tools, exit status 0 when the registry is healthy, 1 when something is
+wrong, 2 for a usage error.
+
+``list``, ``show``, ``plugins``, ``doctor``, ``lock`` and ``verify`` read
+declarations only and never import torch: they stop after the resolver.
+``check`` and the ``--live`` views import torch, because what they show
+lives in torch's dispatcher.
 """
 
 from __future__ import annotations
@@ -11,13 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from .resolver import Plan
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 STATUSES = ("active", "inactive", "unavailable", "overridden")
+
+#: Exit status: healthy / problems found / bad usage (argparse's own).
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+#: Dispatch keys shown as the "fake / autograd / vmap" features of an op.
+FEATURE_KEYS = {"fake": "Meta", "autograd": "Autograd", "vmap": "FuncTorchBatched"}
 
 
 def _configure_logging(verbose: int) -> None:
@@ -35,13 +46,36 @@ def _configure_logging(verbose: int) -> None:
     logger.propagate = False
 
 
-def _table(rows: list[Sequence[str]], out: TextIO, indent: str = "  ") -> None:
+def _table(rows: list[Sequence[Any]], out: TextIO, indent: str = "  ") -> None:
     if not rows:
         return
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [str(c).ljust(w) for c, w in zip(row, widths)]
         out.write(indent + "  ".join(cells).rstrip() + "\n")
+
+
+def _dump(data: Any, out: TextIO) -> None:
+    json.dump(data, out, indent=2, sort_keys=False, default=str)
+    out.write("\n")
+
+
+def _plan() -> Plan:
+    from .registry import plan
+
+    return plan()
+
+
+def _live_registry() -> Any:
+    """Import torch (which autoloads the registry, unless switched off) and load it."""
+    import torch  # noqa: F401  (the point: what torch's dispatcher holds)
+
+    from .registry import load
+
+    return load()
+
+
+# -- list ----------------------------------------------------------------------
 
 
 def _filter(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
@@ -64,16 +98,27 @@ def _filter(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def _print_problems(problems: list[dict[str, Any]], out: TextIO) -> None:
+    problems = [p for p in problems if p["severity"] != "info"]
+    if problems:
+        out.write("\nProblems (details: opregistry doctor)\n")
+        for p in problems:
+            out.write(f"  {p['severity'].upper()} [{p['code']}] {p['message']}\n")
+            if p["hint"]:
+                out.write(f"      -> {p['hint']}\n")
+
+
 def _print_list(data: dict[str, Any], out: TextIO) -> None:
     out.write("Backends\n")
-    rows = [("NAME", "KEYS", "DISTRIBUTION", "AVAILABLE")]
-    rows += [(b["name"], ",".join(b["keys"]), f"{b['distribution']}=={b['version']}",
-              "yes" if b["available"] else "no") for b in data["backends"]]
+    rows: list[Sequence[Any]] = [("NAME", "KEYS", "DEVICE", "DISTRIBUTION", "INSTALLED", "AVAILABLE")]
+    rows += [(b["name"], ",".join(b["keys"]), b["device_type"] or "-",
+              f"{b['distribution']}=={b['version']}", "yes",
+              "yes" if b["available"] else "no (not on this machine)") for b in data["backends"]]
     _table(rows, out) if data["backends"] else out.write("  (none installed)\n")
     out.write("\nNamespaces\n")
-    rows = [("NAME", "OWNER", "FRAGMENTS")]
-    rows += [(n["name"], n["owner"] or "-", ", ".join(n["fragments"]) or "-")
-             for n in data["namespaces"]]
+    rows = [("NAME", "OWNER", "FRAGMENTS", "CLOSED")]
+    rows += [(n["name"], n["owner"] or "-", ", ".join(n["fragments"]) or "-",
+              "yes" if n["closed"] else "no") for n in data["namespaces"]]
     _table(rows, out) if data["namespaces"] else out.write("  (none)\n")
     out.write("\nOps\n")
     if not data["ops"]:
@@ -94,55 +139,552 @@ def _print_list(data: dict[str, Any], out: TextIO) -> None:
         out.write("\nKernels for torch's own ops (allowed by policy)\n")
         _table([(k["op"], k["key"], k["status"], k["kernel"], k["distribution"])
                 for k in data["external_kernels"]], out)
-    problems = [p for p in data["problems"] if p["severity"] != "info"]
-    if problems:
-        out.write("\nProblems\n")
-        for p in problems:
-            out.write(f"  {p['severity'].upper()} [{p['code']}] {p['message']}\n")
-            if p["hint"]:
-                out.write(f"      -> {p['hint']}\n")
+    _print_problems(data["problems"], out)
+
+
+def _live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
+    """The dispatcher's ops of ``namespace`` next to what opregistry declared for them."""
+    from . import torch_state
+
+    declared = {op.op.qualname: op for op in plan.ops if op.op.namespace == namespace}
+    live = {name for name in torch_state.registered_ops() if name.split("::", 1)[0] == namespace}
+    rows = []
+    for name in sorted(live | set(declared)):
+        op = declared.get(name)
+        registrations = torch_state.kernel_registrations(name) if name in live else {}
+        rows.append({
+            "op": name,
+            "declared": op is not None,
+            "in_dispatcher": name in live,
+            "declared_schema": op.op.full_schema if op else None,
+            "dispatcher_schema": torch_state.op_schema(name) if name in live else None,
+            "declared_keys": sorted(k.kernel.key for k in op.kernels
+                                    if k.status == "active") if op else [],
+            "dispatcher_keys": registrations,
+            "distribution": op.op.origin.dist if op and op.op.origin else None,
+        })
+    return rows
+
+
+def _live_note(row: dict[str, Any]) -> str:
+    if not row["declared"]:
+        return "registered outside opregistry"
+    if not row["in_dispatcher"]:
+        return "declared, but NOT in the dispatcher (see opregistry doctor --live)"
+    missing = sorted(set(row["declared_keys"]) - set(row["dispatcher_keys"]))
+    extra = sorted(set(row["dispatcher_keys"]) - set(row["declared_keys"]))
+    notes = []
+    if missing:
+        notes.append(f"declared but not registered: {', '.join(missing)}")
+    if extra:
+        notes.append(f"registered outside opregistry: {', '.join(extra)}")
+    return "; ".join(notes) or "matches"
+
+
+def _print_live(live: dict[str, list[dict[str, Any]]], out: TextIO) -> None:
+    out.write("\nLive dispatcher (torch) vs declared (opregistry)\n")
+    for namespace, rows in live.items():
+        out.write(f"  namespace {namespace}\n")
+        if not rows:
+            out.write("      (no ops in the dispatcher, none declared)\n")
+            continue
+        table: list[Sequence[Any]] = [("OP", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE")]
+        table += [(r["op"], ",".join(r["declared_keys"]) or "-",
+                   ",".join(sorted(r["dispatcher_keys"])) or "-", _live_note(r)) for r in rows]
+        _table(table, out, indent="      ")
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
-    from .registry import plan
-
-    resolved = plan()
+    if args.live:
+        registry = _live_registry()
+        resolved = _plan()  # resolved again now that torch is imported: rules 4 and 5 apply
+        del registry
+    else:
+        resolved = _plan()
     data = _filter(resolved, args)
+    if args.live:
+        namespaces = args.namespace or [n["name"] for n in data["namespaces"]]
+        data["live"] = {ns: _live_namespace(ns, resolved) for ns in namespaces}
     if args.json:
-        json.dump(data, out, indent=2, sort_keys=False)
-        out.write("\n")
+        _dump(data, out)
     else:
         _print_list(data, out)
-    return 1 if resolved.errors else 0
+        if args.live:
+            _print_live(data["live"], out)
+    return EXIT_PROBLEMS if resolved.errors else EXIT_OK
+
+
+# -- show ----------------------------------------------------------------------
+
+
+def _matching_ops(plan: Plan, name: str) -> list[Any]:
+    exact = [op for op in plan.ops if op.op.qualname == name]
+    if exact:
+        return exact
+    return [op for op in plan.ops if f"{op.op.namespace}::{op.op.name}" == name]
+
+
+def _op_details(plan: Plan, op: Any) -> dict[str, Any]:
+    from .model import describe_ref
+
+    data = op.to_dict()
+    base = f"{op.op.namespace}::{op.op.name}"
+    data["overloads"] = sorted(o.op.overload or "default" for o in plan.ops
+                               if f"{o.op.namespace}::{o.op.name}" == base)
+    data["doc"] = op.op.doc
+    data["entry_point"] = str(op.op.origin) if op.op.origin else None
+    features = {}
+    for feature, key in FEATURE_KEYS.items():
+        k = op.kernel(key)
+        features[feature] = None if k is None else {
+            "kernel": describe_ref(k.kernel.fn), "status": k.status,
+            "distribution": k.kernel.origin.dist if k.kernel.origin else None}
+    data["features"] = features
+    data["problems"] = [p.to_dict() for p in plan.problems if p.op == op.op.qualname]
+    return data
+
+
+def _print_show(data: dict[str, Any], out: TextIO) -> None:
+    name = data["name"]
+    out.write(f"{data['schema'].replace(name.split('::')[1], name, 1)}\n")
+    rows: list[Sequence[Any]] = [
+        ("distribution:", data["entry_point"] or "-"),
+        ("defined at:", data["source"] or "-"),
+        ("overloads:", ", ".join(data["overloads"])),
+        ("mutates:", ", ".join(data["mutates_args"]) or "nothing (functional)"),
+        ("tags:", ", ".join(data["tags"]) or "-"),
+    ]
+    if data["doc"]:
+        rows.append(("doc:", data["doc"]))
+    for feature, info in data["features"].items():
+        rows.append((f"{feature}:", "no" if info is None else
+                     f"yes, {info['status']} ({info['kernel']} from {info['distribution']})"))
+    rows.append(("samples:", data["samples"] or "none declared (opregistry check skips it)"))
+    _table(rows, out)
+    out.write("\nKernels\n")
+    table: list[Sequence[Any]] = [("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE")]
+    for k in data["kernels"]:
+        note = f"overrides {k['overrides']}" if k["overrides"] else k["reason"]
+        table.append((k["key"], k["status"], k["kernel"], k["distribution"] or "-",
+                      k["backend"] or "-", note))
+    _table(table, out) if data["kernels"] else out.write("  (none)\n")
+    _print_problems(data["problems"], out)
+    live = data.get("live")
+    if live is not None:
+        out.write("\nLive dispatcher (torch)\n")
+        if not live["in_dispatcher"]:
+            out.write("  not in the dispatcher (see opregistry doctor --live)\n")
+            return
+        out.write(f"  schema: {live['dispatcher_schema']}\n")
+        rows = [("KEY", "REGISTERED AT", "DECLARED")]
+        rows += [(key, where, "yes" if key in live["declared_keys"] else "no")
+                 for key, where in sorted(live["dispatcher_keys"].items())]
+        _table(rows, out)
+        out.write(f"  {_live_note(live)}\n")
+
+
+def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    if "::" not in args.op:
+        sys.stderr.write(f"opregistry show: {args.op!r} is not an op name; write it as "
+                         f"NAMESPACE::OP (e.g. mylib::foo), see 'opregistry list'\n")
+        return EXIT_USAGE
+    if args.live:
+        _live_registry()
+    resolved = _plan()
+    ops = _matching_ops(resolved, args.op)
+    if not ops:
+        problems = [p for p in resolved.problems if p.op and p.op.split(".")[0] == args.op.split(".")[0]]
+        namespace = args.op.split("::", 1)[0]
+        known = [op.op.qualname for op in resolved.ops if op.op.namespace == namespace]
+        sys.stderr.write(f"opregistry show: no op {args.op} in the registry.\n")
+        for p in problems:
+            sys.stderr.write(f"  it was left out: {p}\n")
+        if known:
+            sys.stderr.write(f"  ops of namespace {namespace}: {', '.join(known)}\n")
+        elif not problems:
+            sys.stderr.write("  see 'opregistry list' for every op\n")
+        return EXIT_PROBLEMS
+    details = [_op_details(resolved, op) for op in ops]
+    if args.live:
+        live = {row["op"]: row for row in _live_namespace(ops[0].op.namespace, resolved)}
+        for d in details:
+            d["live"] = live.get(d["name"])
+    if args.json:
+        _dump(details[0] if len(details) == 1 else details, out)
+    else:
+        for i, d in enumerate(details):
+            if i:
+                out.write("\n")
+            _print_show(d, out)
+    return EXIT_PROBLEMS if any(p["severity"] == "error" for d in details for p in d["problems"]) \
+        else EXIT_OK
+
+
+# -- plugins -------------------------------------------------------------------
+
+
+def _plugins(plan: Plan) -> list[dict[str, Any]]:
+    from .discovery import BACKENDS_GROUP
+
+    excluded = {o.distribution for o in plan.excluded}
+    problems_of: dict[str, list[str]] = {}
+    for p in plan.problems:
+        if p.severity == "error":
+            for o in p.culprits:
+                problems_of.setdefault(o.distribution, []).append(f"[{p.code}] {p.message}")
+    rows = []
+    for o in plan.distributions:
+        left_out = o.distribution in excluded
+        contributes: dict[str, Any] = {}
+        if o.group == BACKENDS_GROUP:
+            contributes["backends"] = [
+                {"name": b.backend.name, "keys": list(b.backend.keys),
+                 "device_type": b.backend.device_type, "available": b.available}
+                for b in plan.backends if b.backend.origin == o]
+        else:
+            contributes["namespaces"] = sorted(
+                {f"{n.name} (DEF)" for n in plan.namespaces if n.owner == o}
+                | {f"{n.name} (FRAGMENT)" for n in plan.namespaces if o in n.fragments})
+            contributes["ops"] = [op.op.qualname for op in plan.ops if op.op.origin == o]
+            contributes["kernels"] = sum(1 for k in plan.kernels() if k.kernel.origin == o)
+        rows.append({
+            "distribution": o.distribution, "version": o.version, "group": o.group,
+            "entry_point": o.entry_point_spec,
+            "status": "left out" if left_out else "loaded",
+            "reason": "; ".join(problems_of.get(o.distribution, [])) if left_out else "",
+            "contributes": contributes,
+        })
+    failed = {(o.distribution, o.entry_point) for p in plan.problems for o in p.culprits
+              if p.code.startswith("plugin-")}
+    for s in plan.skipped:
+        o = s.origin
+        rows.append({
+            "distribution": o.distribution, "version": o.version, "group": o.group,
+            "entry_point": o.entry_point_spec,
+            "status": "failed" if (o.distribution, o.entry_point) in failed else "skipped",
+            "reason": s.reason, "contributes": {},
+        })
+    return sorted(rows, key=lambda r: (r["group"], r["distribution"], r["entry_point"]))
+
+
+def _contribution(row: dict[str, Any]) -> str:
+    c = row["contributes"]
+    if row["status"] != "loaded":
+        return row["reason"]
+    if "backends" in c:
+        return "; ".join(
+            f"backend {b['name']} ({', '.join(b['keys'])}"
+            + (f", device {b['device_type']}" if b["device_type"] else "")
+            + ("" if b["available"] else ", not available here") + ")"
+            for b in c["backends"]) or "-"
+    parts = [f"namespace {n}" for n in c.get("namespaces", [])]
+    parts.append(f"{len(c.get('ops', []))} op(s), {c.get('kernels', 0)} kernel(s)")
+    return ", ".join(parts)
+
+
+def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
+    from .discovery import BACKENDS_GROUP, OPS_GROUP
+
+    rows = _plugins(_plan())
+    if args.json:
+        _dump(rows, out)
+    else:
+        for group, title in ((BACKENDS_GROUP, "Backends"), (OPS_GROUP, "Op packages")):
+            mine = [r for r in rows if r["group"] == group]
+            out.write(f"{title} (entry-point group {group})\n")
+            if not mine:
+                out.write("  (none)\n")
+            table: list[Sequence[Any]] = [("DISTRIBUTION", "VERSION", "ENTRY POINT", "STATUS",
+                                           "CONTRIBUTES / REASON")]
+            table += [(r["distribution"], r["version"], r["entry_point"], r["status"],
+                       _contribution(r)) for r in mine]
+            _table(table, out) if mine else None
+            out.write("\n")
+    bad = any(r["status"] in ("failed", "left out") for r in rows)
+    return EXIT_PROBLEMS if bad else EXIT_OK
+
+
+# -- doctor --------------------------------------------------------------------
+
+
+def _findings(plan: Plan, problems: Sequence[Any], include_info: bool) -> list[dict[str, Any]]:
+    found = [p.to_dict() for p in problems if include_info or p.severity != "info"]
+    # Allowed overrides are not errors, but someone's kernel is being replaced:
+    # the user should know, and know how to undo it.
+    for k in plan.kernels():
+        if k.overrides and k.status != "overridden":
+            origin = k.kernel.origin
+            found.append({
+                "code": "kernel-overrides", "severity": "warning",
+                "message": f"{origin} replaces the {k.kernel.key} kernel of {k.kernel.op} "
+                           f"registered by {k.overrides} (allowed by policy)",
+                "hint": "if this is not intended, remove the op or its namespace from "
+                        "OPREGISTRY_ALLOW_OVERRIDE, or block "
+                        f"{origin.distribution if origin else 'the distribution'}",
+                "distributions": [origin.dist] if origin else [], "entry_points": [],
+                "others": [k.overrides], "op": k.kernel.op, "key": k.kernel.key,
+                "namespace": None, "source": k.kernel.source,
+            })
+    return found
+
+
+def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
+    if args.live:
+        registry = _live_registry()
+        plan, problems = registry.plan, registry.problems
+    else:
+        plan = _plan()
+        problems = plan.problems
+    findings = _findings(plan, problems, args.all)
+    errors = [f for f in findings if f["severity"] == "error"]
+    summary = {
+        "errors": len(errors),
+        "warnings": sum(1 for f in findings if f["severity"] == "warning"),
+        "distributions": len({o.distribution for o in plan.distributions}),
+        "ops": len(plan.ops),
+        "live": bool(args.live),
+    }
+    if args.json:
+        _dump({"summary": summary, "problems": findings}, out)
+        return EXIT_PROBLEMS if errors else EXIT_OK
+    out.write(f"opregistry doctor: {summary['errors']} error(s), {summary['warnings']} "
+              f"warning(s) in {summary['distributions']} distribution(s), {summary['ops']} op(s)\n")
+    order = {"error": 0, "warning": 1, "info": 2}
+    for f in sorted(findings, key=lambda f: order.get(f["severity"], 3)):
+        out.write(f"\n{f['severity'].upper():7} [{f['code']}] {f['message']}\n")
+        if f["source"]:
+            out.write(f"        at: {f['source']}\n")
+        if f["distributions"]:
+            out.write(f"        distribution(s): {', '.join(f['distributions'])}\n")
+        if f["hint"]:
+            out.write(f"        fix: {f['hint']}\n")
+    if not findings:
+        out.write("No problems found.\n")
+    if not args.live:
+        out.write("\nNot checked without torch: namespaces and kernels held by torch outside "
+                  "opregistry (C++ TORCH_LIBRARY), and registration itself. "
+                  "Run 'opregistry doctor --live' for those.\n")
+    return EXIT_PROBLEMS if errors else EXIT_OK
+
+
+# -- check ---------------------------------------------------------------------
+
+
+def _print_check(results: list[Any], out: TextIO) -> None:
+    from .checking import GRADCHECK, OPCHECK_UTILS
+
+    columns = (*OPCHECK_UTILS, GRADCHECK)
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    notes: list[Any] = []
+    for r in results:
+        cells = rows.setdefault((r.op, r.device), {})
+        if r.check not in columns:
+            cells["_note"] = f"{r.status}: {r.message}"
+            if r.status == "fail":
+                notes.append(r)
+            continue
+        previous = cells.get(r.check)
+        rank = {"FAIL": 2, "ok": 1, "skip": 0}
+        mark = {"ok": "ok", "fail": "FAIL", "skip": "skip"}[r.status]
+        if previous is None or rank[mark] > rank[previous]:
+            cells[r.check] = mark
+        if r.status == "fail":
+            notes.append(r)
+    table: list[Sequence[Any]] = [("OP", "DEVICE", *(c.replace("test_", "") for c in columns))]
+    for (op, device), cells in rows.items():
+        if "_note" in cells:
+            table.append((op, device, cells["_note"], *([""] * (len(columns) - 1))))
+        else:
+            table.append((op, device, *(cells.get(c, "-") for c in columns)))
+    _table(table, out)
+    if notes:
+        out.write("\nFailures\n")
+        for r in notes:
+            sample = f", sample {r.sample}" if r.sample is not None else ""
+            out.write(f"  {r.op} on {r.device}{sample}: {r.check} failed: {r.message}\n")
+            if r.distribution:
+                out.write(f"      from {r.distribution}\n")
+
+
+def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    from .checking import run_checks
+
+    registry = _live_registry()
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+    results, unknown = run_checks(registry, args.targets, devices=args.device, progress=progress)
+    if unknown:
+        sys.stderr.write(f"opregistry check: no op or namespace {', '.join(unknown)} in the "
+                         f"registry; see 'opregistry list'\n")
+        return EXIT_USAGE
+    failed = [r for r in results if r.status == "fail"]
+    if args.json:
+        _dump({"ok": not failed, "results": [r.to_dict() for r in results]}, out)
+    else:
+        if not results:
+            out.write("no ops to check\n")
+        else:
+            _print_check(results, out)
+            ops = {r.op for r in results}
+            out.write(f"\n{len(ops)} op(s) checked: "
+                      + (f"{len({r.op for r in failed})} FAILED" if failed else "all passed") + "\n")
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+# -- lock / verify -------------------------------------------------------------
+
+
+def cmd_lock(args: argparse.Namespace, out: TextIO) -> int:
+    from .lockfile import fingerprint_of, lock_data
+
+    resolved = _plan()
+    if resolved.errors and not args.force:
+        sys.stderr.write(f"opregistry lock: the registry has {len(resolved.errors)} error(s); "
+                         f"nothing written. See 'opregistry doctor', or lock what resolves "
+                         f"anyway with --force.\n")
+        return EXIT_PROBLEMS
+    data = lock_data(resolved)
+    data = {"fingerprint": fingerprint_of(data), **data}
+    text = json.dumps(data, indent=2) + "\n"
+    if args.output == "-":
+        out.write(text)
+    else:
+        from pathlib import Path
+
+        Path(args.output).write_text(text, encoding="utf-8")
+        out.write(f"wrote {args.output}: {data['fingerprint']} "
+                  f"({len(data['distributions'])} distributions, {len(data['ops'])} ops)\n")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    from .errors import LockMismatchError
+    from .lockfile import fingerprint, read_lock, verify_lock
+
+    try:
+        locked = read_lock(args.lockfile)
+        resolved = _plan()
+        current = verify_lock(args.lockfile, plan=resolved)
+    except LockMismatchError as exc:
+        if args.json:
+            _dump({"ok": False, "lockfile": args.lockfile, "differences": list(exc.differences),
+                   "error": exc.message}, out)
+        else:
+            sys.stderr.write(f"opregistry verify: {exc.message}\n")
+        return EXIT_PROBLEMS
+    if args.json:
+        _dump({"ok": True, "lockfile": args.lockfile, "fingerprint": current,
+               "differences": []}, out)
+    else:
+        out.write(f"{args.lockfile}: OK, this environment resolves the locked registry "
+                  f"({locked.get('fingerprint') or fingerprint(resolved)})\n")
+    return EXIT_OK
+
+
+# -- parser --------------------------------------------------------------------
+
+
+def _add(sub: Any, name: str, func: Callable[..., int], help: str, description: str,
+         json_help: str | None = "machine-readable output") -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=description)
+    if json_help:
+        p.add_argument("--json", action="store_true", help=json_help)
+    p.set_defaults(func=func)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``opregistry`` command (its --help is docs/cli.md)."""
     parser = argparse.ArgumentParser(
         prog="opregistry",
         description="See and check the PyTorch custom operators that installed packages "
         "contribute through opregistry.",
+        epilog="Exit status: 0 healthy, 1 problems found, 2 bad usage. list, show, plugins, "
+        "doctor, lock and verify do not import torch; check and --live do. "
+        "OPREGISTRY_PLUGINS / OPREGISTRY_BLOCK scope every command.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser(
-        "list",
-        help="backends, namespaces, ops and kernels, without importing torch",
-        description="Show the resolved registry: backends, namespaces (owner, fragments), ops "
-        "(schema, tags) and each op's kernels per dispatch key with their status and the "
-        "distribution they came from. Does not import torch.",
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = _add(sub, "list", cmd_list,
+             "backends, namespaces, ops and kernels, without importing torch",
+             "Show the resolved registry: backends (distribution, version, device type, "
+             "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
+             "per dispatch key with their status (active, inactive with the package that would "
+             "activate it, unavailable, overridden) and the distribution they came from. Does "
+             "not import torch unless --live.")
     p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
     p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")
     p.add_argument("-s", "--status", action="append", choices=STATUSES,
                    help="only kernels with this status")
-    p.set_defaults(func=cmd_list)
+    p.add_argument("--live", action="store_true",
+                   help="also show what torch's dispatcher holds for each namespace, ops "
+                   "registered outside opregistry included (imports torch)")
+
+    p = _add(sub, "show", cmd_show, "one op in full: schema, kernels, origins, samples",
+             "Show one op: schema, overloads, mutated arguments, tags, each kernel with its "
+             "origin (module:function and distribution), fake / autograd / vmap presence and "
+             "the sample inputs declared for 'opregistry check'.")
+    p.add_argument("op", metavar="NS::OP", help="the op, e.g. mylib::foo or mylib::foo.out")
+    p.add_argument("--live", action="store_true",
+                   help="also show the dispatcher's schema and kernels for it (imports torch)")
+
+    _add(sub, "plugins", cmd_plugins,
+         "discovered distributions, what each contributes, and those skipped",
+         "List every distribution found in the entry-point groups opregistry.backends and "
+         "opregistry.ops: version, entry point, what it contributes, and those skipped or left "
+         "out (blocked, not allowed, failed to import, conflicting) with the reason. Exit 1 if "
+         "any failed or was left out.")
+
+    p = _add(sub, "doctor", cmd_doctor, "every problem, with what to do",
+             "Report every problem: conflicts, broken plugins, ops without a fake kernel "
+             "(torch.compile / torch.export will fail on them), ops without an active kernel, "
+             "kernels that override another distribution's or torch's own. Each with what to "
+             "do. Exit 1 if there is an error. Without torch; --live also checks against "
+             "torch's dispatcher.")
+    p.add_argument("--live", action="store_true",
+                   help="import torch and load the registry: also finds namespaces and kernels "
+                   "held by torch outside opregistry (C++ TORCH_LIBRARY) and registration failures")
+    p.add_argument("-a", "--all", action="store_true", help="also show notes (e.g. ops without vmap)")
+
+    p = _add(sub, "check", cmd_check, "run opcheck and gradcheck over every op's sample inputs",
+             "Load the registry into torch and run torch.library.opcheck (test_schema, "
+             "test_autograd_registration, test_faketensor, test_aot_dispatch_dynamic) over each "
+             "op's sample inputs on every available device with an active kernel, and "
+             "torch.autograd.gradcheck where an Autograd kernel is active. Progress goes to "
+             "stderr, a table to stdout. Exit 1 on any failure. Imports torch.")
+    p.add_argument("targets", nargs="*", metavar="NS|NS::OP",
+                   help="namespaces or ops to check (default: all)")
+    p.add_argument("-d", "--device", action="append",
+                   help="only this device type (repeatable; default: every available one)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+    p = _add(sub, "lock", cmd_lock, "write a lockfile of the resolved registry",
+             "Write the resolved registry (distributions and versions, backends, namespaces, ops "
+             "and schemas, kernel origins and status) with its sha256 fingerprint as JSON. "
+             "Refuses when the registry has errors, unless --force. Does not import torch.",
+             json_help=None)
+    p.add_argument("-o", "--output", default="opregistry.lock", metavar="FILE",
+                   help="where to write it; '-' for stdout (default: opregistry.lock)")
+    p.add_argument("--force", action="store_true", help="lock even if the registry has errors")
+
+    p = _add(sub, "verify", cmd_verify, "compare this environment with a lockfile",
+             "Check that this environment resolves the registry recorded in LOCKFILE, and "
+             "explain every difference (missing distribution, other version, other schema, "
+             "other kernel origin). Exit 1 on any difference. Does not import torch. The Python "
+             "equivalent is opregistry.verify_lock(path).")
+    p.add_argument("lockfile", nargs="?", default="opregistry.lock", metavar="LOCKFILE",
+                   help="the lockfile (default: opregistry.lock)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)

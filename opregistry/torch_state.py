@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .resolver import TorchState
 
-__all__ = ["snapshot", "registered_ops", "has_kernel"]
+__all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations"]
 
 
 def registered_ops() -> list[str]:
@@ -29,6 +29,41 @@ def has_kernel(op: str, key: str) -> bool:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, key))
     except RuntimeError:
         return False
+
+
+def op_schema(op: str) -> str | None:
+    """The schema the dispatcher holds for ``op`` (``ns::name[.overload]``), or ``None``."""
+    import torch
+
+    name, _, overload = op.partition(".")
+    try:
+        return str(torch._C._get_schema(name, overload))
+    except RuntimeError:
+        return None
+
+
+def kernel_registrations(op: str) -> dict[str, str]:
+    """Dispatch key -> where its kernel was registered (``file:line``), for ``op``.
+
+    Read from ``torch._C._dispatch_dump``, the dispatcher's own debug text:
+    it lists every key with a kernel registered directly (alias keys such as
+    ``Autograd`` included, written ``Autograd[alias]``), which is what
+    ``opregistry list --live`` shows.  Fallbacks are not listed.
+    """
+    import re
+
+    import torch
+
+    try:
+        dump = torch._C._dispatch_dump(op)
+    except RuntimeError:
+        return {}
+    found: dict[str, str] = {}
+    for line in dump.splitlines():
+        match = re.match(r"(\w+)(?:\[alias\])?: registered at (.*?)(?: :: .*)?$", line)
+        if match and match.group(1) not in ("debug", "schema", "name"):
+            found[match.group(1)] = match.group(2).strip()
+    return found
 
 
 def snapshot() -> TorchState:

@@ -1,0 +1,261 @@
+"""``opregistry check``: opcheck and gradcheck over every op's sample inputs.
+
+For each selected op that the loaded registry registered, on every device
+that has an active kernel for it and is available on this machine, every
+sample input declared with ``samples=`` goes through
+:func:`torch.library.opcheck` with all its default test utilities
+(``test_schema``, ``test_autograd_registration``, ``test_faketensor``,
+``test_aot_dispatch_dynamic``), and through :func:`torch.autograd.gradcheck`
+when an Autograd kernel is active and the sample has inputs that require
+grad.  Results are plain records; the CLI prints them.
+
+This module imports torch (inside its functions, so that importing
+:mod:`opregistry.cli` does not).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from attrs import frozen
+
+from . import keys as _keys
+from .model import resolve_ref
+
+if TYPE_CHECKING:
+    from .registry import Registry
+    from .resolver import OpPlan
+
+__all__ = ["OPCHECK_UTILS", "CheckResult", "select_ops", "devices_for", "samples_of", "run_checks"]
+
+#: torch.library.opcheck's default test utilities, in the order it runs them.
+OPCHECK_UTILS: tuple[str, ...] = (
+    "test_schema",
+    "test_autograd_registration",
+    "test_faketensor",
+    "test_aot_dispatch_dynamic",
+)
+GRADCHECK = "gradcheck"
+
+
+@frozen(kw_only=True)
+class CheckResult:
+    """The outcome of one check of one op, on one device, for one sample.
+
+    ``check`` is an opcheck utility, ``"gradcheck"``, or ``"samples"`` (the
+    sample function itself failed, or the op declares none); ``status`` is
+    ``"ok"``, ``"fail"`` or ``"skip"``; ``message`` says why, for the latter two.
+    """
+
+    op: str
+    device: str
+    check: str
+    status: str
+    sample: int | None = None
+    message: str = ""
+    distribution: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "device": self.device, "check": self.check,
+                "status": self.status, "sample": self.sample, "message": self.message,
+                "distribution": self.distribution}
+
+
+def select_ops(ops: Sequence[OpPlan], targets: Iterable[str]) -> tuple[list[OpPlan], list[str]]:
+    """The ops named by ``targets`` (``ns`` or ``ns::op[.overload]``), and the unknown targets."""
+    targets = list(targets)
+    if not targets:
+        return list(ops), []
+    chosen: dict[str, OpPlan] = {}
+    unknown = []
+    for target in targets:
+        if "::" in target:
+            hits = [op for op in ops if op.op.qualname == target
+                    or f"{op.op.namespace}::{op.op.name}" == target]
+        else:
+            hits = [op for op in ops if op.op.namespace == target]
+        if not hits:
+            unknown.append(target)
+        for op in hits:
+            chosen[op.op.qualname] = op
+    return [chosen[name] for name in sorted(chosen)], unknown
+
+
+def devices_for(op: OpPlan, available_devices: Iterable[str]) -> list[str]:
+    """Device types with an active kernel for ``op`` that this machine can run."""
+    available = set(available_devices)
+    devices = []
+    for k in op.kernels:
+        device = _keys.DEVICE_KEYS.get(k.kernel.key)
+        if k.status == "active" and device in available:
+            devices.append(device)
+    return sorted(set(devices), key=lambda d: (d != "cpu", d))
+
+
+def _available_devices() -> list[str]:
+    import torch
+
+    devices = ["cpu"]
+    for device in ("cuda", "xpu", "mps"):
+        module = getattr(torch, device, None)
+        if module is not None and getattr(module, "is_available", lambda: False)():
+            devices.append(device)
+    custom = torch._C._get_privateuse1_backend_name()
+    module = getattr(torch, custom, None)
+    if custom != "privateuseone" and module is not None and getattr(module, "is_available", lambda: False)():
+        devices.append("privateuseone")
+    return devices
+
+
+def samples_of(op: OpPlan) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The op's sample inputs as ``(args, kwargs)`` pairs; raises ``TypeError`` if malformed."""
+    if op.op.samples is None:
+        return []
+    produced = resolve_ref(op.op.samples)()
+    out = []
+    for i, sample in enumerate(produced):
+        if hasattr(sample, "args"):
+            args, kwargs = sample.args, getattr(sample, "kwargs", None) or {}
+        elif isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict):
+            args, kwargs = sample
+        else:
+            raise TypeError(
+                f"sample {i} of {op.op.qualname} is a {type(sample).__name__}; a sample function "
+                f"returns a list of (args, kwargs) pairs"
+            )
+        out.append((tuple(args), dict(kwargs)))
+    return out
+
+
+def _to_device(value: Any, device: str) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        moved = value.detach().to(device)
+        return moved.requires_grad_(value.requires_grad) if value.is_floating_point() else moved
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def _overload(qualname: str) -> Any:
+    import torch
+
+    namespace, _, rest = qualname.partition("::")
+    name, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else text
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def _gradcheck(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """gradcheck over the sample's inputs that require grad; ``None`` when it passes."""
+    import torch
+
+    flat = list(args) + list(kwargs.values())
+    grad_positions = [i for i, a in enumerate(flat)
+                      if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not grad_positions:
+        return "no input requires grad"
+    names = list(kwargs)
+
+    def call(*tensors: Any) -> Any:
+        values = list(flat)
+        for pos, t in zip(grad_positions, tensors):
+            values[pos] = t
+        return overload(*values[:len(args)], **dict(zip(names, values[len(args):])))
+
+    torch.autograd.gradcheck(call, tuple(flat[i] for i in grad_positions))
+    return None
+
+
+def run_checks(registry: Registry, targets: Iterable[str] = (), *,
+               devices: Iterable[str] | None = None,
+               progress: Callable[[str], None] | None = None) -> tuple[list[CheckResult], list[str]]:
+    """Check the selected ops of ``registry``; returns the results and the unknown targets."""
+    import torch
+
+    selected, unknown = select_ops(registry.plan.ops, targets)
+    machine = list(devices) if devices is not None else _available_devices()
+    registered = registry.op_names
+    results: list[CheckResult] = []
+    say = progress or (lambda text: None)
+    for index, op in enumerate(selected, 1):
+        name = op.op.qualname
+        dist = op.op.origin.dist if op.op.origin else None
+        prefix = f"[{index}/{len(selected)}] {name}"
+        if name not in registered:
+            problem = next((str(p) for p in registry.problems if p.op == name
+                            or (op.op.origin and op.op.origin in p.culprits)), "")
+            results.append(CheckResult(op=name, device="-", check="registered", status="fail",
+                                       message=f"not registered: {problem or 'see opregistry doctor'}",
+                                       distribution=dist))
+            say(f"{prefix}: FAIL (not registered)")
+            continue
+        try:
+            samples = samples_of(op)
+        except Exception as exc:
+            results.append(CheckResult(op=name, device="-", check="samples", status="fail",
+                                       message=f"{op.op.samples}: {_first_line(exc)}",
+                                       distribution=dist))
+            say(f"{prefix}: FAIL (sample inputs)")
+            continue
+        if not samples:
+            results.append(CheckResult(op=name, device="-", check="samples", status="skip",
+                                       message="no sample inputs declared (samples=)",
+                                       distribution=dist))
+            say(f"{prefix}: skipped (no samples)")
+            continue
+        op_devices = devices_for(op, machine)
+        if not op_devices:
+            results.append(CheckResult(op=name, device="-", check="samples", status="skip",
+                                       message="no active device kernel on this machine",
+                                       distribution=dist))
+            say(f"{prefix}: skipped (no device)")
+            continue
+        overload = _overload(name)
+        autograd = op.kernel("Autograd")
+        has_autograd = autograd is not None and autograd.status == "active"
+        for device in op_devices:
+            failed = 0
+            for i, (args, kwargs) in enumerate(samples):
+                args, kwargs = _to_device(args, device), _to_device(kwargs, device)
+                report = torch.library.opcheck(overload, args, kwargs, raise_exception=False)
+                for util in OPCHECK_UTILS:
+                    outcome = report.get(util)
+                    if outcome is None:
+                        continue
+                    if outcome == "SUCCESS":
+                        results.append(CheckResult(op=name, device=device, check=util,
+                                                   status="ok", sample=i, distribution=dist))
+                    elif isinstance(outcome, BaseException):
+                        failed += 1
+                        results.append(CheckResult(op=name, device=device, check=util,
+                                                   status="fail", sample=i,
+                                                   message=_first_line(outcome), distribution=dist))
+                    else:
+                        results.append(CheckResult(op=name, device=device, check=util,
+                                                   status="skip", sample=i, message=str(outcome),
+                                                   distribution=dist))
+                if has_autograd:
+                    try:
+                        why_not = _gradcheck(overload, args, kwargs)
+                    except Exception as exc:
+                        failed += 1
+                        results.append(CheckResult(op=name, device=device, check=GRADCHECK,
+                                                   status="fail", sample=i,
+                                                   message=_first_line(exc), distribution=dist))
+                    else:
+                        results.append(CheckResult(op=name, device=device, check=GRADCHECK,
+                                                   status="skip" if why_not else "ok", sample=i,
+                                                   message=why_not or "", distribution=dist))
+            say(f"{prefix} on {device}: {len(samples)} sample(s), "
+                + (f"{failed} FAILED" if failed else "ok"))
+    return results, unknown

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 from typing import Any, Callable, Iterable
 
 import attrs
@@ -84,13 +85,22 @@ def make_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
-def _validation_problem(origin: Origin, message: str) -> Problem:
+def _validation_problem(origin: Origin, message: str, source: str | None = None) -> Problem:
     return Problem(
         code="plugin-invalid",
         message=f"{origin}: {message}",
         hint=f"fix the hook implementations of {origin.distribution} (see docs/hooks.md)",
         culprits=(origin,),
+        source=source,
     )
+
+
+def _hookimpl_source(obj: Any, message: str) -> str | None:
+    """file:line of the hook implementation a pluggy validation message is about."""
+    match = re.search(r"for hook '(\w+)'", message)
+    function = getattr(obj, match.group(1), None) if match else None
+    code = getattr(inspect.unwrap(function), "__code__", None) if function is not None else None
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
 
 
 def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
@@ -99,7 +109,7 @@ def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
     try:
         pm.register(plugin.obj, name=name)
     except pluggy.PluginValidationError as exc:
-        return _validation_problem(origin, str(exc))
+        return _validation_problem(origin, str(exc), _hookimpl_source(plugin.obj, str(exc)))
     except ValueError as exc:  # the same object or name registered twice
         return _validation_problem(origin, f"cannot be registered: {exc}")
     for caller in pm.get_hookcallers(plugin.obj) or ():

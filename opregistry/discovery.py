@@ -9,13 +9,16 @@ the others still load.
 
 from __future__ import annotations
 
+import os
 import traceback
+from collections import defaultdict
 from typing import Any, Iterable
 
 import attrs
 from attrs import frozen
 
 from .config import Settings, canonical_name
+from .errors import DeclarationError
 from .model import Origin, Problem
 from .logs import get_logger
 
@@ -64,9 +67,20 @@ def _origin(ep: Any, group: str) -> Origin:
     )
 
 
+#: frames in these places are machinery, not the line a plugin author must fix
+_MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<attrs generated")
+
+
 def _where(exc: BaseException) -> str | None:
-    """file:line of the innermost frame of ``exc`` outside importlib."""
+    """file:line of the innermost frame of ``exc`` in the plugin's own code.
+
+    importlib's frames and opregistry's own (a :class:`DeclarationError`
+    raised by a record's validator) are skipped: the author needs the line
+    of *their* ``lib.define(...)``, not of our check.
+    """
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    own = [f for f in frames if not f.filename.startswith(_MACHINERY)]
+    frames = own or frames
     if not frames:
         return None
     frame = frames[-1]
@@ -74,7 +88,12 @@ def _where(exc: BaseException) -> str | None:
 
 
 def load_problem(origin: Origin, exc: BaseException) -> Problem:
-    if isinstance(exc, ModuleNotFoundError):
+    if isinstance(exc, DeclarationError):
+        code, hint = "declaration-invalid", (
+            f"fix the declaration in {origin.distribution} at the line named here "
+            f"(opregistry checks names, dispatch keys and references when they are declared)"
+        )
+    elif isinstance(exc, ModuleNotFoundError):
         code, hint = "plugin-missing-module", (
             f"reinstall {origin.distribution}, or fix its entry point '{origin.entry_point}'"
         )
@@ -108,16 +127,85 @@ def entry_points(groups: Iterable[str] = GROUPS) -> list[tuple[str, Any]]:
     return found
 
 
+def _installed_twice(groups: Iterable[str]) -> dict[str, list[Any]]:
+    """Distributions with plugins that are installed more than once, by canonical name.
+
+    importlib-metadata shows only the first copy on ``sys.path`` and hides
+    the others; which copy's modules Python imports is then an accident of
+    path order.  The same copy seen twice (an ``.egg-info`` in the source
+    tree next to the installed ``.dist-info``: same version, same entry
+    points) is not a conflict.
+    """
+    import importlib_metadata
+
+    wanted = set(groups)
+    copies: dict[str, list[tuple[Any, tuple[Any, ...]]]] = defaultdict(list)
+    for dist in importlib_metadata.distributions():
+        eps = tuple(sorted((ep.group, ep.name, ep.value) for ep in dist.entry_points
+                           if ep.group in wanted))
+        if eps:
+            name = canonical_name(dist.metadata["Name"] or "")
+            copies[name].append((dist, (dist.version, eps)))
+    return {name: [d for d, _ in found] for name, found in copies.items()
+            if len({signature for _, signature in found}) > 1}
+
+
+def _duplicate_problem(name: str, copies: list[Any], groups: Iterable[str]) -> Problem:
+    wanted = set(groups)
+    origins = []
+    places = []
+    for dist in copies:
+        ep = next(ep for ep in dist.entry_points if ep.group in wanted)
+        origins.append(Origin(distribution=name, version=dist.version, group=ep.group,
+                              entry_point=ep.name, value=ep.value))
+        places.append(f"{name}=={dist.version} in {dist.locate_file('')}")
+    return Problem(
+        code="distribution-duplicate",
+        message=f"{name} is installed {len(copies)} times ({'; '.join(places)}); Python imports "
+                f"whichever copy comes first on sys.path, so opregistry loads none of them",
+        hint=f"uninstall every copy (repeat 'pip uninstall {name}' until it is gone, or remove "
+             f"the stale folder) and install one",
+        culprits=tuple(sorted(set(origins))),
+    )
+
+
 def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovered:
     """Find and import the plugins that ``settings`` admits."""
+    groups = tuple(groups)
     plugins: list[Plugin] = []
     skipped: list[Skipped] = []
     problems: list[Problem] = []
-    for group, ep in entry_points(groups):
+    twice = {name: copies for name, copies in _installed_twice(groups).items()
+             if settings.admits(name) is None}
+    for name in sorted(twice):
+        problems.append(_duplicate_problem(name, twice[name], groups))
+    found = entry_points(groups)
+    # one name twice in one group of one distribution: pluggy would keep one, silently
+    names = defaultdict(int)
+    for group, ep in found:
+        names[(_origin(ep, group).distribution, group, ep.name)] += 1
+    reported: set[tuple[str, str, str]] = set()
+    for group, ep in found:
         origin = _origin(ep, group)
         reason = settings.admits(origin.distribution)
         if reason is not None:
             skipped.append(Skipped(origin, reason))
+            continue
+        if origin.distribution in twice:
+            skipped.append(Skipped(origin, f"{origin.distribution} is installed more than once"))
+            continue
+        where = (origin.distribution, group, ep.name)
+        if names[where] > 1:
+            if where not in reported:
+                reported.add(where)
+                problems.append(Problem(
+                    code="entry-point-duplicate",
+                    message=f"{origin.dist} declares entry point {ep.name!r} {names[where]} "
+                            f"times in {group}; which one would load is unspecified",
+                    hint=f"give each entry point of {origin.distribution} its own name",
+                    culprits=(origin,),
+                ))
+            skipped.append(Skipped(origin, f"entry point name {ep.name!r} is used twice"))
             continue
         try:
             obj = ep.load()

@@ -448,7 +448,9 @@ class _Pass:
                          "rename the op (or give it another overload name), or uninstall one "
                          "of the distributions", culprits, op=qualname,
                          others=tuple(o.origin for o in owner_defs if o.origin),
-                         source=defs[-1].source)
+                         # the line to fix is the culprit's, not the owner's
+                         source=next((o.source for o in defs
+                                      if o.origin in culprits and o.source), defs[-1].source))
                 if len(owner_defs) != 1:
                     continue
                 defs = owner_defs
@@ -520,6 +522,15 @@ class _Pass:
                          "make the tensor arguments positional", (k.origin,),
                          op=k.op, key=k.key, source=k.source)
                 return False
+        if k.key == "FuncTorchBatched" and any(
+                a.kwarg_only and a.type.is_tensor_like for a in schema.arguments):
+            # torch.library.register_vmap raises NotImplementedError for these
+            self.add("vmap-kwarg-only-tensor",
+                     f"{k.origin} registers a vmap rule for {k.op}, whose tensors are "
+                     f"keyword-only; torch.library.register_vmap does not support that",
+                     "make the tensor arguments positional", (k.origin,),
+                     op=k.op, key=k.key, source=k.source)
+            return False
         return True
 
     def _external_allowed(self, k: Kernel) -> bool:
@@ -680,6 +691,16 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
     for p in decl.problems:
         errors[(p.code, p.message)] = p
     excluded_ops: dict[str, Origin] = {}
+    # rule 9: a distribution whose entry point failed before resolution (import
+    # error, invalid hooks, installed twice) is left out whole, not just that
+    # entry point: its other entry points would register half a package
+    for p in decl.problems:
+        if p.severity == "error":
+            for o in p.culprits:
+                excluded.setdefault(o.distribution, o)
+    for op in decl.ops:
+        if op.origin is not None and op.origin.distribution in excluded:
+            excluded_ops.setdefault(op.qualname, op.origin)
 
     while True:
         step = _Pass(decl, lambda o: o is None or o.distribution not in excluded,

@@ -1,0 +1,485 @@
+"""The fault matrix of issue 6: every bad plugin contained, checked in torch's dispatcher.
+
+Each case builds real distributions (``*.dist-info`` with entry points) next
+to a healthy *bystander* distribution, and every case is run three ways:
+
+* default mode: the faulty distribution is left out whole -- none of its ops
+  in ``torch._C._dispatch_get_all_op_names()``, none of its kernels in effect
+  -- the bystander loads, and the problem names the distribution
+  (``name==version``), its entry point and, where the fault has a line, the
+  ``file:line`` of it;
+* strict mode: :class:`~opregistry.ResolutionError` with the same problem,
+  and nothing registered (not even the bystander);
+* ``opregistry doctor`` reports the problem and exits non-zero.
+
+``docs/reliability.md`` holds the table of these cases; ``test_docs_table``
+checks that the table and :data:`CASES` agree, id for id and code for code.
+Some cases are also tested in more depth in ``tests/test_conflicts.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from attrs import field, frozen
+
+import opregistry
+from opregistry import ResolutionError
+from opregistry.model import Problem
+
+from .conftest import DistFactory, load, plan
+
+KERNELS = """
+import torch
+
+def clone(x):
+    return x.clone()
+
+def twice(x):
+    return x * 2
+
+def fake(x):
+    return torch.empty_like(x)
+
+def fake2(x):
+    return torch.empty_like(x)
+
+def sub(a, b, alpha=1):
+    return a.sub(b)
+
+not_callable = 42
+"""
+
+#: the first line of a body written by :meth:`Env.op_dist` (after import + OpLibrary)
+BODY_LINE = 3
+
+
+def all_ops() -> set[str]:
+    return set(torch._C._dispatch_get_all_op_names())
+
+
+@frozen
+class Fault:
+    """What a case must produce."""
+
+    culprits: frozenset[str] = field(converter=frozenset)
+    #: ops that must not exist in torch's dispatcher afterwards
+    absent: tuple[str, ...] = ()
+    #: ``module.py:line`` the problem must point at
+    source: str | None = None
+    #: the problem names an entry point of the culprit
+    entry_point: bool = True
+    #: checks on torch's state that the faulty kernels are not in effect
+    unchanged: Callable[[], None] | None = None
+    #: a fragment the message must contain (torch's own words, the bad name)
+    says: str = ""
+
+
+class Env:
+    """Builds the distributions of one case in the test's unique namespace."""
+
+    def __init__(self, dists: DistFactory, ns: str, request: pytest.FixtureRequest) -> None:
+        self.dists = dists
+        self.ns = ns
+        self.request = request
+        self.kmod = f"{ns}_kernels"
+
+    def module_name(self, dist: str) -> str:
+        return f"{dist.replace('-', '_')}_{self.ns}"
+
+    def op_dist(self, dist: str, body: str, *, namespace: str | None = None, kind: str = "DEF",
+                version: str = "1.0") -> str:
+        """A distribution with one entry point naming an ``OpLibrary``; body from line 3."""
+        namespace = self.ns if namespace is None else namespace
+        module = self.module_name(dist) + (f"_{version.replace('.', '_')}" if version != "1.0" else "")
+        source = (f"from opregistry import OpLibrary\nlib = OpLibrary({namespace!r}, {kind!r})\n"
+                  + body.replace("KMOD", self.kmod).replace("NS", self.ns))
+        return self.dists.make(dist, version=version, ops={"ops": f"{module}:lib"},
+                               modules={module: source, self.kmod: KERNELS})
+
+    def raw_dist(self, dist: str, source: str, attr: str = "") -> str:
+        """A distribution whose entry point names a plain module (hooks as functions)."""
+        module = self.module_name(dist)
+        value = f"{module}:{attr}" if attr else module
+        return self.dists.make(dist, ops={"ops": value},
+                               modules={module: source.replace("KMOD", self.kmod),
+                                        self.kmod: KERNELS})
+
+    def at(self, dist: str, line: int) -> str:
+        return f"{self.module_name(dist)}.py:{line}"
+
+    def op(self, name: str) -> str:
+        return f"{self.ns}::{name}"
+
+
+def define(name: str, kernels: str = "{'cpu': 'KMOD:clone'}", extra: str = "",
+           schema: str = "(Tensor x) -> Tensor") -> str:
+    return f"lib.define('{name}{schema}', kernels={kernels}{extra})\n"
+
+
+# -- the cases ----------------------------------------------------------------
+
+
+def malformed_schema(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x -> Tensor"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def unknown_type(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensr x) -> Tensor"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def duplicate_argument_names(env: Env) -> Fault:
+    # torch.library accepts this schema; opregistry must not
+    d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x, Tensor x) -> Tensor"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="appears twice")
+
+
+def alias_disagrees_with_mutates_args(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema="(Tensor(a!) x) -> ()", kernels="{}", extra=", mutates_args=()"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def missing_module(env: Env) -> Fault:
+    d = env.dists.make("bad", ops={"ops": f"no_such_module_{env.ns}:lib"})
+    return Fault({d})
+
+
+def missing_attribute(env: Env) -> Fault:
+    d = env.raw_dist("bad", "x = 1\n", attr="lib")
+    return Fault({d})
+
+
+def import_raises(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + "raise RuntimeError('kaput')\n")
+    return Fault({d}, absent=(env.op("ok"),), source=env.at(d, BODY_LINE + 1))
+
+
+def hookimpl_raises(env: Env) -> Fault:
+    d = env.raw_dist("bad", "def opregistry_ops():\n    raise RuntimeError('kaput')\n")
+    return Fault({d}, source=env.at(d, 2), says="kaput")
+
+
+def hookimpl_wrong_argument(env: Env) -> Fault:
+    d = env.raw_dist("bad", "x = 1\n\ndef opregistry_ops(nope):\n    return []\n")
+    return Fault({d}, source=env.at(d, 3), says="nope")
+
+
+def two_def_of_one_namespace(env: Env) -> Fault:
+    a = env.op_dist("dist-a", define("foo"))
+    b = env.op_dist("dist-b", define("bar"))
+    return Fault({a, b}, absent=(env.op("foo"), env.op("bar")))
+
+
+def fragment_redefines_op(env: Env) -> Fault:
+    env.op_dist("owner", define("foo"))
+    d = env.op_dist("frag", define("extra") + define("foo"), kind="FRAGMENT")
+    return Fault({d}, absent=(env.op("extra"),), source=env.at(d, BODY_LINE + 1))
+
+
+def _def_of(namespace: str) -> Callable[[Env], Fault]:
+    def case(env: Env) -> Fault:
+        name = f"mine_{env.ns}"
+        d = env.op_dist("bad", define(name), namespace=namespace)
+        return Fault({d}, absent=(f"{namespace}::{name}",))
+
+    return case
+
+
+def def_of_namespace_held_outside(env: Env) -> Fault:
+    """A ``Library(ns, "DEF")`` made outside opregistry before load holds the namespace."""
+    held = torch.library.Library(env.ns, "DEF")
+    held.define("held(Tensor x) -> Tensor")
+    env.request.addfinalizer(held._destroy)
+    d = env.op_dist("bad", define("foo"))
+
+    def unchanged() -> None:
+        assert env.op("held") in all_ops()
+
+    return Fault({d}, absent=(env.op("foo"),), unchanged=unchanged)
+
+
+def two_kernels_for_one_key(env: Env) -> Fault:
+    env.op_dist("owner", define("foo"))
+    d = env.op_dist("intruder", f"lib.impl('{env.ns}::foo', 'cpu', 'KMOD:twice')\n", kind="IMPL")
+
+    def unchanged() -> None:
+        x = torch.ones(3)
+        assert torch.equal(getattr(torch.ops, env.ns).foo(x), x), "the owner's kernel runs"
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged)
+
+
+def kernel_for_undefined_op(env: Env) -> Fault:
+    d = env.op_dist("bad", f"lib.impl('{env.ns}::nope', 'cpu', 'KMOD:clone')\n", kind="IMPL")
+    return Fault({d}, absent=(env.op("nope"),), source=env.at(d, BODY_LINE))
+
+
+def unknown_dispatch_key(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define("foo", kernels="{'gpu': 'KMOD:clone'}"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def misspelt_dispatch_key(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define("foo", kernels="{'CPu': 'KMOD:clone'}"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="did you mean 'CPU'")
+
+
+def aten_add_without_policy(env: Env) -> Fault:
+    d = env.op_dist("evil", "lib.impl('add.Tensor', 'cpu', 'KMOD:sub', override=True)\n",
+                    namespace="aten", kind="IMPL")
+
+    def unchanged() -> None:
+        assert torch.equal(torch.ones(2) + torch.ones(2), torch.full((2,), 2.0))
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged)
+
+
+def override_without_policy(env: Env) -> Fault:
+    env.op_dist("owner", define("foo"))
+    d = env.op_dist("patch", f"lib.impl('{env.ns}::foo', 'cpu', 'KMOD:twice', override=True)\n",
+                    kind="IMPL")
+
+    def unchanged() -> None:
+        x = torch.ones(3)
+        assert torch.equal(getattr(torch.ops, env.ns).foo(x), x), "the owner's kernel runs"
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged)
+
+
+def fake_registered_twice(env: Env) -> Fault:
+    d = env.op_dist("bad", define("foo", extra=", fake='KMOD:fake'")
+                    + "lib.impl('foo', 'fake', 'KMOD:fake2')\n")
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 1))
+
+
+def _namespace(name: str) -> Callable[[Env], Fault]:
+    def case(env: Env) -> Fault:
+        d = env.op_dist("bad", define("foo"), namespace=name)
+        return Fault({d}, absent=(f"{name}::foo",))
+
+    return case
+
+
+def kernel_ref_unresolvable(env: Env) -> Fault:
+    d = env.op_dist("bad", define("foo") + define("bar", "{'cpu': 'KMOD:does_not_exist'}"))
+    return Fault({d}, absent=(env.op("foo"), env.op("bar")), source=env.at(d, BODY_LINE + 1),
+                 says="does_not_exist")
+
+
+def kernel_ref_not_callable(env: Env) -> Fault:
+    d = env.op_dist("bad", define("foo") + define("bar", "{'cpu': 'KMOD:not_callable'}"))
+    return Fault({d}, absent=(env.op("foo"), env.op("bar")), source=env.at(d, BODY_LINE + 1),
+                 says="not a callable")
+
+
+BROKEN_BACKEND = """
+from opregistry import Backend, hookimpl
+from opregistry.backend import op_name
+
+@hookimpl
+def opregistry_backends():
+    return [Backend(name="broken-xpu", keys=("XPU",), device_type="xpu")]
+
+@hookimpl
+def opregistry_materialize_kernel(library, kernel, fn):
+    # a backend bug torch refuses: a dispatch key torch does not know
+    library.impl(op_name(kernel), fn, "XPUU")
+    return True
+"""
+
+
+def torch_rejects_halfway(env: Env) -> Fault:
+    """torch raises on the 3rd registration: the op defined and kernel registered go away."""
+    module = f"broken_backend_{env.ns}"
+    env.dists.make("broken-backend", backends={"xpu": module}, modules={module: BROKEN_BACKEND})
+    d = env.op_dist("bad", define("foo") + define("bar", "{'cpu': 'KMOD:clone', 'xpu': 'KMOD:clone'}"))
+    return Fault({d}, absent=(env.op("foo"), env.op("bar")), source=env.at(d, BODY_LINE + 1),
+                 says="XPUU")
+
+
+def vmap_kwarg_only_tensor(env: Env) -> Fault:
+    # torch.library.register_vmap raises NotImplementedError; the resolver says so first
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema="(*, Tensor x) -> Tensor", extra=", vmap='KMOD:clone'"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def distribution_installed_twice(env: Env) -> Fault:
+    env.op_dist("twin", define("foo"))
+    d = env.op_dist("twin", define("bar"), version="2.0")
+    return Fault({d}, absent=(env.op("foo"), env.op("bar")))
+
+
+def entry_point_name_twice(env: Env) -> Fault:
+    first, second = f"twice_a_{env.ns}", f"twice_b_{env.ns}"
+    header = f"from opregistry import OpLibrary\nlib = OpLibrary({env.ns!r})\n"
+    d = env.dists.make("twice", ops={"ops": f"{first}:lib"}, modules={
+        first: header + define("foo").replace("KMOD", env.kmod),
+        second: header.replace("OpLibrary(", "OpLibrary(kind='FRAGMENT', namespace=")
+        + define("bar").replace("KMOD", env.kmod),
+        env.kmod: KERNELS})
+    info = next(env.dists.root.glob("twice-*.dist-info"))
+    entry_points = info / "entry_points.txt"
+    entry_points.write_text(entry_points.read_text() + f"ops = {second}:lib\n")
+    return Fault({d}, absent=(env.op("foo"), env.op("bar")))
+
+
+def one_bad_entry_point_of_two(env: Env) -> Fault:
+    """Rule 9: the distribution's healthy entry point is left out with the broken one."""
+    module = env.module_name("half")
+    d = env.dists.make("half", ops={"good": f"{module}:lib", "broken": f"no_such_module_{env.ns}:lib"},
+                       modules={module: f"from opregistry import OpLibrary\nlib = OpLibrary("
+                                        f"{env.ns!r})\n" + define("foo").replace("KMOD", env.kmod),
+                                env.kmod: KERNELS})
+    return Fault({d}, absent=(env.op("foo"),))
+
+
+#: case id -> (the Problem code it must produce, the builder)
+CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
+    "malformed-schema": ("schema-invalid", malformed_schema),
+    "unknown-type": ("schema-invalid", unknown_type),
+    "duplicate-argument-names": ("schema-invalid", duplicate_argument_names),
+    "alias-disagrees-with-mutates-args": ("schema-invalid", alias_disagrees_with_mutates_args),
+    "missing-module": ("plugin-missing-module", missing_module),
+    "missing-attribute": ("plugin-missing-attribute", missing_attribute),
+    "import-raises": ("plugin-import-error", import_raises),
+    "hookimpl-raises": ("plugin-hook-error", hookimpl_raises),
+    "hookimpl-wrong-argument": ("plugin-invalid", hookimpl_wrong_argument),
+    "two-def-of-one-namespace": ("namespace-conflict", two_def_of_one_namespace),
+    "fragment-redefines-op": ("op-conflict", fragment_redefines_op),
+    "def-aten": ("namespace-reserved", _def_of("aten")),
+    "def-prims": ("namespace-reserved", _def_of("prims")),
+    "def-quantized-cpp": ("namespace-reserved", _def_of("quantized")),
+    "def-namespace-held-outside": ("namespace-held-by-torch", def_of_namespace_held_outside),
+    "two-kernels-for-one-key": ("kernel-conflict", two_kernels_for_one_key),
+    "kernel-for-undefined-op": ("kernel-for-undefined-op", kernel_for_undefined_op),
+    "unknown-dispatch-key": ("declaration-invalid", unknown_dispatch_key),
+    "misspelt-dispatch-key": ("declaration-invalid", misspelt_dispatch_key),
+    "aten-add-without-policy": ("kernel-torch-op-denied", aten_add_without_policy),
+    "override-without-policy": ("kernel-override-denied", override_without_policy),
+    "fake-registered-twice": ("kernel-duplicate", fake_registered_twice),
+    "namespace-empty": ("namespace-invalid", _namespace("")),
+    "namespace-dash": ("namespace-invalid", _namespace("my-ns")),
+    "namespace-non-ascii": ("namespace-invalid", _namespace("ñs")),
+    "namespace-leading-digit": ("namespace-invalid", _namespace("1abc")),
+    "namespace-dot": ("namespace-invalid", _namespace("a.b")),
+    "namespace-underscore": ("namespace-reserved", _namespace("_")),
+    "kernel-ref-unresolvable": ("materialize-failed", kernel_ref_unresolvable),
+    "kernel-ref-not-callable": ("materialize-failed", kernel_ref_not_callable),
+    "torch-rejects-halfway": ("materialize-failed", torch_rejects_halfway),
+    "vmap-kwarg-only-tensor": ("vmap-kwarg-only-tensor", vmap_kwarg_only_tensor),
+    "distribution-installed-twice": ("distribution-duplicate", distribution_installed_twice),
+    "entry-point-name-twice": ("entry-point-duplicate", entry_point_name_twice),
+    "one-bad-entry-point-of-two": ("plugin-missing-module", one_bad_entry_point_of_two),
+}
+
+
+# -- the generic checks ---------------------------------------------------------
+
+
+#: the backends the cases need; the others are left out so that a fault
+#: elsewhere in the environment cannot change what strict mode sees
+BACKENDS = ("opregistry-cpu", "opregistry-meta")
+
+
+def scope(env: Env) -> list[str]:
+    return [*BACKENDS, *env.dists.names]
+
+
+def bystander(env: Env) -> str:
+    """A healthy distribution in its own namespace, which must load in default mode."""
+    return env.op_dist("bystander", define("fine", extra=", fake='KMOD:fake'"),
+                       namespace=f"{env.ns}ok")
+
+
+@pytest.fixture
+def env(dists: DistFactory, ns: str, request: pytest.FixtureRequest) -> Env:
+    return Env(dists, ns, request)
+
+
+def build(env: Env, case: str) -> tuple[str, Fault]:
+    code, builder = CASES[case]
+    bystander(env)
+    return code, builder(env)
+
+
+def the_problem(problems: tuple[Problem, ...] | list[Problem], code: str, fault: Fault) -> Problem:
+    found = [p for p in problems if p.code == code]
+    assert found, f"no {code} problem among {[str(p) for p in problems]}"
+    [problem] = [p for p in found if {o.distribution for o in p.culprits} == fault.culprits] or found
+    assert {o.distribution for o in problem.culprits} == fault.culprits
+    for origin in problem.culprits:
+        assert origin.dist in problem.message, f"{origin.dist} not named in {problem.message!r}"
+        if fault.entry_point:
+            assert origin.entry_point and origin.value, "the entry point is named"
+            assert origin.entry_point_spec in problem.to_dict()["entry_points"]
+    assert fault.says in problem.message
+    if fault.source is not None:
+        assert problem.source is not None and problem.source.endswith("/" + fault.source), (
+            f"{problem.source!r} does not point at {fault.source}")
+    assert problem.hint, "every problem says what to do"
+    return problem
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_default_mode_leaves_the_distribution_out(env: Env, case: str) -> None:
+    """Default mode: the faulty distribution is left out whole; the rest loads."""
+    code, fault = build(env, case)
+    reg = load(env.dists, plugins=scope(env))
+    the_problem(reg.errors, code, fault)
+    ops = all_ops()
+    for qualname in fault.absent:
+        assert qualname not in ops, f"{qualname} of a faulty distribution is in torch"
+    assert not {op.op.origin.distribution for op in reg.ops} & fault.culprits
+    assert not {k.kernel.origin.distribution for k in reg.kernels if k.status == "active"
+                } & fault.culprits
+    if fault.unchanged is not None:
+        fault.unchanged()
+    fine = getattr(getattr(torch.ops, f"{env.ns}ok"), "fine")
+    assert torch.equal(fine(torch.arange(3.0)), torch.arange(3.0)), "the bystander loads"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{env.ns}ok::fine", "CPU")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_strict_mode_raises_and_registers_nothing(env: Env, case: str) -> None:
+    """Strict mode: ResolutionError naming the problem; not even the bystander is registered."""
+    code, fault = build(env, case)
+    before = all_ops()
+    with pytest.raises(ResolutionError) as info:
+        load(env.dists, strict=True, plugins=scope(env))
+    the_problem(info.value.problems, code, fault)
+    assert info.value.distribution is not None
+    assert all_ops() == before, "strict mode leaves torch's dispatcher as it was"
+    assert opregistry.get_registry() is None
+
+
+def doctor(env: Env, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+    from opregistry.cli import main
+
+    plugins = ",".join(["opregistry-cpu", "opregistry-meta", *env.dists.names])
+    rc = main(["doctor", "--json", "--plugins", plugins])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reported_by_doctor(env: Env, case: str, capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``opregistry doctor`` (or, before it lands, ``opregistry.plan()``) reports the case."""
+    code, fault = build(env, case)
+    if code.startswith("materialize"):
+        # only loading finds these: doctor's plan cannot, load() must
+        problems = load(env.dists, plugins=scope(env)).problems
+        the_problem(problems, code, fault)
+        return
+    problems = plan(env.dists, plugins=scope(env)).problems
+    the_problem(problems, code, fault)

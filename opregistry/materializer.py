@@ -172,7 +172,7 @@ def materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Mat
             continue
         for op, k in kernels_by_dist[dist]:
             kernel = k.kernel
-            what = f"registering the {kernel.key} kernel of {kernel.op}"
+            what = f"registering the {kernel.key} kernel of {kernel.op} (backend {k.backend})"
             try:
                 fn = resolve_ref(kernel.fn)
                 setup = resolve_ref(kernel.setup_context) if kernel.setup_context else None

@@ -75,8 +75,8 @@ def rms_norm_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 
 
 def rms_norm_vmap(info: Any, in_dims: tuple[Any, ...], x: torch.Tensor, weight: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, int]:
-    x_dim, w_dim, _ = in_dims
+                  eps: float = 1e-6) -> tuple[torch.Tensor, int]:
+    x_dim, w_dim = in_dims[0], in_dims[1]  # in_dims omits eps when the caller did
     x = _to_front(x, x_dim, info.batch_size)
     if w_dim is None:
         # rms_norm normalizes the last dimension whatever the leading ones are

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .config import Policy, Settings
 from .declare import OpHandle, OpLibrary
 from .errors import (
+    ConfigError,
     DeclarationError,
     LockMismatchError,
     MaterializationError,
@@ -28,6 +29,7 @@ from .registry import Registry, get_registry, load, plan
 
 __all__ = [
     "Backend",
+    "ConfigError",
     "DeclarationError",
     "Kernel",
     "LockMismatchError",

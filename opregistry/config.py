@@ -1,4 +1,4 @@
-"""Settings from the environment: which plugins load, strictness, override policy.
+"""Settings: which plugins load, strictness, override policy.
 
 =========================== ==================================================
 ``OPREGISTRY_PLUGINS``      allow-list: comma-separated distribution names;
@@ -10,22 +10,38 @@
 ``OPREGISTRY_ALLOW_OVERRIDE`` namespaces (``aten``) or ops (``mylib::foo``)
                             whose kernels a declaration with
                             ``override=True`` may replace.
+``OPREGISTRY_CONFIG``       a TOML file with the keys ``plugins``,
+                            ``block``, ``strict`` and ``allow_override``.
 =========================== ==================================================
 
 Both lists apply to op packages and backends alike; names are compared the
-way pip compares them (``My_Pkg`` is ``my-pkg``).
+way pip compares them (``My_Pkg`` is ``my-pkg``).  Precedence, highest
+first: arguments of :func:`opregistry.load`, environment variables, the
+``OPREGISTRY_CONFIG`` file, defaults -- as pip lets ``PIP_*`` variables
+override its config file.  A file suits a deployment (reviewed, versioned);
+a variable suits one run.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from typing import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 import attrs
 from attrs import field, frozen
 
-__all__ = ["Settings", "Policy", "canonical_name"]
+from .errors import ConfigError
+
+__all__ = ["Settings", "Policy", "canonical_name", "read_config", "CONFIG_VAR"]
+
+#: the environment variable naming the configuration file
+CONFIG_VAR = "OPREGISTRY_CONFIG"
+#: key in the file -> whether its value is a list of strings (else a bool)
+_CONFIG_KEYS: dict[str, bool] = {"plugins": True, "block": True, "allow_override": True,
+                                 "strict": False}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -97,15 +113,67 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from ``environ`` (default ``os.environ``) over the config file.
+
+        Keyword arguments that are not ``None`` take precedence over both.
+        """
         env = os.environ if environ is None else environ
+        path = env.get(CONFIG_VAR, "").strip()
+        file = read_config(path) if path else {}
+        allow = _names(env.get("OPREGISTRY_PLUGINS"))
+        if allow is None and "plugins" in file:
+            allow = frozenset(canonical_name(n) for n in file["plugins"])
+        block = _names(env.get("OPREGISTRY_BLOCK"))
+        if block is None:
+            block = frozenset(canonical_name(n) for n in file.get("block", ()))
+        policy = Policy.from_env(env)
+        if "OPREGISTRY_ALLOW_OVERRIDE" not in env and "allow_override" in file:
+            policy = Policy(allow_override=frozenset(file["allow_override"]))
         settings = cls(
-            allow=_names(env.get("OPREGISTRY_PLUGINS")),
-            block=_names(env.get("OPREGISTRY_BLOCK")) or frozenset(),
-            strict=_flag(env.get("OPREGISTRY_STRICT"), False),
-            policy=Policy.from_env(env),
+            allow=allow,
+            block=block,
+            strict=_flag(env.get("OPREGISTRY_STRICT"), bool(file.get("strict", False))),
+            policy=policy,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return attrs.evolve(settings, **given) if given else settings
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check an ``OPREGISTRY_CONFIG`` file; :class:`ConfigError` says what is wrong.
+
+    The file is TOML with top-level keys, e.g.::
+
+        plugins = ["mylib", "opregistry-cpu"]   # allow-list
+        block = ["brokenpkg"]
+        strict = true
+        allow_override = ["aten::add.Tensor"]
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    where = f"{CONFIG_VAR}={os.fspath(path)}"
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the file ({exc.strerror or exc}); "
+                          f"fix the path or unset {CONFIG_VAR}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from exc
+    for key, value in data.items():
+        if key not in _CONFIG_KEYS:
+            close = difflib.get_close_matches(key, _CONFIG_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(_CONFIG_KEYS)}"
+            raise ConfigError(f"{where}: unknown key {key!r}; {hint}")
+        if _CONFIG_KEYS[key]:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{where}: {key} must be a list of strings, e.g. "
+                                  f'{key} = ["name"], not {value!r}')
+        elif not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
+    return data
 
 
 def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:

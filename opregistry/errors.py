@@ -23,6 +23,7 @@ __all__ = [
     "ResolutionError",
     "MaterializationError",
     "LockMismatchError",
+    "ConfigError",
 ]
 
 
@@ -105,3 +106,7 @@ class LockMismatchError(OpRegistryError, RuntimeError):
     def __init__(self, message: str, *, differences: Sequence[str] = (), **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.differences = tuple(differences)
+
+
+class ConfigError(OpRegistryError, ValueError):
+    """The configuration (``OPREGISTRY_CONFIG`` file or an environment variable) is invalid."""

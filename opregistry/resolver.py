@@ -491,6 +491,10 @@ class _Pass:
                              (winner.origin,), op=qualname, key=key, source=winner.source)
                     continue
                 existing = "torch"
+            elif op_plan is None and self.torch is None and winner.override:
+                # without torch (``opregistry list``) the dispatcher cannot be asked; the
+                # declaration says it replaces torch's kernel, and listings must show that
+                existing = "torch"
             for loser in losers:
                 planned[qualname].append(KernelPlan(kernel=loser, status="overridden",
                                                     backend=_owner_name(owners, key)))

@@ -66,10 +66,31 @@ def _plan() -> Plan:
     return plan()
 
 
-def _live_registry() -> Any:
-    """Import torch (which autoloads the registry, unless switched off) and load it."""
-    import torch  # noqa: F401  (the point: what torch's dispatcher holds)
+def _live_registry(imports: Sequence[str] = ()) -> Any:
+    """Import torch, then ``imports`` (C++ extensions, say), then load the registry.
 
+    torch's autoload is held back while torch is imported here, so that the
+    registry is resolved against everything ``imports`` put into the
+    dispatcher (their ``TORCH_LIBRARY`` namespaces included).
+    """
+    import importlib
+    import os
+
+    if "torch" not in sys.modules:
+        saved = os.environ.get("OPREGISTRY_AUTOLOAD")
+        os.environ["OPREGISTRY_AUTOLOAD"] = "0"
+        try:
+            import torch  # noqa: F401  (the point: what torch's dispatcher holds)
+        finally:
+            if saved is None:
+                del os.environ["OPREGISTRY_AUTOLOAD"]
+            else:
+                os.environ["OPREGISTRY_AUTOLOAD"] = saved
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise SystemExit(f"opregistry: --import {module} failed: {type(exc).__name__}: {exc}")
     from .registry import load
 
     return load()
@@ -195,12 +216,10 @@ def _print_live(live: dict[str, list[dict[str, Any]]], out: TextIO) -> None:
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
-    if args.live:
-        registry = _live_registry()
-        resolved = _plan()  # resolved again now that torch is imported: rules 4 and 5 apply
-        del registry
-    else:
-        resolved = _plan()
+    # --live compares with the plan the loaded registry was resolved to: a plan
+    # made now would count opregistry's own namespaces, grown by fragments
+    # registered outside it since, as held by torch.
+    resolved = _live_registry().plan if args.live else _plan()
     data = _filter(resolved, args)
     if args.live:
         namespaces = args.namespace or [n["name"] for n in data["namespaces"]]
@@ -288,9 +307,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         sys.stderr.write(f"opregistry show: {args.op!r} is not an op name; write it as "
                          f"NAMESPACE::OP (e.g. mylib::foo), see 'opregistry list'\n")
         return EXIT_USAGE
-    if args.live:
-        _live_registry()
-    resolved = _plan()
+    resolved = _live_registry().plan if args.live else _plan()
     ops = _matching_ops(resolved, args.op)
     if not ops:
         problems = [p for p in resolved.problems if p.op and p.op.split(".")[0] == args.op.split(".")[0]]
@@ -430,7 +447,7 @@ def _findings(plan: Plan, problems: Sequence[Any], include_info: bool) -> list[d
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
     if args.live:
-        registry = _live_registry()
+        registry = _live_registry(args.imports or ())
         plan, problems = registry.plan, registry.problems
     else:
         plan = _plan()
@@ -650,6 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--live", action="store_true",
                    help="import torch and load the registry: also finds namespaces and kernels "
                    "held by torch outside opregistry (C++ TORCH_LIBRARY) and registration failures")
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                   help="with --live: import this module (e.g. a C++ extension) before the "
+                   "registry is resolved, so that its namespaces are checked (repeatable)")
     p.add_argument("-a", "--all", action="store_true", help="also show notes (e.g. ops without vmap)")
 
     p = _add(sub, "check", cmd_check, "run opcheck and gradcheck over every op's sample inputs",

@@ -52,3 +52,302 @@ def test_python_dash_m_is_the_command():
     proc = run("-m", "opregistry", "list", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "tutorial" in {n["name"] for n in json.loads(proc.stdout)["namespaces"]}
+
+
+# -- every command ---------------------------------------------------------------
+
+import pytest  # noqa: E402
+import torch  # noqa: E402  (first import here, at collection: its autoload is not a test's)
+
+from .conftest import BACKENDS  # noqa: E402
+
+KERNELS = """
+import torch
+
+def clone(x):
+    return x.clone()
+
+def twice(x):
+    return x * 2
+
+def fake(x):
+    return torch.empty_like(x)
+"""
+
+
+def op_dist(dists, name: str, ns: str, body: str, kind: str = "DEF", kmod: str | None = None,
+            version: str = "1.0") -> str:
+    """A temporary op distribution whose entry point is an OpLibrary of ``ns``."""
+    mod = f"{name.replace('-', '_')}_{ns}"
+    kmod = kmod or f"{ns}_kernels"
+    source = f"from opregistry import OpLibrary\nlib = OpLibrary({ns!r}, {kind!r})\n" + body
+    return dists.make(name, version=version, ops={"ops": f"{mod}:lib"},
+                      modules={mod: source.replace("KMOD", kmod), kmod: KERNELS})
+
+
+def define(name: str, extra: str = "") -> str:
+    return f"lib.define('{name}(Tensor x) -> Tensor', kernels={{'cpu': 'KMOD:clone'}}{extra})\n"
+
+
+@pytest.fixture
+def scoped(dists, monkeypatch):
+    """Scope the CLI (which reads OPREGISTRY_PLUGINS) to the backends and this test's dists."""
+    def scope(*extra: str) -> None:
+        monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, *dists.names, *extra]))
+    return scope
+
+
+def cli_json(capsys, *argv: str) -> tuple[int, object]:
+    rc = main([*argv, "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", ["list", "plugins", "doctor", "lock", "verify"])
+def test_command_does_not_import_torch(command, tmp_path):
+    """list, plugins, doctor, lock and verify run in a process where torch is never imported."""
+    lockfile = tmp_path / "opregistry.lock"
+    argv = {"lock": ["lock", "-o", str(lockfile)], "verify": ["verify", str(lockfile)]}.get(
+        command, [command])
+    prepare = f"main(['lock', '-o', {str(lockfile)!r}])\n" if command == "verify" else ""
+    code = (
+        "import sys, io, contextlib\n"
+        "from opregistry.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    {prepare or 'pass'}\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    rc = main({argv!r})\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
+        "print(buf.getvalue())\n"
+        "sys.exit(rc)\n"
+    )
+    proc = run("-c", code)
+    # exit 0 also says: the repo's own environment is healthy for every command
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip()
+    if command == "lock":
+        assert json.loads(lockfile.read_text())["fingerprint"].startswith("sha256:")
+
+
+def scenario_two_def(dists, ns):
+    a = op_dist(dists, "dist-a", ns, define("foo"))
+    b = op_dist(dists, "dist-b", ns, define("bar"))
+    return "namespace-conflict", {a, b}
+
+
+def scenario_fragment_redefines(dists, ns):
+    op_dist(dists, "owner", ns, define("foo"))
+    return "op-conflict", {op_dist(dists, "frag", ns, define("foo"), kind="FRAGMENT")}
+
+
+def scenario_two_kernels(dists, ns):
+    op_dist(dists, "owner", ns, define("foo"))
+    intruder = op_dist(dists, "intruder", ns, f"lib.impl('{ns}::foo', 'cpu', 'KMOD:twice')\n",
+                       kind="IMPL")
+    return "kernel-conflict", {intruder}
+
+
+def scenario_undefined_op(dists, ns):
+    stray = op_dist(dists, "stray", ns, f"lib.impl('{ns}::nope', 'cpu', 'KMOD:clone')\n",
+                    kind="IMPL")
+    return "kernel-for-undefined-op", {stray}
+
+
+def scenario_missing_module(dists, ns):
+    return "plugin-missing-module", {dists.make("ghost", ops={"ops": f"no_such_module_{ns}:lib"})}
+
+
+def scenario_raising_plugin(dists, ns):
+    mod = f"boom_{ns}"
+    return "plugin-import-error", {dists.make("boom", ops={"ops": f"{mod}:lib"},
+                                              modules={mod: "raise RuntimeError('kaput')\n"})}
+
+
+def scenario_aten_add(dists, ns):
+    evil = op_dist(dists, "evil", ns, "", kind="IMPL")
+    mod = f"evil_{ns}"
+    (dists.root / f"{mod}.py").write_text(
+        "from opregistry import OpLibrary\nlib = OpLibrary('aten', 'IMPL')\n"
+        f"lib.impl('add.Tensor', 'cpu', '{ns}_kernels:twice', override=True)\n")
+    return "kernel-torch-op-denied", {evil}
+
+
+SCENARIOS = [scenario_two_def, scenario_fragment_redefines, scenario_two_kernels,
+             scenario_undefined_op, scenario_missing_module, scenario_raising_plugin,
+             scenario_aten_add]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__.replace("scenario_", ""))
+def test_doctor_finds_each_conflict(scenario, dists, ns, scoped, capsys):
+    """Each conflict of the core issue is an error naming the distribution; exit status 1."""
+    code, culprits = scenario(dists, ns)
+    op_dist(dists, "bystander", f"{ns}ok", define("fine", extra=", fake='KMOD:fake'"))
+    scoped()
+    rc, data = cli_json(capsys, "doctor")
+    assert rc == 1
+    found = [p for p in data["problems"] if p["code"] == code]
+    assert found, [p["code"] for p in data["problems"]]
+    assert {d.split("==")[0] for p in found for d in p["distributions"]} == culprits
+    assert all(p["hint"] for p in found)
+    assert data["summary"]["errors"] >= 1
+    # the table says the same, with what to do
+    assert main(["doctor"]) == 1
+    text = capsys.readouterr().out
+    assert f"ERROR   [{code}]" in text and "fix: " in text
+    assert any(f"{c}==1.0" in text for c in culprits)
+
+
+def test_doctor_warns_about_missing_fake_and_allowed_override(dists, ns, scoped, monkeypatch, capsys):
+    """No fake kernel and an allowed override are warnings: reported, exit status 0."""
+    op_dist(dists, "owner", ns, define("foo"))
+    patch = op_dist(dists, "patch", ns,
+                    f"lib.impl('{ns}::foo', 'cpu', 'KMOD:twice', override=True)\n", kind="IMPL")
+    monkeypatch.setenv("OPREGISTRY_ALLOW_OVERRIDE", ns)
+    scoped()
+    rc, data = cli_json(capsys, "doctor")
+    assert rc == 0
+    codes = {p["code"]: p for p in data["problems"]}
+    assert "torch.compile" in codes["op-no-fake"]["message"]
+    override = codes["kernel-overrides"]
+    assert override["distributions"] == [f"{patch}==1.0"]
+    assert override["others"][0].startswith("owner==1.0")
+    assert "OPREGISTRY_ALLOW_OVERRIDE" in override["hint"]
+
+
+def test_doctor_live_finds_namespace_held_by_torch(dists, ns, scoped, capsys):
+    """A namespace a module holds in torch (a DEF outside opregistry) is found with --live --import."""
+    ext = f"ext_{ns}"
+    (dists.root / f"{ext}.py").write_text(
+        "import torch\n"
+        f"lib = torch.library.Library({ns!r}, 'DEF')  # stands for a C++ TORCH_LIBRARY\n"
+        "lib.define('native(Tensor x) -> Tensor')\n")
+    dists.modules.append(ext)
+    clash = op_dist(dists, "clash", ns, define("foo"))
+    scoped()
+    try:
+        assert main(["doctor"]) == 0  # without torch, nothing to see
+        capsys.readouterr()
+        rc, data = cli_json(capsys, "doctor", "--live", "--import", ext)
+        assert rc == 1 and data["summary"]["live"] is True, data
+        [problem] = [p for p in data["problems"] if p["code"] == "namespace-held-by-torch"]
+        assert problem["distributions"] == [f"{clash}==1.0"]
+        assert "FRAGMENT" in problem["hint"]
+    finally:
+        sys.modules[ext].lib._destroy()
+
+
+def test_show_one_op(dists, ns, scoped, capsys):
+    d = op_dist(dists, "shown", ns,
+                "lib.define('foo(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:clone'}, "
+                "fake='KMOD:fake', tags=['pt2_compliant_tag'], samples='KMOD:clone', doc='hi')\n"
+                "lib.define('foo.twice(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:twice'})\n")
+    scoped()
+    rc, data = cli_json(capsys, "show", f"{ns}::foo")
+    assert rc == 0
+    assert data["schema"] == "foo(Tensor x) -> Tensor" and data["overloads"] == ["default", "twice"]
+    assert data["features"]["fake"]["kernel"] == f"{ns}_kernels:fake"
+    assert data["features"]["autograd"] is None
+    assert data["samples"] == f"{ns}_kernels:clone" and data["doc"] == "hi"
+    assert main(["show", f"{ns}::foo.twice"]) == 0
+    text = capsys.readouterr().out
+    assert f"{ns}::foo.twice(Tensor x) -> Tensor" in text
+    assert f"{ns}_kernels:twice" in text and f"{d}==1.0" in text
+    assert "fake:          no" in text
+
+
+def test_show_unknown_or_left_out_op(dists, ns, scoped, capsys):
+    op_dist(dists, "dist-a", ns, define("foo"))
+    op_dist(dists, "dist-b", ns, define("bar"))
+    scoped()
+    assert main(["show", f"{ns}::foo"]) == 1
+    err = capsys.readouterr().err
+    assert f"no op {ns}::foo" in err
+    assert main(["show", "foo"]) == 2
+    assert "NAMESPACE::OP" in capsys.readouterr().err
+
+
+def test_plugins_shows_contributions_and_skipped(dists, ns, scoped, monkeypatch, capsys):
+    good = op_dist(dists, "good", ns, define("foo"))
+    blocked = op_dist(dists, "blocked", f"{ns}b", define("bar"))
+    mod = f"boom_{ns}"
+    boom = dists.make("boom", ops={"ops": f"{mod}:lib"}, modules={mod: "raise RuntimeError('kaput')\n"})
+    scoped()
+    monkeypatch.setenv("OPREGISTRY_BLOCK", blocked)
+    rc, rows = cli_json(capsys, "plugins")
+    assert rc == 1  # boom failed
+    by = {r["distribution"]: r for r in rows}
+    assert by[good]["status"] == "loaded"
+    assert by[good]["contributes"]["ops"] == [f"{ns}::foo"]
+    assert by[good]["contributes"]["namespaces"] == [f"{ns} (DEF)"]
+    assert by[blocked]["status"] == "skipped" and "OPREGISTRY_BLOCK" in by[blocked]["reason"]
+    assert by[boom]["status"] == "failed" and "kaput" in by[boom]["reason"]
+    assert by["opregistry-cpu"]["contributes"]["backends"][0]["keys"] == ["CPU"]
+    assert main(["plugins"]) == 1
+    text = capsys.readouterr().out
+    assert "Op packages (entry-point group opregistry.ops)" in text and "kaput" in text
+
+
+def test_list_live_shows_ops_registered_outside(dists, ns, scoped, capsys):
+    """--live puts the dispatcher's view next to the declarations, outsiders included."""
+    op_dist(dists, "lived", ns, define("foo", extra=", fake='KMOD:fake'"))
+    scoped()
+    import opregistry
+
+    opregistry.load()
+    outside = torch.library.Library(ns, "FRAGMENT")
+    try:
+        outside.define("native(Tensor x) -> Tensor")
+        outside.impl("native", lambda x: x + 1, "CPU")
+        rc, data = cli_json(capsys, "list", "--live", "-n", ns)
+        assert rc == 0
+        rows = {r["op"]: r for r in data["live"][ns]}
+        assert rows[f"{ns}::foo"]["declared"] and rows[f"{ns}::foo"]["in_dispatcher"]
+        assert {"CPU", "Meta"} <= set(rows[f"{ns}::foo"]["dispatcher_keys"])
+        assert rows[f"{ns}::native"]["declared"] is False
+        assert list(rows[f"{ns}::native"]["dispatcher_keys"]) == ["CPU"]
+        assert main(["list", "--live", "-n", ns]) == 0
+        text = capsys.readouterr().out
+        assert "registered outside opregistry" in text and "matches" in text
+        assert main(["show", "--live", f"{ns}::foo"]) == 0
+        assert f"schema: {ns}::foo(Tensor x) -> Tensor" in capsys.readouterr().out
+    finally:
+        outside._destroy()
+
+
+def test_lock_and_verify_commands(dists, ns, scoped, tmp_path, monkeypatch, capsys):
+    a = op_dist(dists, "locked-a", ns, define("foo"))
+    b = op_dist(dists, "locked-b", f"{ns}b", define("bar"))
+    scoped()
+    lockfile = tmp_path / "reg.lock"
+    assert main(["lock", "-o", str(lockfile)]) == 0
+    assert "sha256:" in capsys.readouterr().out
+    assert main(["verify", str(lockfile)]) == 0
+    assert "OK" in capsys.readouterr().out
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, a]))
+    rc, data = cli_json(capsys, "verify", str(lockfile))
+    assert rc == 1 and data["ok"] is False
+    assert f"distribution {b}==1.0: in the lockfile, missing from this environment" in data["differences"]
+    assert main(["verify", str(lockfile)]) == 1
+    assert f"op {ns}b::bar" in capsys.readouterr().err
+    assert main(["lock", "-o", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["distributions"] == {
+        **{n: "0.1.0" for n in BACKENDS}, a: "1.0"}
+
+
+def test_lock_refuses_a_broken_registry(dists, ns, scoped, tmp_path, capsys):
+    op_dist(dists, "dist-a", ns, define("foo"))
+    op_dist(dists, "dist-b", ns, define("bar"))
+    scoped()
+    lockfile = tmp_path / "reg.lock"
+    assert main(["lock", "-o", str(lockfile)]) == 1
+    assert "--force" in capsys.readouterr().err and not lockfile.exists()
+    assert main(["lock", "-o", str(lockfile), "--force"]) == 0
+    assert json.loads(lockfile.read_text())["excluded"] == ["dist-a==1.0", "dist-b==1.0"]
+
+
+def test_help_names_every_command():
+    proc = run("-m", "opregistry", "--help")
+    assert proc.returncode == 0
+    for command in ("list", "show", "plugins", "doctor", "check", "lock", "verify"):
+        assert f"    {command} " in proc.stdout
+    assert run("-m", "opregistry", "nope").returncode == 2

@@ -75,7 +75,7 @@ def verify_consistent(group: Any = None, *, plan: Plan | None = None) -> str:
     lines = [f"the ranks resolved {len(by_print)} different registries:"]
     for fp, members in by_print.items():
         names = ", ".join(str(ranks[i]) for i in members)
-        lines.append(f"  ranks {names}: {fp}")
+        lines.append(f"  {'rank' if len(members) == 1 else 'ranks'} {names}: {fp}")
     differences: list[str] = []
     for fp, members in by_print.items():
         if fp == prints[0]:
@@ -85,7 +85,8 @@ def verify_consistent(group: Any = None, *, plan: Plan | None = None) -> str:
             f"ranks {', '.join(str(ranks[i]) for i in members)}"
         found = diff_lock(reference, everything[first], old_label=f"rank {ranks[0]}",
                           new_label=label)
-        lines.append(f"{label} differ from rank {ranks[0]}:")
+        verb = "differs" if len(members) == 1 else "differ"
+        lines.append(f"{label} {verb} from rank {ranks[0]}:")
         lines += [f"  - {d}" for d in found]
         differences += found
     lines.append("Install the same distributions (and versions) on every node, with the same "

@@ -95,7 +95,7 @@ def test_planted_differences_raise_on_every_rank(dists):
     assert len({r["message"] for r in results}) == 1, "every rank raises the same error"
     message, diffs = results[0]["message"], results[0]["differences"]
     assert "the ranks resolved 3 different registries" in message
-    assert "rank 1 differ from rank 0:" in message and "rank 2 differ from rank 0:" in message
+    assert "rank 1 differs from rank 0:" in message and "rank 2 differs from rank 0:" in message
     assert "distribution opregistry-vmap==0.1.0: in rank 0, missing from rank 1" in diffs
     assert any("op tutorial::muladd FuncTorchBatched kernel" in d and "rank 1 has 'inactive'" in d
                for d in diffs)

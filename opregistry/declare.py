@@ -44,6 +44,24 @@ def _source(depth: int) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+def _infer_schema(fn: Callable[..., Any], mutated: tuple[str, ...], tags: tuple[str, ...]) -> str:
+    """:func:`torch.library.infer_schema`, told the ``inplace`` / ``out`` tags.
+
+    Since torch 2.13 those tags decide how the return aliases the mutated
+    argument (``Tensor(a!) x -> Tensor(a!)``); without them an in-place op
+    would get a fresh-tensor return its kernel does not honour.  Unknown tag
+    names are left to the resolver, which reports them with their origin.
+    """
+    import inspect
+
+    import torch.library
+
+    kwargs: dict[str, Any] = {}
+    if tags and "tags" in inspect.signature(torch.library.infer_schema).parameters:
+        kwargs["tags"] = tuple(getattr(torch.Tag, t) for t in tags if hasattr(torch.Tag, t))
+    return torch.library.infer_schema(fn, mutates_args=mutated, **kwargs)
+
+
 def _split_name(name: str) -> tuple[str, str]:
     base, _, overload = name.partition(".")
     return base, overload
@@ -250,6 +268,7 @@ class OpLibrary:
                 "opregistry does not support 'unknown'"
             )
         mutated = tuple(mutates_args)
+        tag_names = tuple(tags)  # read twice below: a generator would be empty the second time
         devices = (device_types,) if isinstance(device_types, str) else tuple(device_types)
         source = _source(1)
 
@@ -257,15 +276,13 @@ class OpLibrary:
             base, overload = _split_name(name or fn.__name__)
             signature = schema
             if signature is None:
-                import torch.library
-
-                signature = torch.library.infer_schema(fn, mutates_args=mutated)
+                signature = _infer_schema(fn, mutated, tag_names)
             handle = self._add_op(
                 base,
                 overload,
                 signature,
                 mutates_args=mutated,
-                tags=tags,
+                tags=tag_names,
                 doc=fn.__doc__ or "",
                 source=source,
             )

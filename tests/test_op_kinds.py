@@ -291,3 +291,48 @@ def test_mutates_args_disagreeing_with_schema_is_refused_before_torch(dists, ns)
     assert problems, reg.problems
     assert "bad-mutation==1.0" in problems[0].message
     assert not hasattr(getattr(torch.ops, ns), "bump")
+
+
+DECORATED_TAGGED = '''
+import torch
+from opregistry import OpLibrary
+
+lib = OpLibrary(NS)
+
+@lib.op("relu_", mutates_args=("x",), tags=["inplace"])
+def relu_(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp_(min=0)
+
+@relu_.register_fake
+def _(x):
+    return x
+
+@lib.op("plus.out", mutates_args=("out",), tags=["out"])
+def plus_out(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    return torch.add(a, b, out=out)
+
+@plus_out.register_fake
+def _(a, b, *, out):
+    return out
+'''
+
+
+def test_decorator_infers_inplace_and_out_aliasing_from_tags(dists, ns):
+    """@lib.op(tags=["inplace"] / ["out"]): the inferred schema returns the mutated argument."""
+    mod = f"tagged_{ns}"
+    dists.make("tagged", ops={"ops": f"{mod}:lib"},
+               modules={mod: DECORATED_TAGGED.replace("NS", repr(ns))})
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    assert reg.op(f"{ns}::relu_").op.schema == "(Tensor(a0!) x) -> Tensor(a0!)"
+    assert reg.op(f"{ns}::plus.out").op.schema == \
+        "(Tensor a, Tensor b, *, Tensor(a2!) out) -> Tensor(a2!)"
+    ops = getattr(torch.ops, ns)
+    _check_inplace(ops.relu_.default, ns)
+    a, b, out = _d(3), _d(3), torch.empty(3, dtype=torch.double)
+    assert ops.plus.out(a, b, out=out) is out
+    torch.testing.assert_close(out, a + b)
+    for op, args, kwargs in ((ops.relu_.default, (_d(4),), {}),
+                             (ops.plus.out, (_d(2), _d(2)), {"out": torch.empty(2, dtype=torch.double)})):
+        result = torch.library.opcheck(op, args, kwargs, test_utils=OPCHECK_UTILS)
+        assert all(v == "SUCCESS" for v in result.values()), result

@@ -24,7 +24,7 @@ from .config import Policy
 from .discovery import Skipped
 from .errors import SchemaError
 from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem, describe_ref, is_identifier
-from .schema import Schema, check_mutates_args, parse_signature
+from .schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, parse_signature
 
 __all__ = [
     "RESERVED_NAMESPACES",
@@ -369,6 +369,13 @@ class _Pass:
                      "rename the namespace, e.g. to " + repr(_suggest_identifier(name)),
                      (origin,), namespace=name)
             return False
+        if name in SCHEMA_KEYWORDS:
+            self.add("namespace-invalid",
+                     f"{origin} declares namespace {name!r}, a keyword of torch's schema "
+                     f"language, which torch cannot parse as a namespace",
+                     "rename the namespace, e.g. to " + repr(name.lower() + "_ops"),
+                     (origin,), namespace=name)
+            return False
         if name in RESERVED_NAMESPACES:
             self.add("namespace-reserved",
                      f"{origin} declares {kind} of namespace {name!r}, which belongs to torch",
@@ -401,6 +408,13 @@ class _Pass:
                 self.add("op-name-invalid",
                          f"{op.origin} defines op {op.qualname!r}: names and overloads must be "
                          f"identifiers", "rename the op", (op.origin,), op=op.qualname, source=where)
+                continue
+            if {op.name, op.overload} & SCHEMA_KEYWORDS:
+                self.add("op-name-invalid",
+                         f"{op.origin} defines op {op.qualname!r}: "
+                         f"{sorted({op.name, op.overload} & SCHEMA_KEYWORDS)[0]!r} is a keyword "
+                         f"of torch's schema language, which torch cannot parse as a name",
+                         "rename the op", (op.origin,), op=op.qualname, source=where)
                 continue
             try:
                 schema = parse_signature(op.schema)
@@ -670,8 +684,14 @@ def _order(record: Any) -> tuple[str, ...]:
     o = record.origin
     ident = getattr(record, "qualname", None) or getattr(record, "name", None) or ""
     extra = getattr(record, "key", "") or getattr(record, "op", "")
+    # every field that can tell two records apart takes part: records that tie
+    # would keep their discovery order, and the plan would depend on it (rule 8)
     return (str(ident), str(extra), o.distribution if o else "", o.entry_point if o else "",
-            describe_ref(getattr(record, "fn", None)) or "")
+            describe_ref(getattr(record, "fn", None)) or "",
+            str(getattr(record, "kind", "")), str(getattr(record, "schema", "")),
+            str(getattr(record, "override", "")), str(getattr(record, "closed", "")),
+            getattr(record, "source", None) or "", repr(getattr(record, "mutates_args", None)),
+            repr(getattr(record, "tags", ())), o.value if o else "", o.group if o else "")
 
 
 def _owner_name(owners: dict[str, Backend], key: str) -> str | None:

@@ -17,7 +17,16 @@ from attrs import field, frozen
 
 from .errors import SchemaError
 
-__all__ = ["Alias", "Type", "Argument", "Return", "Schema", "parse_schema", "parse_signature"]
+__all__ = [
+    "Alias",
+    "Type",
+    "Argument",
+    "Return",
+    "Schema",
+    "SCHEMA_KEYWORDS",
+    "parse_schema",
+    "parse_signature",
+]
 
 #: Base types a custom operator schema may use.
 BASE_TYPES: frozenset[str] = frozenset(
@@ -41,6 +50,17 @@ BASE_TYPES: frozenset[str] = frozenset(
     }
 )
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: Words torch's schema lexer reserves (``torch/csrc/jit/frontend/lexer.h``): torch
+#: cannot parse them as a namespace, op, overload or argument name.  Found by
+#: tests/test_properties.py; ``test_schema_keywords_match_torch`` keeps it honest.
+SCHEMA_KEYWORDS: frozenset[str] = frozenset(
+    {
+        "False", "None", "NoneType", "True", "and", "as", "assert", "break", "class",
+        "continue", "def", "del", "elif", "else", "for", "global", "if", "import", "in",
+        "is", "not", "or", "pass", "raise", "return", "while", "with",
+    }
+)
 _ALIAS = re.compile(r"\(\s*([a-z][A-Za-z0-9_]*)\s*(!?)\s*\)")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf)\Z")
 _INT = re.compile(r"[+-]?\d+\Z")
@@ -180,6 +200,10 @@ class _Parser:
         if not m:
             got = self.text[self.pos : self.pos + 10] or "end of schema"
             raise self.error(f"expected {what}, found {got!r}")
+        if m.group(0) in SCHEMA_KEYWORDS and what != "a type":
+            raise self.error(
+                f"{m.group(0)!r} cannot be {what}: it is a keyword of torch's schema language"
+            )
         self.pos = m.end()
         return m.group(0)
 

@@ -19,7 +19,27 @@ from typing import Any, Callable
 from .hookspecs import hookimpl
 from .model import Backend, Kernel
 
-__all__ = ["DeviceBackend", "op_name"]
+__all__ = ["DeviceBackend", "op_name", "device_kernel"]
+
+#: ``(qualname, key) -> (library, fn)``: the device kernels DeviceBackends
+#: registered.  The autograd backend calls them directly when nothing requires
+#: grad, instead of a second trip through the dispatcher (see
+#: ``opregistry_autograd.kernel``); the library tells whether it is still live.
+_device_kernels: dict[tuple[str, str], tuple[Any, Callable[..., Any]]] = {}
+
+
+def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | None:
+    """``(library, fn)`` of the live kernel a DeviceBackend registered for ``qualname`` on ``key``.
+
+    ``qualname`` is ``ns::name`` or ``ns::name.overload``; ``None`` when no
+    DeviceBackend registered one or its ``Library`` has been destroyed.
+    """
+    entry = _device_kernels.get((qualname, key))
+    if entry is None and "." not in qualname.split("::", 1)[-1]:
+        entry = _device_kernels.get((f"{qualname}.default", key))
+    if entry is None or getattr(entry[0], "m", None) is None:
+        return None
+    return entry
 
 
 def op_name(kernel: Kernel) -> str:
@@ -58,4 +78,5 @@ class DeviceBackend:
     def opregistry_materialize_kernel(self, library: Any, kernel: Kernel,
                                       fn: Callable[..., Any]) -> bool:
         library.impl(op_name(kernel), fn, kernel.key)
+        _device_kernels[(kernel.op, kernel.key)] = (library, fn)
         return True

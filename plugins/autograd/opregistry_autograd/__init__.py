@@ -1,13 +1,24 @@
-"""opregistry-autograd: registers backward formulas (``register_autograd`` semantics)."""
+"""opregistry-autograd: registers backward formulas (``register_autograd`` semantics).
+
+The kernel it registers (see :mod:`opregistry_autograd.kernel`) keeps
+``torch.library.register_autograd``'s contract — ``setup_context(ctx, inputs,
+output)`` in forward, ``backward(ctx, *grads)``, higher-order gradients when
+backward is differentiable, refusal for mutable and out= ops — and costs
+almost nothing when no input requires grad.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from opregistry import Backend, Kernel, hookimpl
+from opregistry import Backend, Kernel, MaterializationError, hookimpl
+from opregistry.backend import device_kernel, op_name
+
+__all__ = ["BACKEND", "refusal"]
 
 BACKEND = Backend(
-    name="autograd", keys=("Autograd",), description="backward + setup_context via register_autograd"
+    name="autograd", keys=("Autograd",),
+    description="backward + setup_context (register_autograd semantics, lean no-grad path)",
 )
 
 
@@ -16,11 +27,38 @@ def opregistry_backends() -> list[Backend]:
     return [BACKEND]
 
 
+def refusal(op: Any) -> str | None:
+    """Why torch's ``register_autograd`` would refuse the ``OpOverload`` ``op``, or ``None``."""
+    import torch
+
+    from ._torch_private import has_kwarg_only_tensors
+
+    schema = op._schema
+    if torch.Tag.out in op.tags:
+        return "it is tagged torch.Tag.out, and out= variants do not support autograd"
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        return "it mutates or aliases its inputs (its schema has '(a!)' / '(a)' annotations)"
+    if not schema.returns:
+        return "it returns nothing, so there is nothing to differentiate"
+    if has_kwarg_only_tensors(schema):
+        return "it has keyword-only Tensor arguments, which torch's autograd kernels do not support"
+    return None
+
+
 @hookimpl
 def opregistry_materialize_kernel(
     library: Any, kernel: Kernel, fn: Callable[..., Any], setup_context: Callable[..., Any] | None
 ) -> bool:
-    import torch.library
+    from .kernel import make_autograd_kernel
+    from ._torch_private import lookup_op
 
-    torch.library.register_autograd(kernel.op, fn, setup_context=setup_context, lib=library)
+    why = refusal(lookup_op(kernel.op))
+    if why is not None:
+        raise MaterializationError(
+            f"cannot register autograd for {kernel.op} from {kernel.origin}: {why}. "
+            f"Define a functional op (no '(a!)' annotations, returns a new tensor) and "
+            f"register autograd for that one",
+            origin=kernel.origin, op=kernel.op, key=kernel.key)
+    autograd_kernel = make_autograd_kernel(kernel.op, fn, setup_context, device_kernel)
+    library.impl(op_name(kernel), autograd_kernel, "Autograd", with_keyset=True)
     return True

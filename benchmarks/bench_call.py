@@ -1,0 +1,178 @@
+"""Per-call overhead: opregistry ops vs torch.library baselines, in one process, interleaved.
+
+    python benchmarks/bench_call.py [--device cpu|cuda] [--reps 15] [--json out.json]
+
+Prints, for each op (1 and 12 arguments) and mode (no-grad inputs, grad
+forward+backward, inference_mode), the median time per call of every style,
+and the ratios the issue sets targets for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchops  # noqa: E402
+
+benchops.ensure_importable()
+
+import torch  # noqa: E402
+
+import opregistry  # noqa: E402
+
+STYLES = ["direct", "define/impl", "define/impl+full", "custom_op", "custom_op+autograd",
+          "opregistry cpu", "opregistry full"]
+MODES = ["no-grad", "grad fwd+bwd", "inference_mode"]
+#: styles that can run backward (the others have no autograd formula)
+GRAD_STYLES = ["direct", "define/impl+full", "custom_op+autograd", "opregistry full"]
+
+
+def styles_for(mode: str) -> list[str]:
+    return GRAD_STYLES if mode == "grad fwd+bwd" else STYLES
+
+
+def base_for(mode: str) -> str:
+    return "define/impl+full" if mode == "grad fwd+bwd" else "define/impl"
+
+
+def build(ns: str, root: Path) -> tuple[dict[str, dict[str, Callable[..., Any]]], Any]:
+    """Every style of both ops; returns ``{op: {style: callable}}`` and the registry."""
+    ops: dict[str, dict[str, Callable[..., Any]]] = {"one": {}, "twelve": {}}
+    keep: list[Any] = []
+    for name in ops:
+        ops[name]["direct"] = benchops.PARTS[name]["cpu"]
+        op, libs = benchops.define_impl(f"{ns}_di", name)
+        ops[name]["define/impl"] = op.default
+        keep += libs
+        op, libs = benchops.define_impl(f"{ns}_dif", name, full=True)
+        ops[name]["define/impl+full"] = op.default
+        keep += libs
+        op, libs = benchops.custom_op(f"{ns}_co", name)
+        ops[name]["custom_op"] = op
+        keep += libs
+        op, libs = benchops.custom_op(f"{ns}_coa", name, autograd=True)
+        ops[name]["custom_op+autograd"] = op
+        keep += libs
+    sys.path.insert(0, str(root))
+    benchops.write_distribution(root, f"bench-cpu-{ns}", f"{ns}_oc", full=False)
+    benchops.write_distribution(root, f"bench-full-{ns}", f"{ns}_of", full=True)
+    registry = opregistry.load(plugins=[*benchops.BACKENDS, f"bench-cpu-{ns}",
+                                        f"bench-full-{ns}"], strict=True,
+                                reload=True)
+    for name in ops:
+        ops[name]["opregistry cpu"] = getattr(getattr(torch.ops, f"{ns}_oc"), name).default
+        ops[name]["opregistry full"] = getattr(getattr(torch.ops, f"{ns}_of"), name).default
+    build.keep = keep  # type: ignore[attr-defined]
+    return ops, registry
+
+
+def runner(fn: Callable[..., Any], args: tuple[Any, ...], mode: str, grad_out: Any
+           ) -> Callable[[int], float]:
+    """A loop of ``n`` calls in ``mode``; returns seconds."""
+    if mode == "no-grad":
+        def run(n: int) -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                fn(*args)
+            return time.perf_counter() - t
+    elif mode == "grad fwd+bwd":
+        def run(n: int) -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                fn(*args).backward(grad_out)
+            return time.perf_counter() - t
+    else:
+        def run(n: int) -> float:
+            with torch.inference_mode():
+                t = time.perf_counter()
+                for _ in range(n):
+                    fn(*args)
+                return time.perf_counter() - t
+    return run
+
+
+def measure(ops: dict[str, dict[str, Callable[..., Any]]], device: str, reps: int,
+            number: int) -> dict[tuple[str, str, str], float]:
+    """Median microseconds per call, ``(op, mode, style) -> us``; styles interleaved."""
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    runs: dict[tuple[str, str, str], Callable[[int], float]] = {}
+    for name, styles in ops.items():
+        for mode in MODES:
+            args = benchops.inputs(name, grad=mode == "grad fwd+bwd", device=device)
+            grad_out = torch.ones(8, device=device)
+            for style in styles_for(mode):
+                run = runner(styles[style], args, mode, grad_out)
+                run(50)  # warm-up: caches, lazily built autograd.Function
+                runs[(name, mode, style)] = run
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(reps):
+        for key, run in runs.items():
+            n = number // 4 if key[1] == "grad fwd+bwd" else number
+            sync()
+            elapsed = run(n)
+            sync()
+            samples.setdefault(key, []).append(elapsed / n * 1e6)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+TARGETS = [
+    # (op mode, numerator style, denominator style, comparison, bound, text)
+    ("no-grad", "opregistry full", "define/impl", "<=", 1.3, "full op vs define/impl, no grad"),
+    ("no-grad", "custom_op+autograd", "opregistry full", ">=", 2.5,
+     "custom_op (same registrations) / full op, no grad"),
+    ("grad fwd+bwd", "custom_op+autograd", "opregistry full", ">=", 1.5,
+     "custom_op+autograd / full op, fwd+bwd"),
+    ("inference_mode", "opregistry full", "define/impl", "<=", 1.1,
+     "full op vs define/impl, inference_mode"),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--number", type=int, default=2000)
+    parser.add_argument("--json", type=Path)
+    opts = parser.parse_args()
+    ns = f"bench{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        ops, registry = build(ns, Path(tmp))
+        results = measure(ops, opts.device, opts.reps, opts.number)
+        registry.unload()
+    print(f"torch {torch.__version__}, device {opts.device}, median of {opts.reps} interleaved reps,"
+          f" us per call")
+    rows = []
+    for name in ops:
+        for mode in MODES:
+            print(f"\n{name} ({len(benchops.inputs(name))} args), {mode}")
+            for style in styles_for(mode):
+                us = results[(name, mode, style)]
+                base = results[(name, mode, base_for(mode))]
+                print(f"  {style:20s} {us:8.2f} us   {us / base:5.2f}x {base_for(mode)}")
+    print("\ntargets")
+    for name in ops:
+        for mode, num, den, cmp, bound, text in TARGETS:
+            ratio = results[(name, mode, num)] / results[(name, mode, den)]
+            met = ratio <= bound if cmp == "<=" else ratio >= bound
+            rows.append({"op": name, "target": text, "ratio": round(ratio, 3),
+                         "bound": f"{cmp} {bound}", "met": met})
+            print(f"  {name:7s} {text:50s} {ratio:5.2f}  (target {cmp} {bound})  "
+                  f"{'met' if met else 'NOT MET'}")
+    if opts.json:
+        opts.json.write_text(json.dumps({
+            "device": opts.device, "torch": torch.__version__,
+            "us": {" | ".join(k): round(v, 3) for k, v in results.items()},
+            "targets": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

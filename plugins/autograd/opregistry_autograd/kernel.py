@@ -1,0 +1,139 @@
+"""The Autograd kernel: ``register_autograd`` semantics at ``Library.impl`` cost.
+
+torch's ``register_autograd`` registers, per op, a Python kernel for the
+``Autograd`` key that on *every* call checks the op's tags, builds a
+``Metadata`` dataclass, enters ``_AutoDispatchBelowAutograd`` and redispatches
+through the dispatcher's boxed Python path, even when nothing requires grad.
+This kernel does the same job with less work per call:
+
+* **no input requires grad** (or grad mode is off): the kernel calls the
+  device kernel registered by an opregistry device backend *directly* (a
+  Python-to-Python call), when the keyset says that device key is the next
+  one torch would run.  For any other keyset (FakeTensor, functionalization,
+  a ``TorchDispatchMode``, a conjugate view...) it redispatches below
+  Autograd exactly as torch does.  The decision is cached per keyset.
+* **an input requires grad**: an ``autograd.Function`` built once per op (on
+  the first such call, so registration stays cheap) runs the op below
+  Autograd, calls ``setup_context(ctx, inputs, output)`` and, in backward,
+  the op's ``backward(ctx, *grads)``; a differentiable backward gives
+  higher-order gradients, as with torch's own.
+* ``inference_mode`` never reaches this kernel (torch skips Autograd there).
+
+One difference from torch's kernel, on the no-grad path only: the device
+kernel runs with autograd still enabled.  No input requires grad, so nothing
+is recorded; a kernel that reads a *global* tensor requiring grad would see
+its result tracked, where torch's path would not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import _torch_private as tp
+
+__all__ = ["make_autograd_kernel", "DeviceKernelLookup"]
+
+#: ``(qualname, dispatch_key) -> (library, fn)`` of a live device kernel, or ``None``
+DeviceKernelLookup = Callable[[str, str], "tuple[Any, Callable[..., Any]] | None"]
+
+
+class _Call:
+    """What ``autograd.Function.forward`` needs besides the inputs.
+
+    A class, not a tuple: torch's tensor-list support flattens inputs with
+    pytree, which would take a tuple apart.
+    """
+
+    __slots__ = ("keyset", "kwargs")
+
+    def __init__(self, keyset: Any, kwargs: dict[str, Any]) -> None:
+        self.keyset = keyset
+        self.kwargs = kwargs
+
+
+def make_autograd_kernel(
+    qualname: str,
+    backward: Callable[..., Any],
+    setup_context: Callable[..., Any] | None,
+    device_kernel: DeviceKernelLookup,
+) -> Callable[..., Any]:
+    """Build the ``with_keyset=True`` Autograd kernel of the op ``qualname``."""
+    op = tp.lookup_op(qualname)
+    schema = op._schema
+    n_positional = sum(1 for a in schema.arguments if not a.kwarg_only)
+    n_kwarg_only = len(schema.arguments) - n_positional
+    has_kwarg_only = n_kwarg_only > 0
+    after_autograd = tp.AFTER_AUTOGRAD
+    grad_enabled = tp.grad_enabled
+    any_requires_grad = tp.any_requires_grad
+    redispatch = op.redispatch
+    # keyset id -> (library, device fn) for the direct call, or False: redispatch
+    fast: dict[int, Any] = {}
+    function: list[Any] = []
+
+    def below(keyset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the op below Autograd: the device kernel itself, or a redispatch."""
+        ident = keyset.raw_repr()
+        entry = fast.get(ident)
+        if entry is None or (entry and not tp.library_alive(entry[0])):
+            entry = fast[ident] = device_kernel(qualname, tp.first_key_after_autograd(keyset)) or False
+        if entry:
+            return entry[1](*args, **kwargs)
+        with tp.below_autograd():
+            return redispatch(keyset & after_autograd, *args, **kwargs)
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        # autograd.Function runs forward with grad mode off, so the direct call
+        # records nothing; only a redispatch needs the below-autograd guard
+        call = args[-1]
+        args = args[:-1]
+        kwargs = call.kwargs
+        result = below(call.keyset, args, kwargs)
+        if setup_context is not None:
+            # the dispatcher drops arguments equal to their defaults; put them back
+            if len(args) < n_positional or len(kwargs) < n_kwarg_only:
+                args, kwargs = tp.fill_defaults(schema, args, kwargs)
+            if has_kwarg_only:
+                setup_context(ctx=ctx, inputs=args, keyword_only_inputs=kwargs, output=result)
+            else:
+                setup_context(ctx=ctx, inputs=args, output=result)
+        return result
+
+    def backward_(ctx: Any, *grads: Any) -> Any:
+        previous = ctx.needs_input_grad
+        ctx.needs_input_grad = previous[:-1]  # hide the _Call argument from the user
+        try:
+            result = backward(ctx, *grads)
+        finally:
+            ctx.needs_input_grad = previous
+        if isinstance(result, tuple):
+            return (*result, None)
+        return result, None
+
+    def build() -> Any:
+        import torch
+
+        generated: Any = type(
+            f"OpregistryAutograd_{op._namespace}_{op._opname}_{op._overloadname}",
+            (torch.autograd.Function,),
+            {"forward": staticmethod(forward), "backward": staticmethod(backward_)},
+        )
+        if tp.has_tensorlist(schema):
+            generated = tp.supports_tensorlist(generated)
+            function.append(generated.apply)
+        else:
+            function.append(tp.function_apply(generated))
+        return function[0]
+
+    def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if grad_enabled() and any_requires_grad(*args):
+            apply = function[0] if function else build()
+            return apply(*args, _Call(keyset, kwargs))
+        # hot path: one dict lookup, one liveness check, one Python call
+        entry = fast.get(keyset.raw_repr())
+        if entry and entry[0].m is not None:
+            return entry[1](*args, **kwargs)
+        return below(keyset, args, kwargs)
+
+    autograd_kernel.__qualname__ = autograd_kernel.__name__ = f"autograd_kernel[{qualname}]"
+    return autograd_kernel

@@ -482,3 +482,53 @@ def test_reported_by_doctor(env: Env, case: str, capsys: pytest.CaptureFixture[s
     assert any({x.split("==")[0] + "==" for x in f["distributions"]} == expected for f in found)
     if fault.source is not None:
         assert any((f["source"] or "").endswith("/" + fault.source) for f in found)
+
+
+def test_same_entry_point_name_in_two_distributions_is_not_a_fault(env: Env) -> None:
+    """Entry-point names are per distribution: everyone may call theirs ``ops``."""
+    a = env.op_dist("first", define("foo"))
+    b = env.op_dist("second", define("bar"), namespace=f"{env.ns}b")
+    reg = load(env.dists, plugins=scope(env))
+    assert not reg.errors
+    assert {o.entry_point for o in reg.plan.distributions if o.distribution in (a, b)} == {"ops"}
+    assert {env.op("foo"), f"{env.ns}b::bar"} <= all_ops()
+
+
+# -- docs/reliability.md is this matrix ------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+
+
+def doc_table() -> dict[str, str]:
+    """case id -> problem code, from the table between the fault-matrix markers."""
+    text = DOC.read_text(encoding="utf-8")
+    body = text.split("<!-- fault-matrix:start -->", 1)[1].split("<!-- fault-matrix:end -->", 1)[0]
+    rows = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        match = re.fullmatch(r"`([a-z0-9-]+)`", cells[0]) if cells else None
+        if match:
+            [code] = re.findall(r"`([a-z-]+)`", cells[2])
+            rows[match.group(1)] = code
+    return rows
+
+
+def test_docs_table() -> None:
+    """Every case is in docs/reliability.md with its code, and every row is a case."""
+    table = doc_table()
+    assert set(table) == set(CASES), (
+        f"missing from the docs: {sorted(set(CASES) - set(table))}; "
+        f"not a test: {sorted(set(table) - set(CASES))}")
+    assert table == {case: code for case, (code, _) in CASES.items()}
+
+
+def test_docs_config_example_is_valid(tmp_path: Path) -> None:
+    """The TOML examples in docs/reliability.md are files opregistry accepts."""
+    from opregistry.config import read_config
+
+    blocks = re.findall(r"```toml\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    assert blocks
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"example{i}.toml"
+        path.write_text(block)
+        assert read_config(path)

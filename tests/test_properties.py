@@ -14,7 +14,7 @@ Example counts are modest: these run in CI on every push.
 
 from __future__ import annotations
 
-import itertools
+import os
 import uuid
 from typing import Any
 
@@ -36,7 +36,9 @@ from opregistry.torch_state import snapshot
 
 from .conftest import DistFactory, load
 
-CI = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: examples per property: modest for CI; OPREGISTRY_FUZZ_EXAMPLES=2000 for a long local run
+EXAMPLES = int(os.environ.get("OPREGISTRY_FUZZ_EXAMPLES", "60"))
+CI = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- determinism ------------------------------------------------------------------
 

@@ -14,6 +14,12 @@ would type them:
 * ``<!-- excerpt: PATH -->`` before a block: the block is a verbatim excerpt
   of the repository file ``PATH`` (an example package's source), checked,
   not run — so quoted code cannot drift from the code that is tested;
+* ``<!-- package: DIST VERSION EP = MODULE:ATTR -->`` before a ``python``
+  block makes it the module of a distribution ``DIST`` with that entry point
+  in ``opregistry.ops`` (a ``*.dist-info`` on ``PYTHONPATH``); the packages
+  declared since the previous run block are visible to the next run block
+  only, so each example on a page sees its own packages;
+* in an ``expect`` block, ``...`` stands for any text within a line;
 * ``<!-- not run: REASON -->`` before a ``python``/``bash`` block skips it;
   the reason is required.
 
@@ -45,7 +51,7 @@ DOCS = ROOT / "docs"
 RUN_PAGES = ["index.md", "getting-started.md", "op-authors.md", "resolution.md", "migrating.md"]
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
-_DIRECTIVE = re.compile(r"^\s*<!--\s*(?P<kind>file|expect|excerpt|not run)\s*:?\s*(?P<arg>.*?)\s*-->\s*$")
+_DIRECTIVE = re.compile(r"^\s*<!--\s*(?P<kind>file|expect|excerpt|package|not run)\s*:?\s*(?P<arg>.*?)\s*-->\s*$")
 
 
 @attrs.frozen
@@ -97,7 +103,7 @@ class Reader:
 
     def __init__(self, root: Path) -> None:
         self.cwd = root / "work"
-        self.cwd.mkdir()
+        self.cwd.mkdir(parents=True)
         self.venv = root / "venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True)
         bin_dir = self.venv / "bin"
@@ -123,6 +129,24 @@ class Reader:
             PIP_DISABLE_PIP_VERSION_CHECK="1",
         )
         self.last_output = ""
+        self.packages: list[Path] = []
+
+    def package(self, block: Block) -> None:
+        """A distribution whose entry point names the block's module (real entry point)."""
+        m = re.fullmatch(r"(?P<dist>\S+) (?P<version>\S+) (?P<ep>\S+) = (?P<module>[\w.]+):"
+                         r"(?P<attr>\w+)", block.arg)
+        assert m, f"{block.where()}: write <!-- package: DIST VERSION EP = MODULE:ATTR -->"
+        root = self.cwd.parent / f"site_{block.line}"
+        info = root / f"{m['dist'].replace('-', '_')}-{m['version']}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {m['dist']}\nVersion: {m['version']}\n")
+        (info / "entry_points.txt").write_text(
+            f"[opregistry.ops]\n{m['ep']} = {m['module']}:{m['attr']}\n")
+        module = root / (m["module"].replace(".", "/") + ".py")
+        module.parent.mkdir(parents=True, exist_ok=True)
+        module.write_text(block.code)
+        self.packages.append(root)
 
     def run(self, block: Block) -> None:
         if block.lang == "python":
@@ -131,7 +155,11 @@ class Reader:
             cmd = [str(self.venv / "bin" / "python"), script.name]
         else:
             cmd = ["bash", "-e", "-o", "pipefail", "-c", block.code]
-        proc = subprocess.run(cmd, cwd=self.cwd, env=self.env, capture_output=True, text=True,
+        env = dict(self.env)
+        if self.packages:
+            env["PYTHONPATH"] = os.pathsep.join(map(str, self.packages))
+            self.packages = []
+        proc = subprocess.run(cmd, cwd=self.cwd, env=env, capture_output=True, text=True,
                               timeout=300)
         self.last_output = proc.stdout + proc.stderr
         assert proc.returncode == 0, (
@@ -139,11 +167,11 @@ class Reader:
             f"--- block ---\n{block.code}--- output ---\n{self.last_output}")
 
     def expect(self, block: Block) -> None:
-        produced = {" ".join(line.split()) for line in self.last_output.splitlines()}
-        text = " ".join(self.last_output.split())
+        produced = [" ".join(line.split()) for line in self.last_output.splitlines()]
         for line in block.code.splitlines():
             wanted = " ".join(line.split())
-            if wanted and wanted not in produced and wanted not in text:
+            pattern = re.compile(".*".join(re.escape(part) for part in wanted.split("...")))
+            if wanted and not any(pattern.search(p) for p in produced):
                 raise AssertionError(
                     f"{block.where()}: expected output line not produced: {line!r}\n"
                     f"--- actual output ---\n{self.last_output}")
@@ -160,6 +188,8 @@ def run_page(page: str, tmp_path: Path) -> int:
             target.write_text(block.code)
         elif block.directive == "expect":
             reader.expect(block)
+        elif block.directive == "package":
+            reader.package(block)
         elif block.directive == "excerpt":
             source = ROOT / block.arg
             assert source.is_file(), f"{block.where()}: excerpt of missing file {block.arg}"
@@ -225,7 +255,7 @@ def test_every_run_page_has_blocks_and_no_stray_directive() -> None:
         found = blocks(page)
         assert found, f"docs/{page} has no code block"
         text = (DOCS / page).read_text()
-        directives = sum(text.count(f"<!-- {d}") for d in ("file", "expect", "excerpt", "not run"))
+        directives = sum(text.count(f"<!-- {d}") for d in ("file", "expect", "excerpt", "package", "not run"))
         assert directives == sum(b.directive is not None for b in found), page
 
 

@@ -118,6 +118,20 @@ def _check_symint(op: Any, ns: str) -> None:
         torch.testing.assert_close(compiled(y), y.repeat(rows, 1) * 2)
 
 
+def _check_list_mutable(op: Any, ns: str) -> None:
+    xs = [_d(2), _d(3)]
+    before = [x.clone() for x in xs]
+    assert op(xs, 2.0) is None
+    for x, b in zip(xs, before):
+        torch.testing.assert_close(x, b + 2.0)
+
+
+def _check_sizes(op: Any, ns: str) -> None:
+    x = _d(6)
+    torch.testing.assert_close(op(x, [2, 3], None), x.reshape(2, 3))
+    torch.testing.assert_close(op(x, [3, 2], 0.5), x.reshape(3, 2) * 0.5)
+
+
 KINDS = [
     Kind("functional", "scale(Tensor x, float alpha) -> Tensor",
          """
@@ -217,6 +231,27 @@ KINDS = [
          """,
          "[((d(2, 3), 3), {}), ((d(1, 4), 1), {})]", _check_symint,
          'fake=f"{K}:repeat_rows_fake"'),
+    Kind("tensor-list-mutable", "add_all_(Tensor(a!)[] xs, float v) -> ()",
+         """
+         def add_all_(xs, v):
+             for x in xs:
+                 x.add_(v)
+         def add_all_fake(xs, v):
+             return None
+         """,
+         "[(([d(2), d(3, 2)], 1.0), {})]", _check_list_mutable,
+         'fake=f"{K}:add_all_fake", mutates_args=["xs"]'),
+    Kind("symint-list-optional-scalar",
+         "shaped(Tensor x, SymInt[] size, float? scale=None) -> Tensor",
+         """
+         def shaped(x, size, scale=None):
+             y = x.reshape(size).clone()
+             return y if scale is None else y * scale
+         def shaped_fake(x, size, scale=None):
+             return x.new_empty(size)
+         """,
+         "[((d(6), [2, 3]), {}), ((d(4), [4, 1], 2.0), {})]", _check_sizes,
+         'fake=f"{K}:shaped_fake"'),
 ]
 
 

@@ -34,6 +34,11 @@ print(json.dumps(result))
 
 
 def _run(code: str, extra_path: Path | None = None, **env_vars: str) -> dict:
+    return _run_full(code, extra_path, **env_vars)[0]
+
+
+def _run_full(code: str, extra_path: Path | None = None, **env_vars: str) -> tuple[dict, str]:
+    """Run ``code`` in a fresh interpreter; its last stdout line (JSON) and its stderr."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     env.update(env_vars)
@@ -43,7 +48,7 @@ def _run(code: str, extra_path: Path | None = None, **env_vars: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, f"import torch failed:\n{out.stderr[-3000:]}"
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
 def test_import_torch_alone_makes_installed_ops_callable():
@@ -114,8 +119,11 @@ def test_broken_plugins_do_not_break_import_torch(dists):
         group = {"backends": {name: mod}} if name == "broken_backend" else \
             {"ops": {name: f"{mod}:lib" if name == "broken_kernel" else mod}}
         dists.make(name.replace("_", "-"), modules={mod: source}, **group)
-    result = _run(PROBE, extra_path=dists.root)
-    # the healthy distributions still load
+    result, stderr = _run_full(PROBE, extra_path=dists.root)
+    # logged (logging's last-resort handler prints warnings to stderr) ...
+    for dist in ("broken-import", "broken-hook", "broken-kernel", "broken-backend"):
+        assert dist in stderr, stderr[-3000:]
+    # ... and the healthy distributions still load
     assert result["muladd"] is True and result["value"] == [4.0, 4.0]
     assert result["registry"] is True
     blamed = {d for p in result["problems"] if p["severity"] == "error"

@@ -125,7 +125,7 @@ def opregistry_backend_available(backend: Backend) -> bool | None:
 @hookspec(firstresult=True)
 def opregistry_materialize_kernel(
     library: Library,
-    op: OpDef,
+    op: OpDef | None,
     kernel: Kernel,
     fn: Callable[..., Any],
     setup_context: Callable[..., Any] | None,
@@ -139,7 +139,8 @@ def opregistry_materialize_kernel(
 
     :param library: the ``torch.library.Library`` of the kernel's
         distribution for the op's namespace.
-    :param op: the op being implemented.
+    :param op: the op being implemented; ``None`` when the kernel targets an
+        op opregistry did not define (an allowed override of an ``aten`` kernel).
     :param kernel: the declaration, with its origin.
     :param fn: the kernel, imported.
     :param setup_context: for ``Autograd``, the imported setup_context.

@@ -1,0 +1,196 @@
+"""The ops the benchmarks time keep every guarantee on opregistry's fast paths.
+
+``benchmarks/benchops.py`` defines the two benchmark ops (1 and 12
+arguments); here they are installed as a real distribution with CPU, fake,
+autograd and vmap kernels, and checked with opcheck (all four utils),
+gradcheck / gradgradcheck, torch.compile(fullgraph=True), torch.export,
+vmap, FakeTensor and dispatch modes — the paths the lean Autograd kernel
+must not short-circuit.  No timing here: see benchmarks/.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .conftest import DistFactory, load
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import benchops  # noqa: E402
+
+benchops.ensure_importable()
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
+                 "test_aot_dispatch_dynamic")
+
+
+@pytest.fixture
+def bench(dists: DistFactory, ns: str) -> Iterator[Any]:
+    """The benchmark's two ops, declared with CPU + fake + autograd + vmap, loaded."""
+    module = f"{ns}_decl"
+    dists.make(f"bench-{ns}", ops={ns: f"{module}:lib"},
+               modules={module: benchops.registry_source(ns, full=True)})
+    registry = load(dists, strict=True)
+    assert {f"{ns}::one", f"{ns}::twelve"} <= set(registry.op_names)
+    yield getattr(torch.ops, ns)
+
+
+def _double(name: str, grad: bool) -> tuple[Any, ...]:
+    return benchops.inputs(name, grad=grad, dtype=torch.double)
+
+
+@pytest.mark.parametrize("name", ["one", "twelve"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_opcheck_all_four_utils(bench: Any, name: str, grad: bool) -> None:
+    """opcheck passes every util, with and without grad-requiring inputs."""
+    op = getattr(bench, name).default
+    result = torch.library.opcheck(op, _double(name, grad), test_utils=OPCHECK_UTILS)
+    assert result == {util: "SUCCESS" for util in OPCHECK_UTILS}
+
+
+@pytest.mark.parametrize("name", ["one", "twelve"])
+def test_no_grad_path_matches_the_kernel(bench: Any, name: str) -> None:
+    """Grad mode on, nothing requires grad: the result is the kernel's, untracked."""
+    op = getattr(bench, name).default
+    args = benchops.inputs(name)
+    out = op(*args)
+    torch.testing.assert_close(out, benchops.PARTS[name]["cpu"](*args))
+    assert out.grad_fn is None and not out.requires_grad
+    with torch.no_grad():
+        grad_args = benchops.inputs(name, grad=True)
+        out = op(*grad_args)
+    assert not out.requires_grad
+
+
+@pytest.mark.parametrize("name", ["one", "twelve"])
+def test_inference_mode(bench: Any, name: str) -> None:
+    """inference_mode skips Autograd and still runs the CPU kernel."""
+    op = getattr(bench, name).default
+    with torch.inference_mode():
+        args = benchops.inputs(name)
+        out = op(*args)
+        assert out.is_inference()
+    torch.testing.assert_close(out, benchops.PARTS[name]["cpu"](*args))
+
+
+def test_grad_path_gradcheck_and_gradgradcheck(bench: Any) -> None:
+    """backward is differentiable for both ops: first and second order gradients check."""
+    x = torch.randn(5, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(bench.one, (x,))
+    assert torch.autograd.gradgradcheck(bench.one, (x,))
+    x, y, *rest = _double("twelve", True)
+
+    def twelve(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return bench.twelve(x, y, *rest)
+
+    assert torch.autograd.gradcheck(twelve, (x, y))
+    assert torch.autograd.gradgradcheck(twelve, (x, y))
+
+
+def test_setup_context_sees_defaulted_arguments(bench: Any) -> None:
+    """The dispatcher drops ``alpha=1.0``; setup_context still gets all 12 inputs."""
+    x, y, *rest = benchops.inputs("twelve", grad=True)
+    out = bench.twelve(x, y, *rest[:-1])  # alpha left at its default
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+    torch.testing.assert_close(y.grad, torch.full_like(y, rest[3]))  # c = 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["one", "twelve"])
+def test_compile_fullgraph(bench: Any, name: str) -> None:
+    """torch.compile(fullgraph=True) forward and backward equal eager."""
+    op = getattr(bench, name)
+    compiled = torch.compile(lambda *a: op(*a) * 2, fullgraph=True, backend="aot_eager")
+    args = benchops.inputs(name, grad=True)
+    out = compiled(*args)
+    out.sum().backward()
+    expected_grad = args[0].grad.clone()
+    args[0].grad = None
+    (op(*args) * 2).sum().backward()
+    torch.testing.assert_close(out, op(*args) * 2)
+    torch.testing.assert_close(expected_grad, args[0].grad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["one", "twelve"])
+def test_export(bench: Any, name: str) -> None:
+    """torch.export keeps the op as one node and the exported program runs."""
+    op = getattr(bench, name)
+    rest = benchops.inputs(name)[2:] if name == "twelve" else ()
+
+    class M(torch.nn.Module):
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return op(*tensors, *rest) + 1
+
+    tensors = benchops.inputs(name)[:2 if name == "twelve" else 1]
+    exported = torch.export.export(M(), tensors)
+    targets = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert getattr(op, "default") in targets
+    torch.testing.assert_close(exported.module()(*tensors), M()(*tensors))
+
+
+def test_fake_tensor_mode_takes_the_redispatch_path(bench: Any) -> None:
+    """Under FakeTensorMode the fake kernel runs (no direct call to the CPU kernel)."""
+    with FakeTensorMode():
+        x = torch.empty(4, 3)
+        out = bench.one(x)
+    assert isinstance(out, FakeTensor) and out.shape == (4, 3)
+
+
+def test_dispatch_mode_sees_the_op(bench: Any) -> None:
+    """A TorchDispatchMode sees the custom op itself, not only what its kernel calls."""
+    seen: list[Any] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(3)
+    bench.one(x)  # warm the keyset cache for plain CPU tensors first
+    with Record():
+        out = bench.one(x)
+    assert bench.one.default in seen
+    torch.testing.assert_close(out, x)
+
+
+def test_conjugate_view_is_resolved_first(bench: Any) -> None:
+    """A conj view has a Conjugate key before CPU: the kernel must get it resolved."""
+    x = torch.randn(4, dtype=torch.complex64)
+    bench.one(x)
+    out = bench.one(x.conj())
+    torch.testing.assert_close(out, x.conj())
+    assert not out.is_conj()
+
+
+@pytest.mark.parametrize("name", ["one", "twelve"])
+def test_vmap(bench: Any, name: str) -> None:
+    """The vmap rule runs under torch.vmap (FuncTorchBatched is above Autograd)."""
+    op = getattr(bench, name)
+    if name == "one":
+        xs = torch.randn(3, 8)
+        torch.testing.assert_close(torch.vmap(op)(xs), xs)
+    else:
+        rest = benchops.inputs(name)[2:]
+        xs, ys = torch.randn(3, 8), torch.randn(3, 8)
+        out = torch.vmap(lambda x, y: op(x, y, *rest))(xs, ys)
+        torch.testing.assert_close(out, xs + rest[3] * ys)
+
+
+def test_unloaded_kernels_are_not_called(bench: Any, dists: DistFactory, ns: str) -> None:
+    """After unload the device-kernel table no longer hands out the destroyed kernels."""
+    from opregistry.backend import device_kernel
+
+    bench.one(torch.randn(2))
+    assert device_kernel(f"{ns}::one", "CPU") is not None
+    import opregistry
+
+    opregistry.get_registry().unload()
+    assert device_kernel(f"{ns}::one", "CPU") is None

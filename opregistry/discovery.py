@@ -209,7 +209,9 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
             continue
         try:
             obj = ep.load()
-        except Exception as exc:  # a plugin's failure is its own, never ours
+        # a plugin's failure is its own, never ours; SystemExit too (a module that
+        # parses sys.argv at import), which would otherwise end `import torch`
+        except (Exception, SystemExit) as exc:
             problem = load_problem(origin, exc)
             log.warning("plugin failed to load", distribution=origin.dist, error=str(exc))
             problems.append(problem)

@@ -91,6 +91,8 @@ print(json.dumps([before, hasattr(torch.ops.tutorial, "muladd"), len(reg.errors)
 BROKEN = {
     # module raises at import
     "broken_import": "raise RuntimeError('broken_import: cannot start')\n",
+    # exits at import, as a module that parses sys.argv at import does
+    "broken_exit": "import sys\nsys.exit(2)\n",
     # a hook raises while declarations are collected
     "broken_hook": "def opregistry_ops():\n    raise ValueError('broken_hook: no ops today')\n",
     # declares fine, but its kernel module does not exist: fails while registering
@@ -121,17 +123,18 @@ def test_broken_plugins_do_not_break_import_torch(dists):
         dists.make(name.replace("_", "-"), modules={mod: source}, **group)
     result, stderr = _run_full(PROBE, extra_path=dists.root)
     # logged (logging's last-resort handler prints warnings to stderr) ...
-    for dist in ("broken-import", "broken-hook", "broken-kernel", "broken-backend"):
+    for dist in ("broken-import", "broken-exit", "broken-hook", "broken-kernel",
+                 "broken-backend"):
         assert dist in stderr, stderr[-3000:]
     # ... and the healthy distributions still load
     assert result["muladd"] is True and result["value"] == [4.0, 4.0]
     assert result["registry"] is True
     blamed = {d for p in result["problems"] if p["severity"] == "error"
               for d in p["distributions"]}
-    assert blamed == {"broken-import==1.0", "broken-hook==1.0", "broken-kernel==1.0",
-                      "broken-backend==1.0"}, result["problems"]
+    assert blamed == {"broken-import==1.0", "broken-exit==1.0", "broken-hook==1.0",
+                      "broken-kernel==1.0", "broken-backend==1.0"}, result["problems"]
     messages = " ".join(p["message"] for p in result["problems"])
-    for fragment in ("cannot start", "no ops today", "no_such_module_xyz", "driver exploded"):
+    for fragment in ("cannot start", "SystemExit: 2", "no ops today", "no_such_module_xyz", "driver exploded"):
         assert fragment in messages
 
 

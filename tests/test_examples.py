@@ -26,17 +26,35 @@ OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
 
-def _installed_ops_with_samples() -> list[str]:
-    """Op names, at collection time, without importing the op packages' kernels."""
-    return sorted(op.op.qualname for op in opregistry.plan().ops if op.op.samples is not None)
+def _installed_ops_with_samples(key: str | None = None) -> list[str]:
+    """Op names, at collection time, without importing the op packages' kernels.
+
+    With ``key``, only the ops that declare a kernel for that dispatch key
+    which is active here (``CUDA`` is ``unavailable`` without a GPU).
+    """
+    names = []
+    for op in opregistry.plan().ops:
+        if op.op.samples is None:
+            continue
+        if key is not None:
+            kernel = op.kernel(key)
+            if kernel is None or kernel.status != "active":
+                continue
+        names.append(op.op.qualname)
+    return sorted(names)
 
 
 EXAMPLE_OPS = _installed_ops_with_samples()
+#: the ops whose gradients are checked: those with an active Autograd kernel
+AUTOGRAD_OPS = _installed_ops_with_samples("Autograd")
+#: the ops checked on a GPU: those whose CUDA kernel is active (none without one)
+CUDA_OPS = _installed_ops_with_samples("CUDA") if torch.cuda.is_available() else []
 
 
 def test_examples_are_installed():
     """The repo's example op packages are installed, so the checks below have ops to check."""
     assert {"tutorial::muladd", "tutorial::numpy_sin", "tutorial::add_out"} <= set(EXAMPLE_OPS)
+    assert {"tutorial::muladd", "tutorial::numpy_sin"} <= set(AUTOGRAD_OPS)
 
 
 def _samples(op: Any) -> list[Sample]:
@@ -84,11 +102,6 @@ def example(installed, request):
     return op, _overload(qualname), _samples(op)
 
 
-def _active(op: Any, key: str) -> bool:
-    kernel = op.kernel(key)
-    return kernel is not None and kernel.status == "active"
-
-
 @pytest.mark.parametrize("example", EXAMPLE_OPS, indirect=True)
 def test_opcheck(example):
     """torch.library.opcheck with all four default test utils, on every sample."""
@@ -98,13 +111,10 @@ def test_opcheck(example):
         assert result == dict.fromkeys(OPCHECK_UTILS, "SUCCESS"), result
 
 
-@pytest.mark.parametrize("example", EXAMPLE_OPS, indirect=True)
+@pytest.mark.parametrize("example", AUTOGRAD_OPS, indirect=True)
 def test_gradcheck(example):
-    """Where an Autograd kernel is active, gradcheck on the samples that require grad."""
+    """With an active Autograd kernel: gradcheck on every sample that requires grad."""
     op, overload, samples = example
-    if not _active(op, "Autograd"):
-        assert op.kernel("Autograd") is None or op.kernel("Autograd").status != "active"
-        return  # no autograd declared: nothing to check (opcheck covered registration)
     checked = 0
     for args, kwargs in samples:
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -200,3 +210,28 @@ def test_export(example):
             got = ep.module()(*args, **tensor_kwargs)
         torch.testing.assert_close(got, expected, equal_nan=True)
         torch.testing.assert_close(_tensors(export_in), _tensors(eager_in), equal_nan=True)
+
+
+def _to_cuda(sample: Sample) -> Sample:
+    """The sample on the GPU: tensors moved (leaves stay leaves), 'cpu' devices become 'cuda'."""
+    def move(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.detach().to("cuda").requires_grad_(x.requires_grad)
+        if isinstance(x, torch.device) and x.type == "cpu" or x == "cpu":
+            return torch.device("cuda")
+        return x
+
+    return pytree.tree_map(move, sample)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("example", CUDA_OPS or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no op with an active CUDA kernel"))], indirect=True)
+def test_opcheck_cuda(example):
+    """On a GPU, every op with an active CUDA kernel passes opcheck on CUDA tensors."""
+    op, overload, samples = example
+    for sample in samples:
+        args, kwargs = _to_cuda(sample)
+        result = torch.library.opcheck(overload, args, kwargs, test_utils=OPCHECK_UTILS)
+        assert result == dict.fromkeys(OPCHECK_UTILS, "SUCCESS"), result

@@ -722,7 +722,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         if p.severity == "error":
             for o in p.culprits:
                 excluded.setdefault(o.distribution, o)
-    for op in decl.ops:
+    for op in sorted(decl.ops, key=_order):  # the first definer named must not depend on order
         if op.origin is not None and op.origin.distribution in excluded:
             excluded_ops.setdefault(op.qualname, op.origin)
 
@@ -740,7 +740,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         if not culprits.keys() - excluded.keys():
             break
         excluded.update(culprits)
-        for op in decl.ops:
+        for op in sorted(decl.ops, key=_order):  # the first definer named must not depend on order
             if op.origin is not None and op.origin.distribution in excluded:
                 excluded_ops.setdefault(op.qualname, op.origin)
 

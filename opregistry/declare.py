@@ -160,7 +160,8 @@ class OpLibrary:
         self._namespace = (
             None
             if kind == "IMPL"
-            else Namespace(name=namespace, kind=kind, closed=closed, description=description)
+            else Namespace(name=namespace, kind=kind, closed=closed, description=description,
+                           source=_source(1))
         )
         self._ops: dict[str, OpDef] = {}
         self._kernels: list[Kernel] = []

@@ -121,6 +121,8 @@ class Namespace:
     kind: NamespaceKind = field(default="DEF", validator=attrs.validators.in_(("DEF", "FRAGMENT")))
     closed: bool = False
     description: str = ""
+    #: ``file:line`` of the declaration (the ``OpLibrary(...)`` call)
+    source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
 
     def __attrs_post_init__(self) -> None:

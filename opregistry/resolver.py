@@ -317,7 +317,7 @@ class _Pass:
         defs: dict[str, list[Namespace]] = defaultdict(list)
         frags: dict[str, list[Namespace]] = defaultdict(list)
         for ns in self.namespaces:
-            if not self._valid_namespace(ns.name, ns.origin, ns.kind):
+            if not self._valid_namespace(ns.name, ns.origin, ns.kind, ns.source):
                 continue
             (defs if ns.kind == "DEF" else frags)[ns.name].append(ns)
         plans: dict[str, NamespacePlan] = {}
@@ -329,7 +329,7 @@ class _Pass:
                          f"namespace {name!r} is defined (DEF) by {_names(n.origin for n in owners)}; "
                          f"a namespace has one owner",
                          f"uninstall one of them, or block it with OPREGISTRY_BLOCK=<distribution>",
-                         (n.origin for n in owners), namespace=name)
+                         (n.origin for n in owners), namespace=name, source=owners[0].source)
                 continue
             if self.torch is not None and name in self.torch.namespaces and owners:
                 self.add("namespace-held-by-torch",
@@ -337,7 +337,7 @@ class _Pass:
                          f"Library('{name}', 'DEF') made outside opregistry); "
                          f"{_names(n.origin for n in owners)} cannot DEF it",
                          "rename the namespace, or declare it FRAGMENT to add ops to it",
-                         (n.origin for n in owners), namespace=name)
+                         (n.origin for n in owners), namespace=name, source=owners[0].source)
                 continue
             owner = owners[0] if owners else None
             fragments = []
@@ -350,7 +350,7 @@ class _Pass:
                              f"{owner.origin} closed to other distributions",
                              f"ask {_dist(owner.origin)} to open it, or use your own namespace",
                              (frag.origin,), others=(owner.origin,) if owner.origin else (),
-                             namespace=name)
+                             namespace=name, source=frag.source)
                     continue
                 fragments.append(frag.origin)
             plans[name] = NamespacePlan(
@@ -361,27 +361,28 @@ class _Pass:
             )
         return plans
 
-    def _valid_namespace(self, name: str, origin: Origin | None, kind: str) -> bool:
+    def _valid_namespace(self, name: str, origin: Origin | None, kind: str,
+                         source: str | None = None) -> bool:
         if not is_identifier(name):
             self.add("namespace-invalid",
                      f"{origin} declares namespace {name!r}, which is not a valid identifier "
                      f"(ASCII letters, digits and '_', not starting with a digit)",
                      "rename the namespace, e.g. to " + repr(_suggest_identifier(name)),
-                     (origin,), namespace=name)
+                     (origin,), namespace=name, source=source)
             return False
         if name in SCHEMA_KEYWORDS:
             self.add("namespace-invalid",
                      f"{origin} declares namespace {name!r}, a keyword of torch's schema "
                      f"language, which torch cannot parse as a namespace",
                      "rename the namespace, e.g. to " + repr(name.lower() + "_ops"),
-                     (origin,), namespace=name)
+                     (origin,), namespace=name, source=source)
             return False
         if name in RESERVED_NAMESPACES:
             self.add("namespace-reserved",
                      f"{origin} declares {kind} of namespace {name!r}, which belongs to torch",
                      "use a namespace of your own; to add a kernel to a torch op, use "
                      "OpLibrary(ns, 'IMPL') with override policy",
-                     (origin,), namespace=name)
+                     (origin,), namespace=name, source=source)
             return False
         return True
 

@@ -55,7 +55,9 @@ def sub(a, b, alpha=1):
 not_callable = 42
 """
 
-#: the first line of a body written by :meth:`Env.op_dist` (after import + OpLibrary)
+#: the ``lib = OpLibrary(...)`` line of a module written by :meth:`Env.op_dist`
+LIBRARY_LINE = 2
+#: the first line of the body after it
 BODY_LINE = 3
 
 
@@ -176,7 +178,7 @@ def hookimpl_wrong_argument(env: Env) -> Fault:
 def two_def_of_one_namespace(env: Env) -> Fault:
     a = env.op_dist("dist-a", define("foo"))
     b = env.op_dist("dist-b", define("bar"))
-    return Fault({a, b}, absent=(env.op("foo"), env.op("bar")))
+    return Fault({a, b}, absent=(env.op("foo"), env.op("bar")), source=env.at(a, LIBRARY_LINE))
 
 
 def fragment_redefines_op(env: Env) -> Fault:
@@ -189,7 +191,7 @@ def _def_of(namespace: str) -> Callable[[Env], Fault]:
     def case(env: Env) -> Fault:
         name = f"mine_{env.ns}"
         d = env.op_dist("bad", define(name), namespace=namespace)
-        return Fault({d}, absent=(f"{namespace}::{name}",))
+        return Fault({d}, absent=(f"{namespace}::{name}",), source=env.at(d, LIBRARY_LINE))
 
     return case
 
@@ -204,7 +206,7 @@ def def_of_namespace_held_outside(env: Env) -> Fault:
     def unchanged() -> None:
         assert env.op("held") in all_ops()
 
-    return Fault({d}, absent=(env.op("foo"),), unchanged=unchanged)
+    return Fault({d}, absent=(env.op("foo"),), unchanged=unchanged, source=env.at(d, LIBRARY_LINE))
 
 
 def two_kernels_for_one_key(env: Env) -> Fault:
@@ -265,7 +267,7 @@ def fake_registered_twice(env: Env) -> Fault:
 def _namespace(name: str) -> Callable[[Env], Fault]:
     def case(env: Env) -> Fault:
         d = env.op_dist("bad", define("foo"), namespace=name)
-        return Fault({d}, absent=(f"{name}::foo",))
+        return Fault({d}, absent=(f"{name}::foo",), source=env.at(d, LIBRARY_LINE))
 
     return case
 

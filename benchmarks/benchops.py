@@ -170,10 +170,15 @@ def ensure_importable() -> None:
     sys.modules.setdefault("benchops", sys.modules[__name__])
 
 
-def many_source(ns: str, n_ops: int, *, full: bool = True) -> str:
-    """A declarations module with ``n_ops`` one-argument ops ``op0..`` in namespace ``ns``."""
-    extra = (", fake='benchops:one_fake', vmap='benchops:one_vmap', "
+def many_source(ns: str, n_ops: int, *, full: bool = True, vmap: bool = True) -> str:
+    """A declarations module with ``n_ops`` one-argument ops ``op0..`` in namespace ``ns``.
+
+    ``full``: CPU + fake + autograd (+ vmap unless ``vmap=False``); else CPU only.
+    """
+    extra = (", fake='benchops:one_fake', "
              "autograd=('benchops:one_backward', 'benchops:one_setup')") if full else ""
+    if full and vmap:
+        extra += ", vmap='benchops:one_vmap'"
     lines = ["from opregistry import OpLibrary", f"lib = OpLibrary({ns!r})"]
     lines += [f"lib.define('op{i}(Tensor x) -> Tensor', kernels={{'cpu': 'benchops:one'}}{extra})"
               for i in range(n_ops)]
@@ -181,7 +186,7 @@ def many_source(ns: str, n_ops: int, *, full: bool = True) -> str:
 
 
 def write_many(root: Path, n_dists: int, ops_per_dist: int, *, tag: str = "gen",
-               full: bool = True) -> list[str]:
+               full: bool = True, vmap: bool = True) -> list[str]:
     """Write ``n_dists`` distributions of ``ops_per_dist`` ops each into ``root``.
 
     Distribution ``{tag}-ops-{i}`` defines namespace ``{tag}{i}``.  Returns the
@@ -196,7 +201,7 @@ def write_many(root: Path, n_dists: int, ops_per_dist: int, *, tag: str = "gen",
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
         (info / "entry_points.txt").write_text(f"[opregistry.ops]\n{tag}{i} = {module}:lib\n")
-        (root / f"{module}.py").write_text(many_source(f"{tag}{i}", ops_per_dist, full=full))
+        (root / f"{module}.py").write_text(many_source(f"{tag}{i}", ops_per_dist, full=full, vmap=vmap))
         names.append(dist)
     importlib.invalidate_caches()
     return names

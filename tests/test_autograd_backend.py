@@ -164,9 +164,14 @@ def test_backend_refuses_mutable_op_itself(ns: str) -> None:
                            match=rf"cannot register autograd for {ns}::add_ from mut==2\.0: "
                                  r"it mutates or aliases"):
             opregistry_autograd.opregistry_materialize_kernel(
-                library=lib, kernel=kernel, fn=kernel.fn, setup_context=None)
+                library=lib, op=None, kernel=kernel, fn=kernel.fn, setup_context=None)
         lib.define("outish(Tensor x, *, Tensor(a!) out) -> Tensor(a!)", tags=(torch.Tag.out,))
-        assert "out" in opregistry_autograd.refusal(getattr(torch.ops, ns).outish.default)
+        outish = getattr(torch.ops, ns).outish.default
+        assert "torch.Tag.out" in opregistry_autograd.refusal(outish._schema, ["out"])
+        lib.define("kwt(Tensor x, *, Tensor y) -> Tensor")
+        assert "keyword-only Tensor" in opregistry_autograd.refusal(
+            getattr(torch.ops, ns).kwt.default._schema)
+        assert opregistry_autograd.refusal(torch.ops.aten.sin.default._schema) is None
     finally:
         lib._destroy()
 
@@ -194,6 +199,8 @@ def test_private_torch_apis_still_behave(ns: str) -> None:
         op(torch.randn(2, dtype=torch.complex64).conj())
         assert seen == {"torch.float32": "CPU", "torch.complex64": "Conjugate"}
         assert tp.library_alive(lib)
+        assert tp.op_handle(f"{ns}::probe").schema().name == f"{ns}::probe"
+        assert str(tp.op_handle("aten::add.Tensor").schema()).startswith("aten::add.Tensor(")
         assert tp.any_requires_grad(torch.randn(1, requires_grad=True), 3)
         assert not tp.any_requires_grad(torch.randn(1), [torch.randn(1)])
         assert tp.fill_defaults(op.default._schema, (torch.ones(1),), {})[0][0].shape == (1,)

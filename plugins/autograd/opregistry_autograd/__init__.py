@@ -9,9 +9,9 @@ almost nothing when no input requires grad.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from opregistry import Backend, Kernel, MaterializationError, hookimpl
+from opregistry import Backend, Kernel, MaterializationError, OpDef, hookimpl
 from opregistry.backend import device_kernel, op_name
 
 __all__ = ["BACKEND", "refusal"]
@@ -27,14 +27,15 @@ def opregistry_backends() -> list[Backend]:
     return [BACKEND]
 
 
-def refusal(op: Any) -> str | None:
-    """Why torch's ``register_autograd`` would refuse the ``OpOverload`` ``op``, or ``None``."""
-    import torch
+def refusal(schema: Any, tags: Iterable[str] = ()) -> str | None:
+    """Why torch's ``register_autograd`` would refuse an op, or ``None``.
 
+    :param schema: the op's ``torch.FunctionSchema``.
+    :param tags: the op's tag names (``"out"``...).
+    """
     from ._torch_private import has_kwarg_only_tensors
 
-    schema = op._schema
-    if torch.Tag.out in op.tags:
+    if "out" in tags:
         return "it is tagged torch.Tag.out, and out= variants do not support autograd"
     if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
         return "it mutates or aliases its inputs (its schema has '(a!)' / '(a)' annotations)"
@@ -47,12 +48,19 @@ def refusal(op: Any) -> str | None:
 
 @hookimpl
 def opregistry_materialize_kernel(
-    library: Any, kernel: Kernel, fn: Callable[..., Any], setup_context: Callable[..., Any] | None
+    library: Any, op: OpDef | None, kernel: Kernel, fn: Callable[..., Any],
+    setup_context: Callable[..., Any] | None,
 ) -> bool:
+    from ._torch_private import op_handle
     from .kernel import make_autograd_kernel
-    from ._torch_private import lookup_op
 
-    why = refusal(lookup_op(kernel.op))
+    if op is not None:  # an op opregistry defined: its tags are in the declaration
+        tags: Iterable[str] = op.tags
+    else:  # a kernel for someone else's op: ask torch (slower, and rare)
+        import torch
+
+        tags = [t.name for t in torch._library.utils.lookup_op(kernel.op).tags]
+    why = refusal(op_handle(kernel.op).schema(), tags)
     if why is not None:
         raise MaterializationError(
             f"cannot register autograd for {kernel.op} from {kernel.origin}: {why}. "

@@ -29,6 +29,7 @@ __all__ = [
     "has_tensorlist",
     "has_kwarg_only_tensors",
     "function_apply",
+    "op_handle",
 ]
 
 #: the keys below Autograd; ``keyset & AFTER_AUTOGRAD`` is what torch's own
@@ -64,6 +65,16 @@ def function_apply(function: type) -> Callable[..., Any]:
         return c_apply(*unwrap_dead(args))
 
     return apply
+
+
+def op_handle(qualname: str) -> Any:
+    """The dispatcher's handle of ``ns::name[.overload]``: ``.schema()`` and ``.redispatch_boxed``.
+
+    Much cheaper than ``torch.ops.ns.name.overload`` (no ``OpOverloadPacket``
+    built), which matters when 1,000 ops are registered at ``import torch``.
+    """
+    name, _, overload = qualname.partition(".")
+    return _C._dispatch_find_schema_or_throw(name, overload)
 
 
 def keyset_id(keyset: Any) -> int:

@@ -58,15 +58,15 @@ def make_autograd_kernel(
     device_kernel: DeviceKernelLookup,
 ) -> Callable[..., Any]:
     """Build the ``with_keyset=True`` Autograd kernel of the op ``qualname``."""
-    op = tp.lookup_op(qualname)
-    schema = op._schema
+    handle = tp.op_handle(qualname)
+    schema = handle.schema()
     n_positional = sum(1 for a in schema.arguments if not a.kwarg_only)
     n_kwarg_only = len(schema.arguments) - n_positional
     has_kwarg_only = n_kwarg_only > 0
     after_autograd = tp.AFTER_AUTOGRAD
     grad_enabled = tp.grad_enabled
     any_requires_grad = tp.any_requires_grad
-    redispatch = op.redispatch
+    redispatch = handle.redispatch_boxed
     # keyset id -> (library, device fn) for the direct call, or False: redispatch
     fast: dict[int, Any] = {}
     function: list[Any] = []
@@ -114,7 +114,7 @@ def make_autograd_kernel(
         import torch
 
         generated: Any = type(
-            f"OpregistryAutograd_{op._namespace}_{op._opname}_{op._overloadname}",
+            "OpregistryAutograd_" + qualname.replace("::", "_").replace(".", "_"),
             (torch.autograd.Function,),
             {"forward": staticmethod(forward), "backward": staticmethod(backward_)},
         )

@@ -1,0 +1,130 @@
+"""Start-up: ``opregistry list --json`` and ``import torch`` with N generated ops, as whole processes.
+
+    python benchmarks/bench_startup.py [--dists 100] [--ops-per-dist 10] [--reps 7]
+
+Generates ``--dists`` op distributions (``*.dist-info`` + declarations
+module, CPU + fake + autograd + vmap per op) in a temporary directory put on
+``PYTHONPATH``, then times, interleaved, as separate processes:
+
+* ``import torch (bare)``: ``TORCH_DEVICE_BACKEND_AUTOLOAD=0 python -c "import torch"``;
+* ``import torch``: ``python -c "import torch"`` with only this repository's
+  distributions installed (opregistry autoloads them);
+* ``import torch + N ops``: the same with the generated distributions;
+* ``opregistry list --json``: the CLI, with the generated distributions.
+
+It also checks (untimed) that the autoloaded registry holds the generated
+ops and that ``opregistry list`` never imported torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import benchops  # noqa: E402  (imports torch here only; the timed processes are separate)
+
+CHECK_LIST = (
+    "import sys, io, contextlib\n"
+    "from opregistry import cli\n"
+    "with contextlib.redirect_stdout(io.StringIO()):\n"
+    "    cli.main(['list', '--json'])\n"
+    "assert 'torch' not in sys.modules, 'opregistry list imported torch'\n"
+    "print('torch not imported')\n"
+)
+CHECK_AUTOLOAD = ("import torch, opregistry\n"
+                  "r = opregistry.get_registry()\n"
+                  "print(len(r.ops), len(r.errors))\n")
+
+
+def environ(paths: list[Path], **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPREGISTRY_")}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
+    env.update(extra)
+    return env
+
+
+def commands(gen: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    py = sys.executable
+    cli = shutil.which("opregistry", path=str(Path(py).parent)) or "opregistry"
+    return {
+        "import torch (bare)": ([py, "-c", "import torch"],
+                                environ([HERE], TORCH_DEVICE_BACKEND_AUTOLOAD="0")),
+        "import torch": ([py, "-c", "import torch"], environ([HERE])),
+        "import torch + N ops": ([py, "-c", "import torch"], environ([gen, HERE])),
+        "opregistry list --json": ([cli, "list", "--json"], environ([gen, HERE])),
+    }
+
+
+def run(cmd: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def check(gen: Path, n_ops: int) -> None:
+    env = environ([gen, HERE])
+    out = subprocess.run([sys.executable, "-c", CHECK_LIST], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert "torch not imported" in out, out
+    out = subprocess.run([sys.executable, "-c", CHECK_AUTOLOAD], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    ops = int(out.split()[0])
+    assert ops >= n_ops, f"autoload registered {ops} ops, expected >= {n_ops}"
+
+
+def measure(n_dists: int, per_dist: int, reps: int, root: Path) -> dict[str, float]:
+    gen = root / f"gen{n_dists}"
+    benchops.write_many(gen, n_dists, per_dist)
+    check(gen, n_dists * per_dist)
+    cmds = commands(gen)
+    for cmd, env in cmds.values():  # warm the page cache and .pyc files
+        run(cmd, env)
+    samples: dict[str, list[float]] = {k: [] for k in cmds}
+    for _ in range(reps):
+        for name, (cmd, env) in cmds.items():
+            samples[name].append(run(cmd, env))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dists", type=int, default=100)
+    parser.add_argument("--ops-per-dist", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--json", type=Path)
+    opts = parser.parse_args()
+    n = opts.dists * opts.ops_per_dist
+    with tempfile.TemporaryDirectory() as tmp:
+        res = measure(opts.dists, opts.ops_per_dist, opts.reps, Path(tmp))
+    bare = res["import torch (bare)"]
+    print(f"start-up with {n} generated ops ({opts.dists} distributions), wall seconds, "
+          f"median of {opts.reps} interleaved runs")
+    for name, sec in res.items():
+        print(f"  {name:26s} {sec:7.3f} s  {sec / bare:5.2f}x bare import torch")
+    targets = [
+        ("opregistry list --json / bare import torch (<= 0.15)",
+         res["opregistry list --json"] / bare, res["opregistry list --json"] / bare <= 0.15),
+        ("import torch + N ops / bare import torch (<= 1.2)",
+         res["import torch + N ops"] / bare, res["import torch + N ops"] / bare <= 1.2),
+    ]
+    for text, ratio, met in targets:
+        print(f"  target {text:55s} {ratio:5.2f}  {'met' if met else 'NOT MET'}")
+    print("  checked: opregistry list did not import torch; autoload registered the ops")
+    if opts.json:
+        opts.json.write_text(json.dumps({"ops": n, "seconds": res,
+                                         "targets": [[t, r, m] for t, r, m in targets]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

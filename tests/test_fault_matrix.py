@@ -292,8 +292,18 @@ from opregistry.backend import op_name
 def opregistry_backends():
     return [Backend(name="broken-xpu", keys=("XPU",), device_type="xpu")]
 
+#: what torch held when this backend was called: proof that the failure came halfway
+seen = []
+
+
 @hookimpl
 def opregistry_materialize_kernel(library, kernel, fn):
+    import torch
+
+    ns = kernel.namespace
+    seen.append((sorted(op for op in torch._C._dispatch_get_all_op_names()
+                        if op.startswith(ns + "::")),
+                 torch._C._dispatch_has_kernel_for_dispatch_key(kernel.op, "CPU")))
     # a backend bug torch refuses: a dispatch key torch does not know
     library.impl(op_name(kernel), fn, "XPUU")
     return True
@@ -305,8 +315,16 @@ def torch_rejects_halfway(env: Env) -> Fault:
     module = f"broken_backend_{env.ns}"
     env.dists.make("broken-backend", backends={"xpu": module}, modules={module: BROKEN_BACKEND})
     d = env.op_dist("bad", define("foo") + define("bar", "{'cpu': 'KMOD:clone', 'xpu': 'KMOD:clone'}"))
+
+    def unchanged() -> None:
+        import importlib
+
+        seen = importlib.import_module(module).seen
+        assert seen[-1] == ([env.op("bar"), env.op("foo")], True), (
+            "when torch refused, both ops and bar's CPU kernel were registered: rolled back since")
+
     return Fault({d}, absent=(env.op("foo"), env.op("bar")), source=env.at(d, BODY_LINE + 1),
-                 says="XPUU")
+                 says="XPUU", unchanged=unchanged)
 
 
 def vmap_kwarg_only_tensor(env: Env) -> Fault:

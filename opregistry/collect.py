@@ -22,6 +22,7 @@ from attrs import field, frozen
 
 from . import hookspecs
 from .discovery import BACKENDS_GROUP, OPS_GROUP, Discovered, Plugin, Skipped, load_problem
+from .errors import PluginLoadError, PluginValidationError
 from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
 from .logs import get_logger
 
@@ -70,6 +71,11 @@ class _PluginManager(pluggy.PluginManager):
     """Takes ``opregistry_*`` functions as hook implementations without the marker."""
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        if name.startswith("__"):
+            # pluggy inspects every name in dir(plugin) with inspect.getattr_static;
+            # dunders are never hooks, and skipping them halves the cost of
+            # registering an OpLibrary (it adds up at 1,000 op packages)
+            return None
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and name.startswith("opregistry_"):
             method = getattr(plugin, name, None)
@@ -85,13 +91,17 @@ def make_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
-def _validation_problem(origin: Origin, message: str, source: str | None = None) -> Problem:
+def _validation_problem(origin: Origin, message: str, source: str | None = None,
+                        cause: BaseException | None = None) -> Problem:
+    error = PluginValidationError(f"{origin}: {message}", origin=origin)
+    error.__cause__ = cause
     return Problem(
         code="plugin-invalid",
         message=f"{origin}: {message}",
         hint=f"fix the hook implementations of {origin.distribution} (see docs/hooks.md)",
         culprits=(origin,),
         source=source,
+        error=error,
     )
 
 
@@ -109,9 +119,9 @@ def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
     try:
         pm.register(plugin.obj, name=name)
     except pluggy.PluginValidationError as exc:
-        return _validation_problem(origin, str(exc), _hookimpl_source(plugin.obj, str(exc)))
+        return _validation_problem(origin, str(exc), _hookimpl_source(plugin.obj, str(exc)), exc)
     except ValueError as exc:  # the same object or name registered twice
-        return _validation_problem(origin, f"cannot be registered: {exc}")
+        return _validation_problem(origin, f"cannot be registered: {exc}", cause=exc)
     for caller in pm.get_hookcallers(plugin.obj) or ():
         if caller.spec is None:
             close = difflib.get_close_matches(caller.name, HOOK_GROUPS, n=1)
@@ -140,10 +150,14 @@ def _call(impl: Any, origin: Origin, hook_name: str, **kwargs: Any) -> Any:
 
 def _hook_problem(origin: Origin, hook_name: str, exc: BaseException) -> Problem:
     problem = load_problem(origin, exc)
+    message = f"{origin}: {hook_name}() raised {type(exc).__name__}: {exc}"
+    error = PluginLoadError(message, origin=origin)
+    error.__cause__ = exc
     return attrs.evolve(
         problem,
         code="plugin-hook-error" if problem.code == "plugin-import-error" else problem.code,
-        message=f"{origin}: {hook_name}() raised {type(exc).__name__}: {exc}",
+        message=message,
+        error=error,
     )
 
 

@@ -18,7 +18,7 @@ import attrs
 from attrs import frozen
 
 from .config import Settings, canonical_name
-from .errors import DeclarationError
+from .errors import DeclarationError, PluginLoadError
 from .model import Origin, Problem
 from .logs import get_logger
 
@@ -54,10 +54,23 @@ class Discovered:
     problems: tuple[Problem, ...]
 
 
-def _origin(ep: Any, group: str) -> Origin:
-    dist = getattr(ep, "dist", None)
-    name = dist.metadata["Name"] if dist is not None else "<unknown>"
-    version = dist.version if dist is not None else "?"
+def _name_version(dist: Any, cache: dict[int, tuple[str, str]] | None) -> tuple[str, str]:
+    """``(Name, Version)`` of ``dist``; each ``.metadata`` access re-reads and re-parses
+    METADATA, so one discovery pass reads it once per distribution."""
+    if dist is None:
+        return "<unknown>", "?"
+    key = id(dist)
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        metadata = dist.metadata
+        found = (metadata["Name"], metadata["Version"])
+        if cache is not None:
+            cache[key] = found
+    return found
+
+
+def _origin(ep: Any, group: str, cache: dict[int, tuple[str, str]] | None = None) -> Origin:
+    name, version = _name_version(getattr(ep, "dist", None), cache)
     return Origin(
         distribution=canonical_name(name),
         version=version,
@@ -107,12 +120,16 @@ def load_problem(origin: Origin, exc: BaseException) -> Problem:
             f"fix the error in {origin.distribution}, or block it with "
             f"OPREGISTRY_BLOCK={origin.distribution}"
         )
+    message = f"{origin} failed to load: {type(exc).__name__}: {exc}"
+    error = PluginLoadError(message, origin=origin)
+    error.__cause__ = exc
     return Problem(
         code=code,
-        message=f"{origin} failed to load: {type(exc).__name__}: {exc}",
+        message=message,
         hint=hint,
         culprits=(origin,),
         source=_where(exc),
+        error=error,
     )
 
 
@@ -181,12 +198,13 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
         problems.append(_duplicate_problem(name, twice[name], groups))
     found = entry_points(groups)
     # one name twice in one group of one distribution: pluggy would keep one, silently
+    metadata_cache: dict[int, tuple[str, str]] = {}
+    origins = [_origin(ep, group, metadata_cache) for group, ep in found]
     names = defaultdict(int)
-    for group, ep in found:
-        names[(_origin(ep, group).distribution, group, ep.name)] += 1
+    for (group, ep), origin in zip(found, origins):
+        names[(origin.distribution, group, ep.name)] += 1
     reported: set[tuple[str, str, str]] = set()
-    for group, ep in found:
-        origin = _origin(ep, group)
+    for (group, ep), origin in zip(found, origins):
         reason = settings.admits(origin.distribution)
         if reason is not None:
             skipped.append(Skipped(origin, reason))

@@ -88,6 +88,10 @@ class ResolutionError(OpRegistryError, RuntimeError):
         lines += [f"  - {p}" for p in self.problems]
         lines.append("Fix them, or leave strict mode (OPREGISTRY_STRICT=0) to load the rest.")
         first = self.problems[0] if self.problems else None
+        # the first problem's own exception (a plugin's ImportError, pluggy's
+        # validation error) shows in the traceback as the cause
+        if first is not None and first.error is not None:
+            self.__cause__ = first.error
         super().__init__(
             "\n".join(lines),
             origin=first.culprits[0] if first and first.culprits else None,

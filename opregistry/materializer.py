@@ -79,9 +79,13 @@ class _DistLibraries:
 
 def _failure(origin: Origin, what: str, exc: BaseException, op: str | None,
              key: str | None, source: str | None) -> Problem:
+    message = f"{origin}: {what} failed: {type(exc).__name__}: {exc}"
+    error = MaterializationError(message, origin=origin, op=op, key=key)
+    error.__cause__ = exc  # torch's own exception, for the traceback
     return Problem(
         code="materialize-failed",
-        message=f"{origin}: {what} failed: {type(exc).__name__}: {exc}",
+        message=message,
+        error=error,
         hint=f"fix {origin.distribution}; nothing of it was registered",
         culprits=(origin,),
         op=op,

@@ -256,6 +256,10 @@ class Problem:
     key: str | None = None
     namespace: str | None = None
     source: str | None = None
+    #: the exception behind the problem, as an opregistry error whose
+    #: ``__cause__`` is the original (pluggy's ``PluginValidationError``, the
+    #: plugin's ``ImportError``...); ``None`` for rules the resolver checks
+    error: BaseException | None = field(default=None, eq=False, repr=False)
 
     def __str__(self) -> str:
         text = f"[{self.code}] {self.message}"

@@ -433,6 +433,18 @@ def build(env: Env, case: str) -> tuple[str, Fault]:
     return code, builder(env)
 
 
+#: problem code -> the opregistry error carried by ``Problem.error``
+TYPED_ERRORS: dict[str, type[BaseException]] = {
+    "plugin-missing-module": opregistry.PluginLoadError,
+    "plugin-missing-attribute": opregistry.PluginLoadError,
+    "plugin-import-error": opregistry.PluginLoadError,
+    "plugin-hook-error": opregistry.PluginLoadError,
+    "plugin-invalid": opregistry.PluginValidationError,
+    "declaration-invalid": opregistry.PluginLoadError,
+    "materialize-failed": opregistry.MaterializationError,
+}
+
+
 def the_problem(problems: tuple[Problem, ...] | list[Problem], code: str, fault: Fault) -> Problem:
     found = [p for p in problems if p.code == code]
     assert found, f"no {code} problem among {[str(p) for p in problems]}"
@@ -448,6 +460,12 @@ def the_problem(problems: tuple[Problem, ...] | list[Problem], code: str, fault:
         assert problem.source is not None and problem.source.endswith("/" + fault.source), (
             f"{problem.source!r} does not point at {fault.source}")
     assert problem.hint, "every problem says what to do"
+    typed = TYPED_ERRORS.get(problem.code)
+    if typed is not None:
+        # the exception behind it, as our own type, with the original as its cause
+        assert isinstance(problem.error, typed), problem.error
+        assert problem.error.distribution in {o.dist for o in problem.culprits}
+        assert problem.error.__cause__ is not None
     return problem
 
 
@@ -477,8 +495,10 @@ def test_strict_mode_raises_and_registers_nothing(env: Env, case: str) -> None:
     before = all_ops()
     with pytest.raises(ResolutionError) as info:
         load(env.dists, strict=True, plugins=scope(env))
-    the_problem(info.value.problems, code, fault)
+    problem = the_problem(info.value.problems, code, fault)
     assert info.value.distribution is not None
+    if problem is info.value.problems[0] and problem.error is not None:
+        assert info.value.__cause__ is problem.error, "the traceback shows the real cause"
     assert all_ops() == before, "strict mode leaves torch's dispatcher as it was"
     assert opregistry.get_registry() is None
 
@@ -552,3 +572,16 @@ def test_docs_config_example_is_valid(tmp_path: Path) -> None:
         path = tmp_path / f"example{i}.toml"
         path.write_text(block)
         assert read_config(path)
+
+
+def test_wrong_hookimpl_argument_wraps_pluggys_error(env: Env) -> None:
+    """pluggy's PluginValidationError becomes ours, naming the distribution and the hook."""
+    import pluggy
+
+    d = env.raw_dist("bad", "def opregistry_ops(nope):\n    return []\n")
+    [problem] = [p for p in plan(env.dists, plugins=scope(env)).errors if p.code == "plugin-invalid"]
+    error = problem.error
+    assert isinstance(error, opregistry.PluginValidationError) and isinstance(error, TypeError)
+    assert isinstance(error.__cause__, pluggy.PluginValidationError)
+    assert error.distribution == f"{d}==1.0" and error.entry_point == f"ops = {env.module_name(d)}"
+    assert "opregistry_ops" in str(error) and "nope" in str(error)

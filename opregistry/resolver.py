@@ -68,6 +68,18 @@ RESERVED_NAMESPACES: frozenset[str] = frozenset(
         "quantization",
         "static_runtime",
         "debug_mode_ops",
+        # defined by torch's Python modules when they are first imported
+        # (torch.compile, torch.distributed, torch.onnx, flex attention), so
+        # the dispatcher shows them only after a compile / export has run
+        "_inductor_test",
+        "c10d_functional",
+        "cplib",
+        "flex_lib",
+        "fsdp",
+        "onnx",
+        "onnx_symbolic",
+        "quantized_decomposed",
+        "streams",
     }
 )
 

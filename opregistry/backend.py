@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .errors import DeclarationError
 from .hookspecs import hookimpl
+from .keys import DEVICE_KEYS, canonical_key
 from .model import Backend, Kernel
 
 __all__ = ["DeviceBackend", "op_name", "device_kernel"]
@@ -51,15 +53,26 @@ class DeviceBackend:
     """A backend that registers device kernels for one dispatch key.
 
     :param name: the backend's name in listings (``"cuda"``).
-    :param key: the dispatch key (``"CUDA"``, ``"PrivateUse1"``).
-    :param device_type: the ``torch.device`` type (``"cuda"``).
+    :param key: the device dispatch key (``"CUDA"``, ``"PrivateUse1"``).
+    :param device_type: the ``torch.device`` type (``"cuda"``); default:
+        torch's type for ``key`` (``"privateuseone"`` for ``PrivateUse1``).
     :param available: called once per load; must not import torch unless
         torch is already imported.  Default: always available.
+    :raises DeclarationError: ``key`` is not a device key: fake kernels,
+        autograd and vmap rules are not registered with ``Library.impl``
+        alone, and have backends of their own.
     """
 
-    def __init__(self, name: str, *, key: str, device_type: str,
+    def __init__(self, name: str, *, key: str, device_type: str | None = None,
                  available: Callable[[], bool] | None = None, description: str = "") -> None:
-        self.record = Backend(name=name, keys=(key,), device_type=device_type,
+        canonical = canonical_key(key)
+        if canonical not in DEVICE_KEYS:
+            raise DeclarationError(
+                f"DeviceBackend {name!r}: {key!r} is not a device dispatch key "
+                f"(one of {', '.join(sorted(DEVICE_KEYS))}); fake kernels, autograd and vmap "
+                f"rules are served by opregistry-meta, -autograd and -vmap")
+        self.record = Backend(name=name, keys=(canonical,),
+                              device_type=device_type or DEVICE_KEYS[canonical],
                               description=description)
         self._available = available
 

@@ -346,3 +346,33 @@ def test_vmap_rule_is_used_by_torch_vmap(dists, ns):
     # without a rule torch falls back to a per-sample loop (slow, hence the report)
     torch.testing.assert_close(torch.vmap(ops.norule)(x), x.sum(-1))
     assert len(sys.modules[mod].calls) == 1
+
+
+# -------------------------------------------------------------------------
+# DeviceBackend, the helper for device backends
+# -------------------------------------------------------------------------
+
+
+def test_device_backend_derives_device_type_from_key():
+    """DeviceBackend('npu', key='privateuse1'): torch's key name and device type."""
+    from opregistry.backend import DeviceBackend
+
+    record = DeviceBackend("npu", key="privateuse1").record
+    assert (record.keys, record.device_type) == (("PrivateUse1",), "privateuseone")
+    assert DeviceBackend("xpu", key="XPU", device_type="xpu").record.device_type == "xpu"
+
+
+def test_device_backend_for_a_non_device_key_is_refused_naming_the_distribution(dists, ns):
+    """A DeviceBackend for Meta is a declaration error of its distribution; the rest loads."""
+    mod = f"badbackend_{ns}"
+    dists.make("opregistry-badmeta", backends={"badmeta": f"{mod}:backend"}, modules={mod: """
+        from opregistry.backend import DeviceBackend
+        backend = DeviceBackend("badmeta", key="Meta")
+        """})
+    dists.make("meta-ops", ops={"ops": f"meta_{ns}:lib"},
+               modules={f"meta_{ns}": META_OPS.replace("NS", repr(ns))})
+    reg = load(dists)
+    bad = [p for p in reg.errors if "opregistry-badmeta==1.0" in p.message]
+    assert len(bad) == 1 and bad[0].code == "declaration-invalid", [str(p) for p in reg.errors]
+    assert "not a device dispatch key" in bad[0].message and "opregistry-meta" in bad[0].message
+    assert reg.op(f"{ns}::double").kernel("Meta").status == "active"  # the real meta backend

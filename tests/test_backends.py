@@ -376,3 +376,28 @@ def test_device_backend_for_a_non_device_key_is_refused_naming_the_distribution(
     assert len(bad) == 1 and bad[0].code == "declaration-invalid", [str(p) for p in reg.errors]
     assert "not a device dispatch key" in bad[0].message and "opregistry-meta" in bad[0].message
     assert reg.op(f"{ns}::double").kernel("Meta").status == "active"  # the real meta backend
+
+
+def test_vmap_rule_torch_cannot_register_is_refused_with_a_clear_problem(dists, ns):
+    """register_vmap refuses kwarg-only tensors: a resolver problem says so, before torch raises."""
+    mod = f"vmapkw_{ns}"
+    dists.make("vmap-kwonly", ops={"ops": f"{mod}:lib"}, modules={mod: f"""
+        import torch
+        from opregistry import OpLibrary
+        lib = OpLibrary({ns!r})
+        lib.define("scale(Tensor x, *, Tensor w) -> Tensor", kernels={{"cpu": f"{{__name__}}:scale"}},
+                   vmap=f"{{__name__}}:scale_vmap")
+        def scale(x, *, w):
+            return x * w
+        def scale_vmap(info, in_dims, x, *, w):
+            return scale(x, w=w), in_dims[0]
+        """})
+    reg = load(dists)
+    problems = [p for p in reg.errors if p.op == f"{ns}::scale"]
+    assert len(problems) == 1, [str(p) for p in reg.errors]
+    problem = problems[0]
+    # found by the resolver, before torch is asked (torch would raise NotImplementedError)
+    assert problem.code == "vmap-kwarg-only-tensor" and problem.key == "FuncTorchBatched"
+    assert "vmap-kwonly==1.0" in problem.message and "keyword-only" in problem.message
+    assert "positional" in problem.hint
+    assert not hasattr(getattr(torch.ops, ns), "scale")  # the distribution is left out whole

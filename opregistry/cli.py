@@ -22,7 +22,7 @@ from .resolver import Plan
 
 __all__ = ["main", "build_parser"]
 
-STATUSES = ("active", "inactive", "unavailable", "overridden")
+STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict")
 
 #: Exit status: healthy / problems found / bad usage (argparse's own).
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -56,7 +56,12 @@ def _table(rows: list[Sequence[Any]], out: TextIO, indent: str = "  ") -> None:
 
 
 def _dump(data: Any, out: TextIO) -> None:
-    json.dump(data, out, indent=2, sort_keys=False, default=str)
+    # Indented JSON for a person at a terminal; compact JSON for a pipe, because
+    # only json.dumps without indent uses the C encoder (5-10x faster on the
+    # megabytes `list --json` prints for thousands of ops; see docs/performance.md).
+    isatty = getattr(out, "isatty", None)
+    pretty = bool(isatty and isatty())
+    out.write(json.dumps(data, indent=2 if pretty else None, default=str))
     out.write("\n")
 
 
@@ -99,8 +104,30 @@ def _live_registry(imports: Sequence[str] = ()) -> Any:
 # -- list ----------------------------------------------------------------------
 
 
+def _refused_kernels(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """Kernels the resolver refused (conflict, override denied, ...), per op, as listing rows.
+
+    The plan leaves them out with their distribution; the listing still shows
+    them under the op, with status ``conflict``, so the table answers "why is
+    my kernel not there" where the user looks for it.
+    """
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for p in plan.errors:
+        if p.op and p.key and plan.op(p.op) is not None:
+            rows.setdefault(p.op, []).append({
+                "op": p.op, "key": p.key, "status": "conflict", "kernel": None,
+                "setup_context": None, "backend": None,
+                "reason": f"[{p.code}] see opregistry doctor", "override": False,
+                "overrides": None, "distribution": ", ".join(o.dist for o in p.culprits) or None,
+            })
+    return rows
+
+
 def _filter(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     data = plan.to_dict()
+    refused = _refused_kernels(plan)
+    for op in data["ops"]:
+        op["kernels"] += refused.get(op["name"], [])
     namespaces = set(args.namespace or ())
     if namespaces:
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
@@ -154,7 +181,7 @@ def _print_list(data: dict[str, Any], out: TextIO) -> None:
             if k["overrides"]:
                 note = f"overrides {k['overrides']}"
             dist = k["distribution"] if k["distribution"] != op["distribution"] else ""
-            rows.append((k["key"], k["status"], k["kernel"] or "", dist, note))
+            rows.append((k["key"], k["status"], k["kernel"] or "-", dist, note))
         _table(rows, out, indent="      ")
     if data.get("external_kernels"):
         out.write("\nKernels for torch's own ops (allowed by policy)\n")
@@ -633,8 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
              "Show the resolved registry: backends (distribution, version, device type, "
              "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
              "per dispatch key with their status (active, inactive with the package that would "
-             "activate it, unavailable, overridden) and the distribution they came from. Does "
-             "not import torch unless --live.")
+             "activate it, unavailable, overridden, conflict) and the distribution they came from. "
+             "Does not import torch unless --live.")
     p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
     p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")
     p.add_argument("-s", "--status", action="append", choices=STATUSES,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -198,6 +199,22 @@ def test_doctor_finds_each_conflict(scenario, dists, ns, scoped, capsys):
     assert any(f"{c}==1.0" in text for c in culprits)
 
 
+def test_list_shows_refused_kernels_as_conflict(dists, ns, scoped, capsys):
+    """A second CPU kernel is listed under its op with status conflict and its distribution."""
+    op_dist(dists, "owner", ns, define("foo"))
+    intruder = op_dist(dists, "intruder", ns, f"lib.impl('{ns}::foo', 'cpu', 'KMOD:twice')\n",
+                       kind="IMPL")
+    scoped()
+    rc, data = cli_json(capsys, "list", "-s", "conflict")
+    assert rc == 1
+    [op] = data["ops"]
+    [row] = op["kernels"]
+    assert (row["key"], row["status"]) == ("CPU", "conflict")
+    assert row["distribution"].startswith(f"{intruder}==1.0") and "kernel-conflict" in row["reason"]
+    assert main(["list", "-n", ns]) == 1
+    assert re.search(r"CPU\s+conflict\s+-\s+intruder==1.0", capsys.readouterr().out)
+
+
 def test_doctor_warns_about_missing_fake_and_allowed_override(dists, ns, scoped, monkeypatch, capsys):
     """No fake kernel and an allowed override are warnings: reported, exit status 0."""
     op_dist(dists, "owner", ns, define("foo"))
@@ -356,7 +373,6 @@ def test_help_names_every_command():
 
 # -- docs/cli.md -----------------------------------------------------------------
 
-import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
@@ -412,6 +428,6 @@ def test_cli_doc_torchrun_example_runs(tmp_path):
                            "--nproc-per-node", "2", "check_ranks.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    ranks = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line[:1] in "01")
-    assert set(ranks) == {"0", "1"} and ranks["0"] == ranks["1"]
-    assert ranks["0"].startswith("sha256:")
+    # the two ranks share one stdout: their lines may interleave, so match, do not split
+    ranks = dict(re.findall(r"rank ([01]): (sha256:[0-9a-f]{64})", proc.stdout))
+    assert set(ranks) == {"0", "1"} and ranks["0"] == ranks["1"], proc.stdout

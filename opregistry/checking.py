@@ -176,6 +176,12 @@ def _gradcheck(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return None
 
 
+def _bar(done: int, total: int, width: int = 20) -> str:
+    """A progress bar that works in logs too: one line per step, no terminal control codes."""
+    filled = round(width * done / total) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
 def run_checks(registry: Registry, targets: Iterable[str] = (), *,
                devices: Iterable[str] | None = None,
                progress: Callable[[str], None] | None = None) -> tuple[list[CheckResult], list[str]]:
@@ -190,7 +196,7 @@ def run_checks(registry: Registry, targets: Iterable[str] = (), *,
     for index, op in enumerate(selected, 1):
         name = op.op.qualname
         dist = op.op.origin.dist if op.op.origin else None
-        prefix = f"[{index}/{len(selected)}] {name}"
+        prefix = f"{_bar(index, len(selected))} {index}/{len(selected)} {name}"
         if name not in registered:
             problem = next((str(p) for p in registry.problems if p.op == name
                             or (op.op.origin and op.op.origin in p.culprits)), "")

@@ -131,6 +131,14 @@ def test_command_does_not_import_torch(command, tmp_path):
         assert json.loads(lockfile.read_text())["fingerprint"].startswith("sha256:")
 
 
+@pytest.mark.slow
+def test_doctor_live_on_the_repo_environment_is_healthy():
+    """A fresh process: torch imported, registry loaded, checked against the dispatcher: exit 0."""
+    proc = run("-m", "opregistry", "doctor", "--live")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 error(s)" in proc.stdout and "--live' for those" not in proc.stdout
+
+
 def scenario_two_def(dists, ns):
     a = op_dist(dists, "dist-a", ns, define("foo"))
     b = op_dist(dists, "dist-b", ns, define("bar"))

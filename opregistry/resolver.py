@@ -24,7 +24,7 @@ from .config import Policy
 from .discovery import Skipped
 from .errors import SchemaError
 from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem, describe_ref, is_identifier
-from .schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, parse_signature
+from .schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
 
 __all__ = [
     "RESERVED_NAMESPACES",
@@ -432,6 +432,7 @@ class _Pass:
             try:
                 schema = parse_signature(op.schema)
                 check_mutates_args(schema, op.mutates_args, op.qualname)
+                check_tags(schema, op.tags, op.qualname)
             except SchemaError as exc:
                 self.add("schema-invalid", f"{op.origin}: {op.qualname}: {exc}",
                          "fix the schema (see docs/op-authors.md#schemas)",
@@ -545,6 +546,13 @@ class _Pass:
                          f"inputs; torch.library.register_autograd refuses such ops",
                          "define a functional op (no '(a!)' annotations) and register autograd "
                          "for it", (k.origin,), op=k.op, key=k.key, source=k.source)
+                return False
+            if not schema.returns:
+                self.add("autograd-no-returns",
+                         f"{k.origin} registers autograd for {k.op}, which returns nothing: "
+                         f"there is nothing to differentiate",
+                         "return the result (a new tensor), or drop the autograd kernel",
+                         (k.origin,), op=k.op, key=k.key, source=k.source)
                 return False
             if any(a.kwarg_only and a.type.is_tensor_like for a in schema.arguments):
                 self.add("autograd-kwarg-only-tensor",

@@ -26,6 +26,8 @@ __all__ = [
     "SCHEMA_KEYWORDS",
     "parse_schema",
     "parse_signature",
+    "check_mutates_args",
+    "check_tags",
 ]
 
 #: Base types a custom operator schema may use.  ``Dimname`` and ``SymFloat``
@@ -444,3 +446,56 @@ def check_mutates_args(schema: Schema, mutates_args: Iterable[str] | None, op: s
             f"{sorted(written)} (arguments annotated 'Tensor(a!)'); make them agree",
             op=op,
         )
+
+
+def _plain_tensor(typ: Type) -> bool:
+    """``Tensor`` itself: not a list, not optional (torch's ``TensorType``)."""
+    return typ.base == "Tensor" and not typ.is_list and not typ.optional
+
+
+def check_tags(schema: Schema, tags: Iterable[str], op: str) -> None:
+    """The schema rules ``Library.define`` enforces for the ``out`` and ``inplace`` tags.
+
+    The same rules as torch's ``_validate_out_schema`` / ``_validate_inplace_schema``
+    (torch/library.py), checked before torch is touched.
+    """
+    tags = set(tags)
+
+    def bad(tag: str, why: str) -> SchemaError:
+        return SchemaError(f"{op}: a schema tagged '{tag}' {why}; got {schema.signature!r}", op=op)
+
+    mutable = [a for a in schema.arguments if a.is_write]
+    if "out" in tags:
+        if not mutable:
+            raise bad("out", "needs at least one mutable argument ('Tensor(a!) out')")
+        positional = [a.name for a in mutable if not a.kwarg_only]
+        if positional:
+            raise bad("out", f"must have its mutable arguments keyword-only (after '*'): {positional}")
+        not_tensor = [a.name for a in mutable if not _plain_tensor(a.type)]
+        if not_tensor:
+            raise bad("out", f"may only mutate Tensor arguments: {not_tensor}")
+        if len(schema.returns) != len(mutable):
+            raise bad("out", f"must return each of its {len(mutable)} mutable argument(s), "
+                             f"in order, and nothing else")
+        for ret, arg in zip(schema.returns, mutable):
+            alias = ret.type.alias
+            if alias is None or not alias.is_write or alias.name != arg.type.alias.name:  # type: ignore[union-attr]
+                raise bad("out", f"must return '{arg.name}' as 'Tensor({arg.type.alias.name}!)'")  # type: ignore[union-attr]
+    if "inplace" in tags:
+        args = schema.arguments
+        if not args or args[0].kwarg_only:
+            raise bad("inplace", "needs a positional first argument")
+        first = args[0]
+        if not first.is_write or not _plain_tensor(first.type):
+            raise bad("inplace", "must take its first argument as a mutable Tensor ('Tensor(a!)')")
+        if len(schema.returns) != 1:
+            raise bad("inplace", "must return exactly its first argument")
+        ret = schema.returns[0]
+        alias = ret.type.alias
+        if (not _plain_tensor(ret.type) or alias is None or not alias.is_write
+                or alias.name != first.type.alias.name):  # type: ignore[union-attr]
+            raise bad("inplace", f"must return its first argument as "
+                                 f"'Tensor({first.type.alias.name}!)'")  # type: ignore[union-attr]
+        others = [a.name for a in args[1:] if a.is_write]
+        if others:
+            raise bad("inplace", f"may only mutate its first argument, not {others}")

@@ -14,6 +14,8 @@ Example counts are modest: these run in CI on every push.
 
 from __future__ import annotations
 
+import collections
+import functools
 import os
 import uuid
 from typing import Any
@@ -39,6 +41,9 @@ from .conftest import DistFactory, load
 #: examples per property: modest for CI; OPREGISTRY_FUZZ_EXAMPLES=2000 for a long local run
 EXAMPLES = int(os.environ.get("OPREGISTRY_FUZZ_EXAMPLES", "60"))
 CI = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+#: how often the fuzzers got past the resolver: a fuzzer that never does tests nothing
+COUNTS: collections.Counter[str] = collections.Counter()
 
 # -- determinism ------------------------------------------------------------------
 
@@ -198,37 +203,65 @@ def signature(draw: Any) -> str:
     return f"({', '.join(args)}) -> {ret}"
 
 
-def declared(namespace: str, name: str, schema: str, mutates: Any,
-             tags: tuple[str, ...]) -> tuple[OpDef | None, Exception | None]:
+@st.composite
+def plausible_signature(draw: Any) -> str:
+    """Mostly well-formed signatures, so that many get past the resolver to torch."""
+    names = draw(st.lists(st.sampled_from(("x", "y", "z", "w", "out")), max_size=4, unique=True))
+    args = [f"{draw(st.sampled_from(PLAUSIBLE_TYPES))} {name}" for name in names]
+    if args and draw(st.booleans()):
+        args.insert(draw(st.integers(0, len(args))), "*")
+    ret = draw(st.sampled_from(("Tensor", "Tensor", "(Tensor, Tensor)", "()", "int", "Tensor[]",
+                                "Tensor(a!)", "Tensor(a)")))
+    return f"({', '.join(args)}) -> {ret}"
+
+
+PLAUSIBLE_TYPES = ("Tensor", "Tensor", "Tensor", "Tensor?", "Tensor[]", "int", "float", "bool",
+                   "SymInt", "Scalar", "str", "int[]", "int[2]", "Tensor(a!)", "Tensor(a)",
+                   "ScalarType?", "Device?", "Generator?", "Tensor?[]")
+SIGNATURES = st.one_of(plausible_signature(), plausible_signature(), signature())
+
+
+def declared(namespace: str, name: str, schema: str, mutates: Any, tags: tuple[str, ...],
+             where: Origin | None = None) -> tuple[OpDef | None, Exception | None]:
     try:
         return OpDef(namespace=namespace, name=name, schema=schema, mutates_args=mutates, tags=tags,
-                     origin=origin("fuzz")), None
+                     origin=where or origin("fuzz")), None
     except OpRegistryError as exc:  # ours: fine
         return None, exc
 
 
+FUZZ_DECLARATIONS = dict(
+    schemas=st.lists(st.one_of(SIGNATURES, SIGNATURES, st.text(max_size=30)), min_size=1,
+                     max_size=4),
+    names=st.lists(NAME, min_size=4, max_size=4),
+    namespace=st.one_of(IDENT, st.sampled_from(("", "my-ns", "ñs", "1abc", "a.b", "_", "aten"))),
+    mutates=st.sampled_from((None, None, (), ("x",), ("self", "out"))),
+    tags=st.sampled_from(((), ("pt2_compliant_tag",), ("core",), ("not_a_tag",))),
+)
+
+
 @CI
-@given(schemas=st.lists(st.one_of(signature(), st.text(max_size=30)), min_size=1, max_size=4),
-       names=st.lists(NAME, min_size=4, max_size=4),
-       namespace=st.one_of(IDENT, st.sampled_from(("", "my-ns", "ñs", "1abc", "a.b", "_", "aten"))),
-       mutates=st.sampled_from((None, (), ("x",), ("self", "out"))),
-       tags=st.sampled_from(((), ("pt2_compliant_tag",), ("core",), ("not_a_tag",))))
+@given(**FUZZ_DECLARATIONS)
 def test_fuzzed_declarations(schemas: list[str], names: list[str], namespace: str, mutates: Any,
                              tags: tuple[str, ...]) -> None:
     """Never anything but our errors; what the resolver accepts, torch accepts, alike."""
-    where = origin("fuzz")
-    ops = []
-    for name, schema in zip(names, schemas):
-        op, _ = declared(namespace, name, schema, mutates, tags)
+    # one distribution per op (FRAGMENTs of one namespace), so that one refused op
+    # does not take the others with it: more of them reach torch
+    ops, namespaces, origins = [], [], []
+    for i, (name, schema) in enumerate(zip(names, schemas)):
+        where = origin(f"fuzz{i}")
+        op, _ = declared(namespace, name, schema, mutates, tags, where)
         if op is not None:
             ops.append(op)
-    decl = Declarations(namespaces=[Namespace(name=namespace, origin=where)], ops=ops,
-                        distributions=[where])
+            namespaces.append(Namespace(name=namespace, kind="FRAGMENT", origin=where))
+            origins.append(where)
+    decl = Declarations(namespaces=namespaces, ops=ops, distributions=origins)
     state = snapshot()
     plan = resolve(decl, torch_state=state)  # must not raise, whatever it is given
     accepted = [op for op in plan.ops]
     if not accepted:
         return
+    COUNTS["ops defined in torch"] += len(accepted)
     # the resolver accepted the namespace: torch must give it to us, under a unique name
     # when torch already has it (a namespace is held by one Library at a time)
     assert namespace not in state.namespaces
@@ -285,3 +318,82 @@ def test_fuzzed_schema_text_only_raises_schema_errors(text: str) -> None:
         return
     theirs = torch._C.parse_schema(f"fz::f{text}")
     assert [a.name for a in theirs.arguments] == [a.name for a in ours.arguments]
+
+
+# -- fuzzing kernel sets through the real backends --------------------------------
+
+
+def _kernel(*args: Any, **kwargs: Any) -> Any:
+    """Stands in for every kernel: registration never calls it."""
+    return None
+
+
+def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _real_backends() -> Any:
+    """The installed CPU, Meta, Autograd and vmap backends, collected once."""
+    from opregistry.collect import collect
+    from opregistry.config import Settings
+    from opregistry.discovery import discover
+
+    wanted = {"opregistry-cpu", "opregistry-meta", "opregistry-autograd", "opregistry-vmap"}
+    collected = collect(discover(Settings(allow=wanted)))
+    assert not collected.declarations.problems, collected.declarations.problems
+    return collected
+
+
+FUZZ_KERNEL_SETS = dict(
+    schema=SIGNATURES,
+    keys=st.sets(st.sampled_from(("CPU", "Meta", "Autograd", "FuncTorchBatched")), min_size=1),
+    tags=st.sampled_from(((), ("pt2_compliant_tag",), ("out",), ("inplace_view",))),
+)
+
+
+@CI
+@given(**FUZZ_KERNEL_SETS)
+def test_fuzzed_kernel_sets_materialize(schema: str, keys: set[str], tags: tuple[str, ...]) -> None:
+    """Whatever kernel set the resolver accepts, the real backends register without error."""
+    from opregistry.materializer import materialize
+
+    backends = _real_backends()
+    namespace = f"fz{uuid.uuid4().hex[:10]}"
+    where = origin("fuzz")
+    op, _ = declared(namespace, "f", schema, None, tags)
+    if op is None:
+        return
+    COUNTS["declared kernel sets"] += 1
+    kernels = [Kernel(op=op.qualname, key=key, fn=_kernel, origin=where,
+                      setup_context=_setup_context if key == "Autograd" else None) for key in keys]
+    base = backends.declarations
+    decl = Declarations(namespaces=[Namespace(name=namespace, origin=where)], ops=[op],
+                        kernels=kernels, backends=base.backends, available=base.available,
+                        distributions=[where, *base.distributions])
+    plan = resolve(decl, torch_state=snapshot())
+    if plan.errors:
+        return  # refused before torch: that is the resolver's job
+    COUNTS["materialized kernel sets"] += 1
+    COUNTS["materialized autograd kernels"] += "Autograd" in keys
+    done = materialize(plan, backends.materializers)
+    try:
+        assert not done.problems, [str(p) for p in done.problems]
+        assert op.qualname in torch._C._dispatch_get_all_op_names()
+        for key in keys:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(op.qualname, key), key
+    finally:
+        done.destroy()
+    assert op.qualname not in torch._C._dispatch_get_all_op_names()
+
+
+def test_fuzzers_are_not_vacuous() -> None:
+    """Run the fuzzers above with fixed seeds: each must get past the resolver often."""
+    COUNTS.clear()
+    fixed = settings(max_examples=80, deadline=None, database=None, derandomize=True)
+    for test, strategies in ((test_fuzzed_declarations, FUZZ_DECLARATIONS),
+                             (test_fuzzed_kernel_sets_materialize, FUZZ_KERNEL_SETS)):
+        fixed(given(**strategies)(test.hypothesis.inner_test))()
+    assert COUNTS["ops defined in torch"] >= 10, COUNTS
+    assert COUNTS["materialized kernel sets"] >= 10, COUNTS
+    assert COUNTS["materialized autograd kernels"] >= 3, COUNTS

@@ -302,6 +302,15 @@ def test_int8kit_round_trip_grad_vmap_and_compile(int8kit):
     torch.testing.assert_close(compiled(x), dequantize_rows(q, scale, torch.float32))
     assert counter.frame_count == 1
 
+    class RoundTrip(torch.nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return dequantize_rows(*quantize_rows(t), torch.float32)
+
+    exported = torch.export.export(RoundTrip(), (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"int8kit.quantize_rows.default", "int8kit.dequantize_rows.default"} <= targets
+    torch.testing.assert_close(exported.module()(x), dequantize_rows(q, scale, torch.float32))
+
 
 def test_int8kit_discovery_imports_torch_as_documented(dists, monkeypatch):
     """The decorator style's cost, stated in docs/op-authors.md: listing it imports torch."""

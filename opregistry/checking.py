@@ -189,6 +189,8 @@ def run_checks(registry: Registry, targets: Iterable[str] = (), *,
     import torch
 
     selected, unknown = select_ops(registry.plan.ops, targets)
+    if unknown:  # a typo in a target: say so at once rather than after minutes of checks
+        return [], unknown
     machine = list(devices) if devices is not None else _available_devices()
     registered = registry.op_names
     results: list[CheckResult] = []

@@ -196,7 +196,10 @@ def _diff_kernels(where: str, old: Mapping[str, Any], new: Mapping[str, Any],
         if o == n:
             continue
         if isinstance(o, list) or isinstance(n, list):
-            out.append(f"{where} {key}: {a} has {o or 'none'}, {b} has {n or 'none'}")
+            def kernels(entries: Any, versions: Mapping[str, str]) -> str:
+                return ", ".join(_describe_kernel(e, versions) for e in entries or []) or "none"
+
+            out.append(f"{where} {key}: {a} has {kernels(o, va)}, {b} has {kernels(n, vb)}")
         elif n is None:
             out.append(f"{where}: {a} has a {key} kernel ({_describe_kernel(o, va)}), {b} has none")
         elif o is None:

@@ -184,3 +184,23 @@ def test_verify_lock_is_public_and_does_not_import_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == json.loads(path.read_text())["fingerprint"]
     assert opregistry.verify_lock is verify_lock
+
+
+def test_allowed_override_is_locked_and_diffed(dists, ns):
+    """An override allowed by policy: the winner and the overridden kernel are both in the lock."""
+    import opregistry
+
+    owner = make_op_dist(dists, "lock-owner", ns,
+                         "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    patch = make_op_dist(dists, "lock-patch", ns, f"lib.impl('{ns}::f', 'cpu', 'p:f', override=True)\n",
+                         kind="IMPL")
+    allowed = lock_data(plan(dists, policy=opregistry.Policy(allow_override={ns})))
+    kernels = allowed["ops"][f"{ns}::f"]["kernels"]
+    assert kernels["CPU"]["kernel"] == "p:f" and kernels["CPU"]["distribution"] == patch
+    assert [e["distribution"] for e in kernels["CPU (overridden)"]] == [owner]
+    without_patch = lock_data(plan(dists, plugins=["opregistry-cpu", owner]))
+    diffs = diff_lock(allowed, without_patch)
+    assert (f"op {ns}::f CPU (overridden): the lockfile has k:f from {owner}==1.0, "
+            f"this environment has none") in diffs
+    assert any(f"op {ns}::f CPU kernel: other origin: the lockfile has p:f from {patch}==1.0, "
+               f"this environment has k:f from {owner}==1.0" in d for d in diffs)

@@ -334,6 +334,32 @@ def vmap_kwarg_only_tensor(env: Env) -> Fault:
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
 
 
+def out_tag_without_mutable_argument(env: Env) -> Fault:
+    # Library.define raises ValueError for this; the resolver says so first
+    d = env.op_dist("bad", define("ok") + define("foo", extra=", tags=['out']"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="mutable argument")
+
+
+def autograd_on_op_returning_nothing(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema="(Tensor x) -> ()", kernels="{}", extra=", autograd='KMOD:clone'"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def schema_keyword_as_name(env: Env) -> Fault:
+    # a valid Python identifier, but torch's schema lexer reserves it
+    d = env.op_dist("bad", define("ok") + define("def"))
+    return Fault({d}, absent=(env.op("ok"), env.op("def")), source=env.at(d, BODY_LINE + 1),
+                 says="keyword")
+
+
+def type_torch_refuses_for_custom_ops(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x, Dimname d) -> Tensor"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="Dimname")
+
+
 def distribution_installed_twice(env: Env) -> Fault:
     env.op_dist("twin", define("foo"))
     d = env.op_dist("twin", define("bar"), version="2.0")
@@ -398,6 +424,10 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "kernel-ref-not-callable": ("materialize-failed", kernel_ref_not_callable),
     "torch-rejects-halfway": ("materialize-failed", torch_rejects_halfway),
     "vmap-kwarg-only-tensor": ("vmap-kwarg-only-tensor", vmap_kwarg_only_tensor),
+    "out-tag-without-mutable-argument": ("schema-invalid", out_tag_without_mutable_argument),
+    "autograd-on-op-returning-nothing": ("autograd-no-returns", autograd_on_op_returning_nothing),
+    "schema-keyword-as-name": ("op-name-invalid", schema_keyword_as_name),
+    "type-torch-refuses-for-custom-ops": ("schema-invalid", type_torch_refuses_for_custom_ops),
     "distribution-installed-twice": ("distribution-duplicate", distribution_installed_twice),
     "entry-point-name-twice": ("entry-point-duplicate", entry_point_name_twice),
     "one-bad-entry-point-of-two": ("plugin-missing-module", one_bad_entry_point_of_two),

@@ -196,3 +196,21 @@ def test_bad_config_file(tmp_path, text, message):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read the file"):
         Settings.from_env({"OPREGISTRY_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_listed_as_overriding_torch_without_torch() -> None:
+    """``opregistry list`` resolves without torch: an allowed aten override still says so."""
+    from opregistry.collect import Declarations
+    from opregistry.model import Kernel, Origin
+    from opregistry.resolver import resolve
+
+    where = Origin(distribution="evil", version="1.0", group="opregistry.ops", entry_point="ops",
+                   value="evil:lib")
+    kernel = Kernel(op=ADD, key="cpu", fn="evil_kernels:sub", override=True, origin=where)
+    decl = Declarations(kernels=[kernel], distributions=[where])
+    allowed = resolve(decl, policy=opregistry.Policy(allow_override={"aten::add"}))
+    [entry] = allowed.external_kernels
+    assert entry.overrides == "torch" and entry.to_dict()["overrides"] == "torch"
+    denied = resolve(decl)
+    assert [p.code for p in denied.errors] == ["kernel-torch-op-denied"]
+    assert not denied.external_kernels

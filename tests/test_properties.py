@@ -160,8 +160,12 @@ def test_entry_point_order_of_real_distributions(dists: DistFactory, ns: str,
                             kmod: "def k(x):\n    return x\n"})
     scope = ["opregistry-cpu", "opregistry-meta", *dists.names]
     forward = plan(plugins=scope)
-    found = discovery.entry_points
-    monkeypatch.setattr(discovery, "entry_points", lambda groups=discovery.GROUPS: found(groups)[::-1])
+    found_forward = discovery.entry_points()
+    import importlib_metadata
+
+    found = importlib_metadata.distributions
+    monkeypatch.setattr(importlib_metadata, "distributions", lambda **kw: list(found(**kw))[::-1])
+    assert discovery.entry_points() != found_forward
     backward = plan(plugins=scope)
     # one and four both DEF the namespace: both out, so three's kernel has no op
     assert [p.code for p in forward.errors] == ["kernel-for-undefined-op", "namespace-conflict"]

@@ -41,7 +41,7 @@ def refusal(schema: Any, tags: Iterable[str] = ()) -> str | None:
         return "it mutates or aliases its inputs (its schema has '(a!)' / '(a)' annotations)"
     if not schema.returns:
         return "it returns nothing, so there is nothing to differentiate"
-    if has_kwarg_only_tensors(schema):
+    if any(a.kwarg_only for a in schema.arguments) and has_kwarg_only_tensors(schema):
         return "it has keyword-only Tensor arguments, which torch's autograd kernels do not support"
     return None
 
@@ -60,13 +60,14 @@ def opregistry_materialize_kernel(
         import torch
 
         tags = [t.name for t in torch._library.utils.lookup_op(kernel.op).tags]
-    why = refusal(op_handle(kernel.op).schema(), tags)
+    handle = op_handle(kernel.op)
+    why = refusal(handle.schema(), tags)
     if why is not None:
         raise MaterializationError(
             f"cannot register autograd for {kernel.op} from {kernel.origin}: {why}. "
             f"Define a functional op (no '(a!)' annotations, returns a new tensor) and "
             f"register autograd for that one",
             origin=kernel.origin, op=kernel.op, key=kernel.key)
-    autograd_kernel = make_autograd_kernel(kernel.op, fn, setup_context, device_kernel)
+    autograd_kernel = make_autograd_kernel(kernel.op, fn, setup_context, device_kernel, handle)
     library.impl(op_name(kernel), autograd_kernel, "Autograd", with_keyset=True)
     return True

@@ -56,9 +56,14 @@ def make_autograd_kernel(
     backward: Callable[..., Any],
     setup_context: Callable[..., Any] | None,
     device_kernel: DeviceKernelLookup,
+    handle: Any = None,
 ) -> Callable[..., Any]:
-    """Build the ``with_keyset=True`` Autograd kernel of the op ``qualname``."""
-    handle = tp.op_handle(qualname)
+    """Build the ``with_keyset=True`` Autograd kernel of the op ``qualname``.
+
+    :param handle: the op's dispatcher handle, when the caller already has it.
+    """
+    if handle is None:
+        handle = tp.op_handle(qualname)
     schema = handle.schema()
     n_positional = sum(1 for a in schema.arguments if not a.kwarg_only)
     n_kwarg_only = len(schema.arguments) - n_positional

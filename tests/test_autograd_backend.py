@@ -64,6 +64,19 @@ def fails_backward(ctx, grad):
 def add_(x, y):
     x.add_(y)
 
+def mix(x, a=3, b=(1.0, 2.0), *, c=True, d=(4,)):
+    return x * a
+
+def mix_setup(ctx, inputs, keyword_only_inputs, output):
+    calls.append(("mix", inputs[1:], dict(keyword_only_inputs)))
+    ctx.a = inputs[1]
+
+def mix_backward(ctx, grad):
+    return grad * ctx.a, None, None  # one per positional input, as torch expects
+
+lib.define("mix(Tensor x, int a=3, float[] b=[1.0, 2.0], *, bool c=True, int[] d=[4]) -> Tensor",
+           kernels={"cpu": f"{__name__}:mix"},
+           autograd=(f"{__name__}:mix_backward", f"{__name__}:mix_setup"))
 lib.define("scale(Tensor x, *, float factor=2.0) -> Tensor", kernels={"cpu": f"{__name__}:scale"},
            autograd=(f"{__name__}:scale_backward", f"{__name__}:scale_setup"))
 lib.define("total(Tensor[] xs, Tensor w) -> Tensor", kernels={"cpu": f"{__name__}:total"},
@@ -96,6 +109,27 @@ def test_keyword_only_inputs_reach_setup_context(ops) -> None:  # type: ignore[n
     x.grad = None
     op.scale(x, factor=3.0).sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+
+
+def test_defaults_filled_like_torch(ops) -> None:  # type: ignore[no-untyped-def]
+    """setup_context gets exactly what torch's fill_defaults would give, call after call."""
+    from torch._library.utils import fill_defaults
+
+    op, module = ops
+    schema = op.mix.default._schema
+    x = torch.randn(2, requires_grad=True)
+    for args, kwargs in [((), {}), ((5,), {}), ((5, [0.5]), {"d": [7, 8]}), ((), {"c": False})]:
+        module.calls.clear()
+        out = op.mix(x, *args, **kwargs)
+        out.sum().backward()
+        # the dispatcher drops values equal to the defaults before our kernel sees them
+        expected_args, expected_kwargs = fill_defaults(schema, (x, *args), kwargs)
+        assert module.calls[0] == ("mix", tuple(expected_args[1:]), expected_kwargs)
+    # a default list is a fresh object each call (setup_context may keep or mutate it)
+    module.calls.clear()
+    op.mix(x).sum().backward()
+    op.mix(x).sum().backward()
+    assert module.calls[0][1][1] is not module.calls[1][1][1]
 
 
 def test_needs_input_grad_has_one_entry_per_input(ops) -> None:  # type: ignore[no-untyped-def]

@@ -425,6 +425,23 @@ def test_cli_doc_lockfile_example_runs(tmp_path):
     assert (tmp_path / "opregistry.lock").exists()
 
 
+def is_part_of(excerpt: object, whole: object) -> bool:
+    """Whether every key and value of ``excerpt`` is in ``whole`` (recursively, for dicts)."""
+    if isinstance(excerpt, dict):
+        return isinstance(whole, dict) and all(
+            k in whole and is_part_of(v, whole[k]) for k, v in excerpt.items())
+    return excerpt == whole
+
+
+def test_cli_doc_lockfile_excerpt_is_real(capsys):
+    """The JSON excerpt in docs/cli.md is part of what `opregistry lock -o -` writes here."""
+    [excerpt] = [json.loads(b) for b in doc_blocks("json")]
+    assert main(["lock", "-o", "-"]) == 0
+    locked = json.loads(capsys.readouterr().out)
+    assert is_part_of(excerpt, locked)
+    assert not is_part_of({**excerpt, "lock_version": 2}, locked)  # the check can fail
+
+
 @pytest.mark.slow
 def test_cli_doc_torchrun_example_runs(tmp_path):
     """check_ranks.py of docs/cli.md under torchrun, 2 ranks on the loopback: both agree."""

@@ -132,6 +132,24 @@ def test_defaults_filled_like_torch(ops) -> None:  # type: ignore[no-untyped-def
     assert module.calls[0][1][1] is not module.calls[1][1][1]
 
 
+def test_threads_keep_their_own_arguments(ops) -> None:  # type: ignore[no-untyped-def]
+    """Concurrent grad calls with different keyword arguments each get their own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    op, _ = ops
+
+    def run(factor: float) -> bool:
+        ok = True
+        for _ in range(200):
+            x = torch.randn(4, requires_grad=True)
+            op.scale(x, factor=factor).sum().backward()
+            ok &= bool(torch.equal(x.grad, torch.full_like(x, factor)))
+        return ok
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(run, [1.5, 2.5, 3.5, 4.5]))
+
+
 def test_needs_input_grad_has_one_entry_per_input(ops) -> None:  # type: ignore[no-untyped-def]
     """backward sees ctx.needs_input_grad for the op's inputs only, as with torch's kernel."""
     op, module = ops

@@ -27,6 +27,7 @@ its result tracked, where torch's path would not.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from . import _torch_private as tp
@@ -37,18 +38,22 @@ __all__ = ["make_autograd_kernel", "DeviceKernelLookup"]
 DeviceKernelLookup = Callable[[str, str], "tuple[Any, Callable[..., Any]] | None"]
 
 
-class _Call:
-    """What ``autograd.Function.forward`` needs besides the inputs.
+class _Pending(threading.local):
+    """Per thread, the ``(keyset, kwargs)`` of the calls whose forward is about to run.
 
-    A class, not a tuple: torch's tensor-list support flattens inputs with
-    pytree, which would take a tuple apart.
+    ``autograd.Function.apply`` takes only the op's inputs, so that
+    ``ctx.needs_input_grad`` and backward's return value are exactly the
+    user's (no extra argument to hide, as torch's own kernel must); forward
+    reads the rest from the top of this stack.  Forward runs synchronously
+    inside ``apply`` on the same thread, and a nested call pushes and pops
+    its own entry, so the top is always the caller's.
     """
 
-    __slots__ = ("keyset", "kwargs")
+    def __init__(self) -> None:
+        self.stack: list[tuple[Any, dict[str, Any]]] = []
 
-    def __init__(self, keyset: Any, kwargs: dict[str, Any]) -> None:
-        self.keyset = keyset
-        self.kwargs = kwargs
+
+_pending = _Pending()
 
 
 def _fresh(default: Any) -> Any:
@@ -113,10 +118,8 @@ def make_autograd_kernel(
     def forward(ctx: Any, *args: Any) -> Any:
         # autograd.Function runs forward with grad mode off, so the direct call
         # records nothing; only a redispatch needs the below-autograd guard
-        call = args[-1]
-        args = args[:-1]
-        kwargs = call.kwargs
-        result = below(call.keyset, args, kwargs)
+        keyset, kwargs = _pending.stack[-1]
+        result = below(keyset, args, kwargs)
         if setup_context is not None:
             # the dispatcher drops arguments equal to their defaults; put them back
             if len(args) < n_positional or len(kwargs) < n_kwarg_only:
@@ -127,24 +130,13 @@ def make_autograd_kernel(
                 setup_context(ctx=ctx, inputs=args, output=result)
         return result
 
-    def backward_(ctx: Any, *grads: Any) -> Any:
-        previous = ctx.needs_input_grad
-        ctx.needs_input_grad = previous[:-1]  # hide the _Call argument from the user
-        try:
-            result = backward(ctx, *grads)
-        finally:
-            ctx.needs_input_grad = previous
-        if isinstance(result, tuple):
-            return (*result, None)
-        return result, None
-
     def build() -> Any:
         import torch
 
         generated: Any = type(
             "OpregistryAutograd_" + qualname.replace("::", "_").replace(".", "_"),
             (torch.autograd.Function,),
-            {"forward": staticmethod(forward), "backward": staticmethod(backward_)},
+            {"forward": staticmethod(forward), "backward": staticmethod(backward)},
         )
         if tp.has_tensorlist(schema):
             generated = tp.supports_tensorlist(generated)
@@ -156,7 +148,12 @@ def make_autograd_kernel(
     def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         if grad_enabled() and any_requires_grad(*args):
             apply = function[0] if function else build()
-            return apply(*args, _Call(keyset, kwargs))
+            stack = _pending.stack
+            stack.append((keyset, kwargs))
+            try:
+                return apply(*args)
+            finally:
+                stack.pop()
         # hot path: one dict lookup, one liveness check, one Python call
         entry = fast.get(keyset.raw_repr())
         if entry and entry[0].m is not None:

@@ -334,6 +334,20 @@ def vmap_kwarg_only_tensor(env: Env) -> Fault:
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
 
 
+def rollback_takes_dependents(env: Env) -> Fault:
+    """A distribution whose kernel targets a rolled-back op is rolled back with it."""
+    env.op_dist("base", define("foo") + define("bar", "{'cpu': 'KMOD:does_not_exist'}"))
+    d = env.op_dist("addon", f"lib.impl('{env.ns}::foo', 'fake', 'KMOD:fake')\n", kind="IMPL")
+
+    def unchanged() -> None:
+        from torch._library.simple_registry import singleton
+
+        # addon's fake kernel was registered before base failed; it must be gone too
+        assert singleton.find(env.op("foo")).fake_impl.kernel is None
+
+    return Fault({d}, absent=(env.op("foo"), env.op("bar")), unchanged=unchanged)
+
+
 def out_tag_without_mutable_argument(env: Env) -> Fault:
     # Library.define raises ValueError for this; the resolver says so first
     d = env.op_dist("bad", define("ok") + define("foo", extra=", tags=['out']"))
@@ -423,6 +437,7 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "kernel-ref-unresolvable": ("materialize-failed", kernel_ref_unresolvable),
     "kernel-ref-not-callable": ("materialize-failed", kernel_ref_not_callable),
     "torch-rejects-halfway": ("materialize-failed", torch_rejects_halfway),
+    "rollback-takes-dependents": ("materialize-dependency-failed", rollback_takes_dependents),
     "vmap-kwarg-only-tensor": ("vmap-kwarg-only-tensor", vmap_kwarg_only_tensor),
     "out-tag-without-mutable-argument": ("schema-invalid", out_tag_without_mutable_argument),
     "autograd-on-op-returning-nothing": ("autograd-no-returns", autograd_on_op_returning_nothing),

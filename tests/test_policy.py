@@ -214,3 +214,14 @@ def test_listed_as_overriding_torch_without_torch() -> None:
     denied = resolve(decl)
     assert [p.code for p in denied.errors] == ["kernel-torch-op-denied"]
     assert not denied.external_kernels
+
+
+def test_config_file_allow_list(tmp_path, monkeypatch):
+    """``plugins`` in the file is the allow-list; OPREGISTRY_PLUGINS (even empty) wins."""
+    config = write_config(tmp_path, 'plugins = ["My_Lib", "opregistry-cpu"]\n')
+    settings = Settings.from_env({"OPREGISTRY_CONFIG": str(config)})
+    assert settings.allow == {"my-lib", "opregistry-cpu"}
+    assert settings.admits("evil") == "not in OPREGISTRY_PLUGINS"
+    assert settings.admits("my-lib") is None
+    env = {"OPREGISTRY_CONFIG": str(config), "OPREGISTRY_PLUGINS": ""}
+    assert Settings.from_env(env).allow == frozenset()

@@ -367,8 +367,31 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 # -- plugins -------------------------------------------------------------------
 
 
+def _hooks_by_entry_point() -> dict[tuple[str, str, str], list[str]]:
+    """``(group, name, value)`` -> the ``opregistry_*`` hooks its object implements.
+
+    Like ``datasette plugins``: which hooks each plugin implements.  The
+    entry points were loaded by discovery already, so loading them again
+    only looks the objects up in ``sys.modules``.
+    """
+    from .collect import HOOK_GROUPS
+    from .discovery import entry_points
+
+    hooks = {}
+    for group, ep in entry_points():
+        try:
+            obj = ep.load()
+        except Exception:  # reported by discovery already, as a problem of its distribution
+            continue
+        hooks[(group, ep.name, ep.value)] = sorted(
+            name for name in HOOK_GROUPS if callable(getattr(obj, name, None)))
+    return hooks
+
+
 def _plugins(plan: Plan) -> list[dict[str, Any]]:
     from .discovery import BACKENDS_GROUP
+
+    hooks = _hooks_by_entry_point()
 
     excluded = {o.distribution for o in plan.excluded}
     problems_of: dict[str, list[str]] = {}
@@ -397,6 +420,7 @@ def _plugins(plan: Plan) -> list[dict[str, Any]]:
             "status": "left out" if left_out else "loaded",
             "reason": "; ".join(problems_of.get(o.distribution, [])) if left_out else "",
             "contributes": contributes,
+            "hooks": hooks.get((o.group, o.entry_point, o.value), []),
         })
     failed = {(o.distribution, o.entry_point) for p in plan.problems for o in p.culprits
               if p.code.startswith("plugin-")}
@@ -406,7 +430,7 @@ def _plugins(plan: Plan) -> list[dict[str, Any]]:
             "distribution": o.distribution, "version": o.version, "group": o.group,
             "entry_point": o.entry_point_spec,
             "status": "failed" if (o.distribution, o.entry_point) in failed else "skipped",
-            "reason": s.reason, "contributes": {},
+            "reason": s.reason, "contributes": {}, "hooks": [],
         })
     return sorted(rows, key=lambda r: (r["group"], r["distribution"], r["entry_point"]))
 
@@ -681,9 +705,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(sub, "plugins", cmd_plugins,
          "discovered distributions, what each contributes, and those skipped",
          "List every distribution found in the entry-point groups opregistry.backends and "
-         "opregistry.ops: version, entry point, what it contributes, and those skipped or left "
-         "out (blocked, not allowed, failed to import, conflicting) with the reason. Exit 1 if "
-         "any failed or was left out.")
+         "opregistry.ops: version, entry point, what it contributes (with --json: the hooks it "
+         "implements), and those skipped or left out (blocked, not allowed, failed to import, "
+         "conflicting) with the reason. Exit 1 if any failed or was left out.")
 
     p = _add(sub, "doctor", cmd_doctor, "every problem, with what to do",
              "Report every problem: conflicts, broken plugins, ops without a fake kernel "

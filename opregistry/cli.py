@@ -336,6 +336,20 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     resolved = _live_registry().plan if args.live else _plan()
     ops = _matching_ops(resolved, args.op)
+    external = [k for k in resolved.external_kernels if k.kernel.op == args.op]
+    if not ops and external:
+        # a torch op (aten::add.Tensor) that installed packages add kernels to, under policy
+        data = {"name": args.op, "owner": "torch", "kernels": [k.to_dict() for k in external]}
+        if args.json:
+            _dump(data, out)
+        else:
+            out.write(f"{args.op}  [defined by torch; kernels added under OPREGISTRY_ALLOW_OVERRIDE]\n")
+            table: list[Sequence[Any]] = [("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE")]
+            table += [(k["key"], k["status"], k["kernel"], k["distribution"] or "-",
+                       f"overrides {k['overrides']}" if k["overrides"] else k["reason"])
+                      for k in data["kernels"]]
+            _table(table, out)
+        return EXIT_OK
     if not ops:
         problems = [p for p in resolved.problems if p.op and p.op.split(".")[0] == args.op.split(".")[0]]
         namespace = args.op.split("::", 1)[0]

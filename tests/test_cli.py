@@ -281,6 +281,22 @@ def test_show_one_op(dists, ns, scoped, capsys):
     assert "fake:          no" in text
 
 
+def test_show_a_torch_op_with_a_kernel_added_under_policy(dists, ns, scoped, monkeypatch, capsys):
+    """aten::add.Tensor is torch's; show lists the kernel a package adds to it, and from where."""
+    mod = f"patch_{ns}"
+    patch = dists.make("aten-patch", ops={"ops": f"{mod}:lib"}, modules={
+        mod: "from opregistry import OpLibrary\nlib = OpLibrary('aten', 'IMPL')\n"
+             f"lib.impl('add.Tensor', 'cpu', '{ns}_k:sub', override=True)\n"})
+    scoped()
+    monkeypatch.setenv("OPREGISTRY_ALLOW_OVERRIDE", "aten")
+    rc, data = cli_json(capsys, "show", "aten::add.Tensor")
+    assert rc == 0 and data["owner"] == "torch"
+    [kernel] = data["kernels"]
+    assert (kernel["key"], kernel["kernel"], kernel["distribution"]) == (
+        "CPU", f"{ns}_k:sub", f"{patch}==1.0")
+    assert kernel["overrides"] == "torch"
+
+
 def test_show_unknown_or_left_out_op(dists, ns, scoped, capsys):
     op_dist(dists, "dist-a", ns, define("foo"))
     op_dist(dists, "dist-b", ns, define("bar"))

@@ -21,11 +21,20 @@ import torch.distributed as dist  # importing torch autoloads this rank's regist
 import opregistry
 from opregistry.distributed import verify_consistent
 
+def attempt(group=None):
+    try:
+        return {"ok": True, "fingerprint": verify_consistent(group)}
+    except opregistry.LockMismatchError as exc:
+        return {"ok": False, "message": str(exc), "differences": list(exc.differences)}
+
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 try:
-    result = {"ok": True, "fingerprint": verify_consistent()}
-except opregistry.LockMismatchError as exc:
-    result = {"ok": False, "message": str(exc), "differences": list(exc.differences)}
+    result = attempt()
+    # a subgroup of the first and the last rank: messages name global ranks
+    last = dist.get_world_size() - 1
+    pair = dist.new_group([0, last])
+    if dist.get_rank() in (0, last):
+        result["pair"] = attempt(pair)
 finally:
     dist.destroy_process_group()
 print(json.dumps(result))
@@ -77,6 +86,8 @@ def test_consistent_ranks_agree():
     assert all(r["ok"] for r in results), results
     assert results[0]["fingerprint"] == results[1]["fingerprint"]
     assert results[0]["fingerprint"].startswith("sha256:")
+    assert results[0]["pair"] == results[1]["pair"] == {"ok": True,
+                                                        "fingerprint": results[0]["fingerprint"]}
 
 
 @pytest.mark.slow
@@ -101,6 +112,12 @@ def test_planted_differences_raise_on_every_rank(dists):
                for d in diffs)
     assert "distribution rank-two-ops==2.5: in rank 2, not in rank 0" in diffs
     assert "op ranktwo::f (from rank-two-ops==2.5): in rank 2, not in rank 0" in diffs
+    # the pair (0, 2) differs only by rank 2's distribution, named by its global rank
+    assert "pair" not in results[1]
+    pair = results[2]["pair"]
+    assert not pair["ok"] and pair == results[0]["pair"]
+    assert "rank 2 differs from rank 0:" in pair["message"] and "rank 1" not in pair["message"]
+    assert "distribution rank-two-ops==2.5: in rank 2, not in rank 0" in pair["differences"]
 
 
 def test_needs_an_initialized_process_group():

@@ -112,8 +112,9 @@ def _refused_kernels(plan: Plan) -> dict[str, list[dict[str, Any]]]:
     my kernel not there" where the user looks for it.
     """
     rows: dict[str, list[dict[str, Any]]] = {}
+    planned = {op.op.qualname for op in plan.ops}
     for p in plan.errors:
-        if p.op and p.key and plan.op(p.op) is not None:
+        if p.op and p.key and p.op in planned:
             rows.setdefault(p.op, []).append({
                 "op": p.op, "key": p.key, "status": "conflict", "kernel": None,
                 "setup_context": None, "backend": None,

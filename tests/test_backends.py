@@ -189,6 +189,36 @@ def test_cuda_availability_is_answered_without_importing_torch():
     assert available == torch.cuda.is_available()
 
 
+@pytest.mark.parametrize("files,libcuda,expected", [
+    ((), "libcuda.so.1", False),  # no driver: no GPU, whatever the library path says
+    (("/proc/driver/nvidia/version",), None, True),
+    (("/dev/nvidiactl",), "libcuda.so.1", True),
+    (("/dev/nvidiactl",), None, False),
+], ids=["no-driver", "proc-driver", "devnode+libcuda", "devnode-only"])
+def test_cuda_availability_without_torch_looks_for_the_driver(monkeypatch, files, libcuda,
+                                                               expected):
+    """Before torch is imported, availability comes from the driver's files, cheaply."""
+    import ctypes.util
+
+    import opregistry_cuda
+
+    asked: list[str] = []
+
+    def find_library(name: str) -> str | None:
+        asked.append(name)
+        return libcuda
+
+    monkeypatch.delitem(sys.modules, "torch")  # as in `opregistry list`; restored after
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(os.path, "exists", lambda path: path in files)
+    monkeypatch.setattr(ctypes.util, "find_library", find_library)
+    assert opregistry_cuda.cuda_available() is expected
+    if not files:
+        assert asked == []  # ldconfig is not run on a machine without a driver node
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert opregistry_cuda.cuda_available() is False
+
+
 @pytest.mark.cuda
 @cuda
 def test_cuda_kernel_is_registered_and_runs_on_gpu(dists, ns):

@@ -23,7 +23,8 @@ def cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     if os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0"):
         return True
-    return ctypes.util.find_library("cuda") is not None and os.path.exists("/dev/nvidiactl")
+    # find_library runs ldconfig in a subprocess (~10 ms): only where a driver node exists
+    return os.path.exists("/dev/nvidiactl") and ctypes.util.find_library("cuda") is not None
 
 
 backend = DeviceBackend(

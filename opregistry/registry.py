@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 from .collect import Collected, collect
@@ -40,9 +40,13 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
     )
 
 
-def _collect_and_resolve(settings: Settings, torch_state: TorchState | None) -> tuple[Collected, Plan]:
+def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None]
+                         ) -> tuple[Collected, Plan]:
     collected = collect(discover(settings))
-    return collected, resolve(collected.declarations, policy=settings.policy, torch_state=torch_state)
+    # torch's state is read after the plugins are imported: a plugin may register
+    # with torch itself at import (a Library of its own), and the resolver must see it
+    return collected, resolve(collected.declarations, policy=settings.policy,
+                              torch_state=torch_state())
 
 
 def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
@@ -53,11 +57,14 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
     dispatcher holds is taken into account (rules 4 and 5).
     """
     settings = _settings(None, plugins, block, policy)
-    torch_state = None
-    if "torch" in sys.modules:
+    def torch_state() -> TorchState | None:
+        # a plugin that imports torch counts: torch is what it is by then
+        if "torch" not in sys.modules:
+            return None
         from . import torch_state as ts
 
-        torch_state = ts.snapshot()
+        return ts.snapshot()
+
     return _collect_and_resolve(settings, torch_state)[1]
 
 
@@ -150,7 +157,7 @@ def _load(settings: Settings) -> Registry:
     from . import torch_state
     from .materializer import materialize
 
-    collected, resolved = _collect_and_resolve(settings, torch_state.snapshot())
+    collected, resolved = _collect_and_resolve(settings, torch_state.snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
     materialized = materialize(resolved, collected.materializers)

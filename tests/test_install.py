@@ -34,30 +34,35 @@ def _copy_source(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _env() -> dict[str, str]:
+    """This process' environment, less what would let the virtualenv see the checkout."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("OPREGISTRY_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 def _pip(python: Path, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = _env()
     out = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args],
                          capture_output=True, text=True, env=env, timeout=180)
     assert out.returncode == 0, f"pip {' '.join(args)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
 
 
-def _status(bindir: Path) -> dict[str, object]:
-    """The CPU kernel of tutorial::muladd and the backends, as `opregistry list --json` says."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("OPREGISTRY_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+def _status(bindir: Path, key: str = "CPU") -> dict[str, object]:
+    """``key``'s kernel of tutorial::muladd and the backends, as `opregistry list --json` says."""
     out = subprocess.run([str(bindir / "opregistry"), "list", "--json"], capture_output=True,
-                         text=True, env=env, timeout=60)
+                         text=True, env=_env(), timeout=60)
     assert out.returncode in (0, 1), out.stderr
     data = json.loads(out.stdout)
     op = next(o for o in data["ops"] if o["name"] == "tutorial::muladd")
-    cpu = next(k for k in op["kernels"] if k["key"] == "CPU")
-    return {"status": cpu["status"], "reason": cpu["reason"], "backend": cpu["backend"],
+    kernel = next(k for k in op["kernels"] if k["key"] == key)
+    return {"status": kernel["status"], "reason": kernel["reason"], "backend": kernel["backend"],
             "backends": sorted(b["name"] for b in data["backends"])}
 
 
 @pytest.mark.slow
 def test_pip_install_and_uninstall_backend_flips_kernel_status(tmp_path):
-    """pip install opregistry-cpu: CPU kernels active; pip uninstall: inactive, naming the fix."""
+    """pip install opregistry-cpu / -cuda: kernels active (or unavailable without a GPU);
+    pip uninstall: inactive again, naming the distribution to install."""
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     bindir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
@@ -67,6 +72,7 @@ def test_pip_install_and_uninstall_backend_flips_kernel_status(tmp_path):
     core = _copy_source(REPO, src / "opregistry")
     tutorial = _copy_source(REPO / "examples" / "tutorial", src / "tutorial")
     cpu = _copy_source(REPO / "plugins" / "cpu", src / "cpu")
+    cuda = _copy_source(REPO / "plugins" / "cuda", src / "cuda")
 
     _pip(python, "install", "-q", *DEPENDENCIES)
     _pip(python, "install", "-q", "--no-deps", "--no-build-isolation", str(core), str(tutorial))
@@ -83,3 +89,18 @@ def test_pip_install_and_uninstall_backend_flips_kernel_status(tmp_path):
 
     _pip(python, "uninstall", "-y", "-q", "opregistry-cpu")
     assert _status(bindir) == before
+
+    # opregistry-cuda: inactive -> (unavailable without a GPU | active) -> inactive
+    before = _status(bindir, "CUDA")
+    assert (before["status"], before["reason"]) == ("inactive", "pip install opregistry-cuda")
+    _pip(python, "install", "-q", "--no-deps", "--no-build-isolation", str(cuda))
+    probe = subprocess.run([str(python), "-c", "import opregistry_cuda, sys; "
+                            "print(opregistry_cuda.cuda_available(), 'torch' in sys.modules)"],
+                           capture_output=True, text=True, check=True, timeout=60, env=_env())
+    gpu, imported_torch = probe.stdout.split()
+    assert imported_torch == "False"
+    installed = _status(bindir, "CUDA")
+    assert installed["backend"] == "cuda"
+    assert installed["status"] == ("active" if gpu == "True" else "unavailable")
+    _pip(python, "uninstall", "-y", "-q", "opregistry-cuda")
+    assert _status(bindir, "CUDA") == before

@@ -56,7 +56,9 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
     Does not import torch.  When torch is already imported, what its
     dispatcher holds is taken into account (rules 4 and 5).
     """
+    global _loading
     settings = _settings(None, plugins, block, policy)
+
     def torch_state() -> TorchState | None:
         # a plugin that imports torch counts: torch is what it is by then
         if "torch" not in sys.modules:
@@ -65,7 +67,16 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
 
         return ts.snapshot()
 
-    return _collect_and_resolve(settings, torch_state)[1]
+    # plugins are imported here too: one that calls load() at import must meet
+    # the same refusal as under load(), not start registering from inside plan()
+    with _lock:
+        if _loading:
+            raise RuntimeError("opregistry.plan() was called from inside a plugin while loading")
+        _loading = True
+        try:
+            return _collect_and_resolve(settings, torch_state)[1]
+        finally:
+            _loading = False
 
 
 class Registry:

@@ -372,6 +372,13 @@ def registers_with_torch_at_import(env: Env) -> Fault:
                  foreign=(env.op("held"),))
 
 
+def plugin_calls_load_at_import(env: Env) -> Fault:
+    """Loading from inside a plugin's import would recurse: refused, the plugin left out."""
+    d = env.op_dist("eager", define("foo") + "import opregistry\nopregistry.load()\n")
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 says="inside a plugin")
+
+
 def out_tag_without_mutable_argument(env: Env) -> Fault:
     # Library.define raises ValueError for this; the resolver says so first
     d = env.op_dist("bad", define("ok") + define("foo", extra=", tags=['out']"))
@@ -463,6 +470,7 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "torch-rejects-halfway": ("materialize-failed", torch_rejects_halfway),
     "rollback-takes-dependents": ("materialize-dependency-failed", rollback_takes_dependents),
     "registers-with-torch-at-import": ("namespace-held-by-torch", registers_with_torch_at_import),
+    "plugin-calls-load-at-import": ("plugin-import-error", plugin_calls_load_at_import),
     "vmap-kwarg-only-tensor": ("vmap-kwarg-only-tensor", vmap_kwarg_only_tensor),
     "out-tag-without-mutable-argument": ("schema-invalid", out_tag_without_mutable_argument),
     "autograd-on-op-returning-nothing": ("autograd-no-returns", autograd_on_op_returning_nothing),

@@ -234,7 +234,9 @@ class Backend:
             )
 
 
-Severity = Literal["error", "warning"]
+#: ``error`` leaves a distribution out; ``warning`` and ``info`` (an op without a
+#: vmap rule, say) are reported and change nothing
+Severity = Literal["error", "warning", "info"]
 
 
 @frozen(kw_only=True)

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).resolve().parent
-BACKENDS = ["opregistry-cpu", "opregistry-meta", "opregistry-autograd", "opregistry-vmap"]
+BACKENDS = ["opregistry-cpu", "opregistry-cuda", "opregistry-meta", "opregistry-autograd",
+            "opregistry-vmap"]
 
 
 # -- kernels ----------------------------------------------------------------------------
@@ -112,6 +113,7 @@ def define_impl(ns: str, name: str, *, full: bool = False) -> tuple[Any, list[An
     lib.define(f"{name}{SCHEMAS[name]}")
     parts = PARTS[name]
     lib.impl(name, parts["cpu"], "CPU")
+    lib.impl(name, parts["cpu"], "CUDA")  # the same Python kernel serves CUDA tensors
     if full:
         qualname = f"{ns}::{name}"
         torch.library.register_fake(qualname, parts["fake"], lib=lib)
@@ -143,7 +145,7 @@ def registry_source(ns: str, *, full: bool, names: tuple[str, ...] = ("one", "tw
             extra = (f", fake='benchops:{name}_fake', vmap='benchops:{name}_vmap', "
                      f"autograd=('benchops:{name}_backward', 'benchops:{name}_setup')")
         lines.append(f"lib.define({name + SCHEMAS[name]!r}, "
-                     f"kernels={{'cpu': 'benchops:{name}'}}{extra})")
+                     f"kernels={{'cpu': 'benchops:{name}', 'cuda': 'benchops:{name}'}}{extra})")
     return "\n".join(lines) + "\n"
 
 

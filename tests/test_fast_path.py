@@ -194,3 +194,47 @@ def test_unloaded_kernels_are_not_called(bench: Any, dists: DistFactory, ns: str
 
     opregistry.get_registry().unload()
     assert device_kernel(f"{ns}::one", "CPU") is None
+
+
+# -------------------------------------------------------------------------
+# the benchmark scripts themselves run (tiny sizes; no timing is asserted)
+# -------------------------------------------------------------------------
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _script(name: str, *args: str, tmp_path: Path) -> dict[str, Any]:
+    import json
+    import subprocess
+
+    out = tmp_path / f"{name}.json"
+    done = subprocess.run([sys.executable, str(BENCH / name), *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_bench_call_measures_every_case(tmp_path: Path) -> None:
+    """Every (op, mode, style) of the issue is measured and every target is reported."""
+    sys.path.insert(0, str(BENCH))
+    import bench_call
+
+    data = _script("bench_call.py", "--reps", "1", "--number", "20", tmp_path=tmp_path)
+    expected = {f"{op} | {mode} | {style}" for op in ("one", "twelve")
+                for mode in bench_call.MODES for style in bench_call.styles_for(mode)}
+    assert set(data["us"]) == expected
+    assert all(v > 0 for v in data["us"].values())
+    assert len(data["targets"]) == 2 * len(bench_call.TARGETS)
+
+
+@pytest.mark.slow
+def test_bench_register_and_startup_run(tmp_path: Path) -> None:
+    """Registration and start-up benchmarks run end to end on a tiny generated set."""
+    reg = _script("bench_register.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",
+                  tmp_path=tmp_path)
+    assert reg["ops"] == 6 and set(reg["seconds"]) == {
+        "torch.library", "custom_op", "opregistry materialize", "opregistry load"}
+    start = _script("bench_startup.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",
+                    tmp_path=tmp_path)
+    assert start["ops"] == 6 and "opregistry list --json" in start["seconds"]

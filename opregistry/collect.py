@@ -105,12 +105,16 @@ def _validation_problem(origin: Origin, message: str, source: str | None = None,
     )
 
 
+def _function_source(function: Any) -> str | None:
+    """``file:line`` of a hook implementation's ``def``, when it has one."""
+    code = getattr(inspect.unwrap(function), "__code__", None) if function is not None else None
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
+
+
 def _hookimpl_source(obj: Any, message: str) -> str | None:
     """file:line of the hook implementation a pluggy validation message is about."""
     match = re.search(r"for hook '(\w+)'", message)
-    function = getattr(obj, match.group(1), None) if match else None
-    code = getattr(inspect.unwrap(function), "__code__", None) if function is not None else None
-    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
+    return _function_source(getattr(obj, match.group(1), None) if match else None)
 
 
 def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
@@ -127,13 +131,15 @@ def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
             close = difflib.get_close_matches(caller.name, HOOK_GROUPS, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             pm.unregister(plugin.obj)
-            return _validation_problem(origin, f"implements unknown hook {caller.name}{hint}")
+            return _validation_problem(origin, f"implements unknown hook {caller.name}{hint}",
+                                       _function_source(getattr(plugin.obj, caller.name, None)))
         if HOOK_GROUPS[caller.name] != origin.group:
             pm.unregister(plugin.obj)
             return _validation_problem(
                 origin,
                 f"implements {caller.name}, a hook of {HOOK_GROUPS[caller.name]}, but its "
                 f"entry point is in {origin.group}",
+                _function_source(getattr(plugin.obj, caller.name, None)),
             )
     return None
 
@@ -162,7 +168,7 @@ def _hook_problem(origin: Origin, hook_name: str, exc: BaseException) -> Problem
 
 
 def _records(
-    origin: Origin, hook_name: str, result: Any, record_type: type
+    origin: Origin, hook_name: str, result: Any, record_type: type, function: Any = None
 ) -> tuple[list[Any], Problem | None]:
     if result is None:
         return [], None
@@ -175,6 +181,7 @@ def _records(
                 origin,
                 f"{hook_name}() returned a {type(item).__name__}; it must return "
                 f"{record_type.__name__} records",
+                _function_source(function),
             )
         records.append(attrs.evolve(item, origin=origin))
     return records, None
@@ -206,7 +213,8 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
                         result = _call(impl, origin, hook_name)
                     except Exception as exc:
                         raise _Failed(_hook_problem(origin, hook_name, exc)) from exc
-                    records, problem = _records(origin, hook_name, result, record_type)
+                    records, problem = _records(origin, hook_name, result, record_type,
+                                                impl.function)
                     if problem is not None:
                         raise _Failed(problem)
                     own[record_type].extend(records)

@@ -379,6 +379,43 @@ def plugin_calls_load_at_import(env: Env) -> Fault:
                  says="inside a plugin")
 
 
+def hookimpl_returns_wrong_type(env: Env) -> Fault:
+    d = env.raw_dist("bad", "def opregistry_ops():\n    return [{'name': 'foo'}]\n")
+    return Fault({d}, says="must return OpDef records", source=env.at(d, 1))
+
+
+def unknown_hook_name(env: Env) -> Fault:
+    d = env.raw_dist("bad", "def opregistry_op():\n    return []\n")
+    return Fault({d}, says="did you mean opregistry_ops", source=env.at(d, 1))
+
+
+def hook_in_wrong_group(env: Env) -> Fault:
+    d = env.raw_dist("bad", "def opregistry_backends():\n    return []\n")
+    return Fault({d}, says="opregistry.backends", source=env.at(d, 1))
+
+
+def unknown_tag(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define("foo", extra=", tags=['pt2_compliant']"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def fragment_of_closed_namespace(env: Env) -> Fault:
+    env.op_dist("owner", define("foo"))
+    owner_module = env.module_name("owner")
+    path = env.dists.root / f"{owner_module}.py"
+    path.write_text(path.read_text().replace(f"OpLibrary({env.ns!r}, 'DEF')",
+                                             f"OpLibrary({env.ns!r}, 'DEF', closed=True)"))
+    d = env.op_dist("frag", define("extra"), kind="FRAGMENT")
+    return Fault({d}, absent=(env.op("extra"),), source=env.at(d, LIBRARY_LINE))
+
+
+def autograd_on_mutable_op(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema="(Tensor(a!) x) -> ()", kernels="{}",
+        extra=", mutates_args=['x'], autograd='KMOD:clone'"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
 def out_tag_without_mutable_argument(env: Env) -> Fault:
     # Library.define raises ValueError for this; the resolver says so first
     d = env.op_dist("bad", define("ok") + define("foo", extra=", tags=['out']"))
@@ -471,6 +508,12 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "rollback-takes-dependents": ("materialize-dependency-failed", rollback_takes_dependents),
     "registers-with-torch-at-import": ("namespace-held-by-torch", registers_with_torch_at_import),
     "plugin-calls-load-at-import": ("plugin-import-error", plugin_calls_load_at_import),
+    "hookimpl-returns-wrong-type": ("plugin-invalid", hookimpl_returns_wrong_type),
+    "unknown-hook-name": ("plugin-invalid", unknown_hook_name),
+    "hook-in-wrong-group": ("plugin-invalid", hook_in_wrong_group),
+    "unknown-tag": ("op-tag-unknown", unknown_tag),
+    "fragment-of-closed-namespace": ("namespace-closed", fragment_of_closed_namespace),
+    "autograd-on-mutable-op": ("autograd-on-mutable-op", autograd_on_mutable_op),
     "vmap-kwarg-only-tensor": ("vmap-kwarg-only-tensor", vmap_kwarg_only_tensor),
     "out-tag-without-mutable-argument": ("schema-invalid", out_tag_without_mutable_argument),
     "autograd-on-op-returning-nothing": ("autograd-no-returns", autograd_on_op_returning_nothing),
@@ -543,7 +586,8 @@ def the_problem(problems: tuple[Problem, ...] | list[Problem], code: str, fault:
         # the exception behind it, as our own type, with the original as its cause
         assert isinstance(problem.error, typed), problem.error
         assert problem.error.distribution in {o.dist for o in problem.culprits}
-        assert problem.error.__cause__ is not None
+        # our own checks (an unknown hook name) have no exception behind them
+        assert problem.error.__cause__ is not None or problem.code == "plugin-invalid"
     return problem
 
 

@@ -137,6 +137,12 @@ def _check_sizes(op: Any, ns: str) -> None:
     torch.testing.assert_close(op(x, [3, 2], 0.5), x.reshape(3, 2) * 0.5)
 
 
+def _check_optional_list(op: Any, ns: str) -> None:
+    a, b = _d(3), _d(3)
+    torch.testing.assert_close(op([a, None, b]), a + b)
+    torch.testing.assert_close(op([None, b]), b)
+
+
 KINDS = [
     Kind("functional", "scale(Tensor x, float alpha) -> Tensor",
          """
@@ -246,6 +252,19 @@ KINDS = [
          """,
          "[(([d(2), d(3, 2)], 1.0), {})]", _check_list_mutable,
          'fake=f"{K}:add_all_fake", mutates_args=["xs"]'),
+    Kind("optional-tensor-list", "sum_present(Tensor?[] xs) -> Tensor",
+         """
+         def sum_present(xs):
+             present = [x for x in xs if x is not None]
+             out = present[0].clone()
+             for x in present[1:]:
+                 out += x
+             return out
+         def sum_present_fake(xs):
+             return torch.empty_like(next(x for x in xs if x is not None))
+         """,
+         "[(([d(2), None, d(2)],), {}), (([None, d(3, 1)],), {})]", _check_optional_list,
+         'fake=f"{K}:sum_present_fake"'),
     Kind("symint-list-optional-scalar",
          "shaped(Tensor x, SymInt[] size, float? scale=None) -> Tensor",
          """

@@ -431,3 +431,28 @@ def test_vmap_rule_torch_cannot_register_is_refused_with_a_clear_problem(dists, 
     assert "vmap-kwonly==1.0" in problem.message and "keyword-only" in problem.message
     assert "positional" in problem.hint
     assert not hasattr(getattr(torch.ops, ns), "scale")  # the distribution is left out whole
+
+
+@pytest.mark.cuda
+@cuda
+def test_factory_op_routes_to_the_cuda_kernel_by_its_device_argument(dists, ns):
+    """On a GPU, a factory op with device='cuda' reaches the CUDA kernel (BackendSelect)."""
+    mod = f"gpufactory_{ns}"
+    dists.make("gpu-factory", ops={"ops": f"{mod}:lib"}, modules={mod: f"""
+        import torch
+        from opregistry import OpLibrary
+        lib = OpLibrary({ns!r})
+        lib.define("ramp(int n, *, Device device) -> Tensor",
+                   kernels={{"cpu": f"{{__name__}}:ramp_cpu", "cuda": f"{{__name__}}:ramp_cuda"}})
+        def ramp_cpu(n, *, device):
+            return torch.arange(n, device=device)
+        def ramp_cuda(n, *, device):
+            return torch.arange(n, device=device) * 10
+        """})
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    ops = getattr(torch.ops, ns)
+    on_gpu = ops.ramp(3, device="cuda")
+    assert on_gpu.device.type == "cuda"
+    assert on_gpu.cpu().tolist() == [0, 10, 20]
+    assert ops.ramp(3, device="cpu").tolist() == [0, 1, 2]

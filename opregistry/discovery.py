@@ -10,6 +10,7 @@ the others still load.
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections import defaultdict
 from typing import Any, Iterable
@@ -231,6 +232,11 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
                 ))
             skipped.append(Skipped(origin, f"entry point name {ep.name!r} is used twice"))
             continue
+        watching = "torch" in sys.modules
+        if watching:
+            from .torch_state import python_kernels
+
+            kernels_before = python_kernels()
         try:
             obj = ep.load()
         # a plugin's failure is its own, never ours; SystemExit too (a module that
@@ -241,5 +247,44 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
             problems.append(problem)
             skipped.append(Skipped(origin, problem.message))
             continue
+        if watching:
+            problems.extend(_torch_kernels_replaced(origin, python_kernels() - kernels_before))
         plugins.append(Plugin(origin, obj))
     return Discovered(tuple(plugins), tuple(skipped), tuple(problems))
+
+
+def _torch_kernels_replaced(origin: Origin, added: Iterable[str]) -> list[Problem]:
+    """Problems for kernels of torch's own ops that a plugin registered at import, by itself.
+
+    Such a kernel bypasses the override policy, and opregistry cannot undo it
+    (the plugin holds the ``Library``); all it can do is say so, and leave the
+    distribution out.  Kernels registered from torch's own files (a plugin
+    importing ``torch._inductor``, say) are torch's business, not the plugin's.
+    """
+    import torch
+
+    from .resolver import RESERVED_NAMESPACES
+    from .torch_state import kernel_registrations
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    problems = []
+    for entry in sorted(added):
+        namespace, _, rest = entry.partition("/")
+        name, _, key = rest.rpartition("/")
+        if namespace not in RESERVED_NAMESPACES:
+            continue
+        op = f"{namespace}::{name}"
+        where = kernel_registrations(op).get(key, "")
+        if where.startswith(torch_dir):
+            continue
+        problems.append(Problem(
+            code="plugin-replaced-torch-kernel",
+            message=f"{origin} replaced torch's {key} kernel of {op} while being imported, "
+                    f"outside opregistry{f' (at {where})' if where else ''}; it bypasses the "
+                    f"override policy, and opregistry cannot undo it: it stays in effect",
+            hint=f"block it (OPREGISTRY_BLOCK={origin.distribution}) or uninstall it; a package "
+                 f"that means to replace a torch kernel declares it with OpLibrary("
+                 f"{namespace!r}, 'IMPL') and override=True, allowed by OPREGISTRY_ALLOW_OVERRIDE",
+            culprits=(origin,), op=op, key=key, source=where or None,
+        ))
+    return problems

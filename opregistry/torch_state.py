@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from .resolver import TorchState
 
-__all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations"]
+__all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
+           "python_kernels"]
 
 
 def registered_ops() -> list[str]:
@@ -64,6 +65,18 @@ def kernel_registrations(op: str) -> dict[str, str]:
         if match and match.group(1) not in ("debug", "schema", "name"):
             found[match.group(1)] = match.group(2).strip()
     return found
+
+
+def python_kernels() -> frozenset[str]:
+    """Kernels registered from Python with ``Library.impl``, as ``"ns/name.overload/KEY"``.
+
+    ``torch.library._impls`` (private) is the only record of Python code adding
+    a kernel to an existing op -- a plugin replacing ``aten::add`` at import,
+    outside opregistry.  Call it only when torch is imported.
+    """
+    import torch.library
+
+    return frozenset(getattr(torch.library, "_impls", ()))
 
 
 def snapshot() -> TorchState:

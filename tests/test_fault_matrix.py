@@ -416,6 +416,23 @@ def autograd_on_mutable_op(env: Env) -> Fault:
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
 
 
+def replaces_torch_kernel_at_import(env: Env) -> Fault:
+    """The plugin replaces aten::add's CPU kernel itself, bypassing opregistry's policy."""
+    d = env.op_dist("sneaky", define("foo") + "import torch\n"
+                    "_mine = torch.library.Library('aten', 'IMPL')\n"
+                    "_mine.impl('add.Tensor', lambda a, b, alpha=1: a.sub(b), 'CPU')\n")
+
+    def destroy() -> None:
+        module = sys.modules.get(env.module_name(d))
+        if module is not None:
+            module._mine._destroy()
+
+    env.request.addfinalizer(destroy)
+    # torch records where the Library was made, not each impl call
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 says="cannot undo it")
+
+
 def out_tag_without_mutable_argument(env: Env) -> Fault:
     # Library.define raises ValueError for this; the resolver says so first
     d = env.op_dist("bad", define("ok") + define("foo", extra=", tags=['out']"))
@@ -508,6 +525,8 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "rollback-takes-dependents": ("materialize-dependency-failed", rollback_takes_dependents),
     "registers-with-torch-at-import": ("namespace-held-by-torch", registers_with_torch_at_import),
     "plugin-calls-load-at-import": ("plugin-import-error", plugin_calls_load_at_import),
+    "replaces-torch-kernel-at-import": ("plugin-replaced-torch-kernel",
+                                        replaces_torch_kernel_at_import),
     "hookimpl-returns-wrong-type": ("plugin-invalid", hookimpl_returns_wrong_type),
     "unknown-hook-name": ("plugin-invalid", unknown_hook_name),
     "hook-in-wrong-group": ("plugin-invalid", hook_in_wrong_group),

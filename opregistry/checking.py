@@ -92,18 +92,21 @@ def devices_for(op: OpPlan, available_devices: Iterable[str]) -> list[str]:
     return sorted(set(devices), key=lambda d: (d != "cpu", d))
 
 
-def _available_devices() -> list[str]:
+def _available_devices() -> dict[str, str]:
+    """Device types this machine can run: opregistry's name -> torch's device string.
+
+    Asked through the public ``torch.accelerator`` API.  An out-of-tree device
+    renamed from ``privateuseone`` (``torch.utils.rename_privateuse1_backend``)
+    is served by kernels declared for ``PrivateUse1``: its opregistry name is
+    ``privateuseone``, its torch string the new name.
+    """
     import torch
 
-    devices = ["cpu"]
-    for device in ("cuda", "xpu", "mps"):
-        module = getattr(torch, device, None)
-        if module is not None and getattr(module, "is_available", lambda: False)():
-            devices.append(device)
-    custom = torch._C._get_privateuse1_backend_name()
-    module = getattr(torch, custom, None)
-    if custom != "privateuseone" and module is not None and getattr(module, "is_available", lambda: False)():
-        devices.append("privateuseone")
+    devices = {"cpu": "cpu"}
+    if torch.accelerator.is_available():
+        kind = torch.accelerator.current_accelerator().type
+        name = kind if kind in _keys.DEVICE_KEYS.values() else "privateuseone"
+        devices[name] = kind
     return devices
 
 
@@ -191,7 +194,8 @@ def run_checks(registry: Registry, targets: Iterable[str] = (), *,
     selected, unknown = select_ops(registry.plan.ops, targets)
     if unknown:  # a typo in a target: say so at once rather than after minutes of checks
         return [], unknown
-    machine = list(devices) if devices is not None else _available_devices()
+    available = _available_devices()
+    machine = {d: available.get(d, d) for d in devices} if devices is not None else available
     registered = registry.op_names
     results: list[CheckResult] = []
     say = progress or (lambda text: None)
@@ -234,7 +238,7 @@ def run_checks(registry: Registry, targets: Iterable[str] = (), *,
         for device in op_devices:
             failed = 0
             for i, (args, kwargs) in enumerate(samples):
-                args, kwargs = _to_device(args, device), _to_device(kwargs, device)
+                args, kwargs = _to_device(args, machine[device]), _to_device(kwargs, machine[device])
                 report = torch.library.opcheck(overload, args, kwargs, raise_exception=False)
                 for util in OPCHECK_UTILS:
                     outcome = report.get(util)

@@ -59,15 +59,30 @@ def test_static_tables_match_this_torch():
     """The resolver's torch-free tables (tags, reserved namespaces) agree with torch itself.
 
     ``opregistry list`` cannot ask torch, so it relies on these tables; when a
-    torch release adds a tag or a namespace, this test says which.
+    torch release adds a tag or a namespace, this test says which.  It looks
+    at a fresh ``import torch`` (autoload off): later imports (torch.distributed,
+    torch.onnx, ...) add namespaces that the resolver learns from the live
+    dispatcher whenever torch is imported.
     """
-    from opregistry.materializer import defined_ops
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, torch\n"
+        "from opregistry import torch_state\n"
+        "tags = sorted(n for n in dir(torch.Tag) if not n.startswith('_') and n not in ('name', 'value'))\n"
+        "nss = sorted({op.split('::', 1)[0] for op in torch_state.registered_ops()})\n"
+        "print(json.dumps([tags, nss]))\n"
+    )
+    env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    tags, namespaces = json.loads(proc.stdout.splitlines()[-1])
+
     from opregistry.resolver import KNOWN_TAGS, RESERVED_NAMESPACES
 
-    tags = {n for n in dir(torch.Tag) if not n.startswith("_")} - {"name", "value"}
-    assert KNOWN_TAGS == tags, f"torch.Tag changed: {sorted(KNOWN_TAGS ^ tags)}"
-    mine = defined_ops()
-    torch_namespaces = {op.split("::", 1)[0] for op in torch_state.registered_ops()
-                        if op not in mine}
-    missing = torch_namespaces - RESERVED_NAMESPACES
+    assert KNOWN_TAGS == set(tags), f"torch.Tag changed: {sorted(KNOWN_TAGS ^ set(tags))}"
+    missing = set(namespaces) - RESERVED_NAMESPACES
     assert not missing, f"torch defines namespaces the resolver does not reserve: {sorted(missing)}"

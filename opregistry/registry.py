@@ -20,6 +20,7 @@ from .errors import ResolutionError
 from .model import Problem
 from .resolver import KernelPlan, OpPlan, Plan, TorchState, resolve
 from .logs import get_logger
+from .materializer import gc_paused
 
 __all__ = ["Registry", "load", "plan", "get_registry"]
 
@@ -42,6 +43,13 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
 
 def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None]
                          ) -> tuple[Collected, Plan]:
+    with gc_paused():
+        return _collect_and_resolve_unpaused(settings, torch_state)
+
+
+def _collect_and_resolve_unpaused(settings: Settings,
+                                  torch_state: Callable[[], TorchState | None]
+                                  ) -> tuple[Collected, Plan]:
     collected = collect(discover(settings))
     # torch's state is read after the plugins are imported: a plugin may register
     # with torch itself at import (a Library of its own), and the resolver must see it

@@ -238,3 +238,30 @@ def test_bench_register_and_startup_run(tmp_path: Path) -> None:
     start = _script("bench_startup.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",
                     tmp_path=tmp_path)
     assert start["ops"] == 6 and "opregistry list --json" in start["seconds"]
+
+
+def test_garbage_collector_is_restored_after_load(dists: DistFactory, ns: str) -> None:
+    """load() pauses the cyclic collector for speed and always turns it back on."""
+    import gc
+
+    import opregistry
+
+    module = f"{ns}_gc"
+    dists.make(f"gc-{ns}", ops={ns: f"{module}:lib"},
+               modules={module: benchops.registry_source(ns, full=True)})
+    assert gc.isenabled()
+    load(dists)
+    assert gc.isenabled()
+    # a strict load that fails in resolution still restores it
+    dists.make(f"gc2-{ns}", ops={ns: f"{module}2:lib"},
+               modules={f"{module}2": benchops.registry_source(ns, full=True)})
+    with pytest.raises(opregistry.ResolutionError):
+        load(dists, strict=True)
+    assert gc.isenabled()
+    # and a caller that had it off finds it off
+    gc.disable()
+    try:
+        load(dists)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -71,8 +71,10 @@ def _check_out(op: Any, ns: str) -> None:
     torch.testing.assert_close(functional(a, b), a + b)
     # torch 2.13 pairs a functional op with its Tag.out overload (inductor lowers
     # to it); a private lookup, so a torch change shows up here, loudly
-    from torch._library._out_variant import to_out_variant
-
+    try:
+        from torch._library._out_variant import to_out_variant
+    except ImportError:  # torch < 2.13 has no pairing to check
+        return
     assert to_out_variant(functional) == op
 
 

@@ -1,0 +1,96 @@
+"""Where the time of loading N generated ops goes, stage by stage and backend by backend.
+
+    python benchmarks/profile_load.py [--dists 100] [--ops-per-dist 10] [--cprofile 25]
+
+Runs in a fresh process with ``OPREGISTRY_AUTOLOAD=0`` (so nothing is loaded
+at ``import torch``), then times the pipeline's stages on the generated
+distributions: import torch, discover (entry points + importing the
+declaration modules), collect, torch state, resolve, and materialize, the
+latter split by backend (define, cpu, meta = register_fake, autograd,
+vmap = register_vmap).  ``--cprofile N`` adds the N most expensive functions
+of a second, warm materialize.  This is the profile behind the start-up
+figures in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = r'''
+import collections, cProfile, pstats, sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import opregistry.materializer as mm
+from opregistry.collect import collect
+from opregistry.config import Settings
+from opregistry.discovery import discover
+from opregistry.resolver import resolve
+from opregistry import torch_state
+t2 = time.perf_counter()
+with mm.gc_paused():
+    found = discover(Settings()); t3 = time.perf_counter()
+    collected = collect(found); t4 = time.perf_counter()
+    state = torch_state.snapshot(); t5 = time.perf_counter()
+    plan = resolve(collected.declarations, torch_state=state); t6 = time.perf_counter()
+spent = collections.Counter()
+def timed(name, fn):
+    def run(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            spent[name] += time.perf_counter() - t
+    return run
+define = mm._define
+mm._define = timed("define", define)
+mats = {name: timed(name, fn) for name, fn in collected.materializers.items()}
+t7 = time.perf_counter()
+done = mm.materialize(plan, mats)
+t8 = time.perf_counter()
+n = len(done.ops)
+print(f"{n} ops")
+for name, sec in [("import torch", t1 - t0), ("import opregistry stages", t2 - t1),
+                  ("discover", t3 - t2), ("collect", t4 - t3), ("torch state", t5 - t4),
+                  ("resolve", t6 - t5), ("materialize", t8 - t7)]:
+    print(f"  {name:26s} {sec:7.3f} s  {sec / n * 1e6:8.1f} us/op")
+for name, sec in sorted(spent.items(), key=lambda kv: -kv[1]):
+    print(f"    materialize: {name:12s} {sec:7.3f} s  {sec / n * 1e6:8.1f} us/op")
+top = int(sys.argv[1])
+if top:
+    done.destroy()
+    mm._define = define
+    profile = cProfile.Profile()
+    profile.enable()
+    mm.materialize(plan, collected.materializers)
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(top)
+'''
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dists", type=int, default=100)
+    parser.add_argument("--ops-per-dist", type=int, default=10)
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N")
+    opts = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    import benchops
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = Path(tmp) / "gen"
+        benchops.write_many(gen, opts.dists, opts.ops_per_dist)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPREGISTRY_")}
+        env.update(OPREGISTRY_AUTOLOAD="0", PYTHONPATH=os.pathsep.join([str(gen), str(HERE)]))
+        return subprocess.run([sys.executable, "-c", CHILD, str(opts.cprofile)], env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

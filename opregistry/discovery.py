@@ -4,7 +4,10 @@ Reads the entry-point groups :data:`BACKENDS_GROUP` and :data:`OPS_GROUP`
 through importlib-metadata, applies the allow- and block-lists, and loads
 every admitted entry point on its own: a missing module or an exception at
 import becomes a :class:`~opregistry.model.Problem` of that distribution, and
-the others still load.
+the others still load.  Also reported here: a distribution installed twice
+(importlib-metadata would silently show one copy), an entry-point name used
+twice in one group, and -- when torch is already imported -- a plugin that
+replaces a kernel of torch's own ops by itself while being imported.
 """
 
 from __future__ import annotations

@@ -182,3 +182,55 @@ def test_unload_removes_exactly_what_was_registered(dists, ns):
         assert again is not reg and f"{ns}::inc" in torch._C._dispatch_get_all_op_names()
     finally:
         outside._destroy()
+
+
+@pytest.mark.slow
+def test_load_unload_sequences_keep_torch_consistent(dists, ns):
+    """Any sequence of load / reload / unload / gc leaves torch holding the op iff loaded."""
+    from hypothesis import settings
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+    scope = make_dist(dists, ns)
+    qualname = f"{ns}::inc"
+    baseline = set(torch._C._dispatch_get_all_op_names()) - {qualname}
+
+    class Lifetime(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.loaded: opregistry.Registry | None = None
+
+        @rule()
+        def load(self) -> None:
+            reg = opregistry.load(plugins=scope)
+            assert self.loaded is None or reg is self.loaded
+            self.loaded = reg
+
+        @rule()
+        def reload(self) -> None:
+            self.loaded = opregistry.load(plugins=scope, reload=True)
+
+        @rule()
+        def unload(self) -> None:
+            if self.loaded is not None:
+                self.loaded.unload()
+                self.loaded = None
+
+        @rule()
+        def collect_garbage(self) -> None:
+            gc.collect()
+
+        @invariant()
+        def torch_agrees(self) -> None:
+            ops = set(torch._C._dispatch_get_all_op_names())
+            assert (qualname in ops) == (self.loaded is not None)
+            assert ops - {qualname} == baseline, "nothing else added or removed"
+            assert opregistry.get_registry() is self.loaded
+            if self.loaded is not None:
+                assert len(kernel_lines(qualname)) == 2
+
+        def teardown(self) -> None:
+            if self.loaded is not None:
+                self.loaded.unload()
+
+    run_state_machine_as_test(Lifetime, settings=settings(max_examples=10, stateful_step_count=8,
+                                                          deadline=None, database=None))

@@ -622,7 +622,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_lock(args: argparse.Namespace, out: TextIO) -> int:
-    from .lockfile import fingerprint_of, lock_data
+    from .lockfile import write_lock
 
     resolved = _plan()
     if resolved.errors and not args.force:
@@ -630,28 +630,20 @@ def cmd_lock(args: argparse.Namespace, out: TextIO) -> int:
                          f"nothing written. See 'opregistry doctor', or lock what resolves "
                          f"anyway with --force.\n")
         return EXIT_PROBLEMS
-    data = lock_data(resolved)
-    data = {"fingerprint": fingerprint_of(data), **data}
-    text = json.dumps(data, indent=2) + "\n"
-    if args.output == "-":
-        out.write(text)
-    else:
-        from pathlib import Path
-
-        Path(args.output).write_text(text, encoding="utf-8")
-        out.write(f"wrote {args.output}: {data['fingerprint']} "
-                  f"({len(data['distributions'])} distributions, {len(data['ops'])} ops)\n")
+    data = write_lock(resolved, out if args.output == "-" else args.output)
+    if args.output != "-":
+        out.write(f"wrote {args.output}: {data['fingerprint']} (torch {data['torch']}, "
+                  f"{len(data['distributions'])} distributions, {len(data['ops'])} ops)\n")
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from .errors import LockMismatchError
-    from .lockfile import fingerprint, read_lock, verify_lock
+    from .lockfile import verify_lock
 
     try:
-        locked = read_lock(args.lockfile)
-        resolved = _plan()
-        current = verify_lock(args.lockfile, plan=resolved)
+        # this process's plan, not a registry loaded earlier in it (tests call main())
+        current = verify_lock(args.lockfile, plan=_plan())
     except LockMismatchError as exc:
         if args.json:
             _dump({"ok": False, "lockfile": args.lockfile, "differences": list(exc.differences),
@@ -664,7 +656,7 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
                "differences": []}, out)
     else:
         out.write(f"{args.lockfile}: OK, this environment resolves the locked registry "
-                  f"({locked.get('fingerprint') or fingerprint(resolved)})\n")
+                  f"({current})\n")
     return EXIT_OK
 
 
@@ -751,7 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
     p = _add(sub, "lock", cmd_lock, "write a lockfile of the resolved registry",
-             "Write the resolved registry (distributions and versions, backends, namespaces, ops "
+             "Write the resolved registry (torch version, distributions and versions, backends, "
+             "namespaces, ops "
              "and schemas, kernel origins and status) with its sha256 fingerprint as JSON. "
              "Refuses when the registry has errors, unless --force. Does not import torch.",
              json_help=None)
@@ -761,8 +754,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "verify", cmd_verify, "compare this environment with a lockfile",
              "Check that this environment resolves the registry recorded in LOCKFILE, and "
-             "explain every difference (missing distribution, other version, other schema, "
-             "other kernel origin). Exit 1 on any difference. Does not import torch. The Python "
+             "explain every difference (other torch version, missing distribution, other "
+             "version, other schema, other kernel origin). Exit 1 on any difference. Does not import torch. The Python "
              "equivalent is opregistry.verify_lock(path).")
     p.add_argument("lockfile", nargs="?", default="opregistry.lock", metavar="LOCKFILE",
                    help="the lockfile (default: opregistry.lock)")

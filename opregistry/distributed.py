@@ -8,7 +8,8 @@ other results or hangs in a collective much later, far from the cause.
     torch.distributed.init_process_group("nccl")
     opregistry.distributed.verify_consistent()
 
-Every rank gathers every rank's fingerprint (:mod:`opregistry.lockfile`);
+Every rank gathers every rank's fingerprint (:mod:`opregistry.lockfile`: the
+torch version, the distributions and everything they declare);
 when they differ, the lock data is gathered too and every rank raises the
 same :class:`~opregistry.LockMismatchError`, saying which ranks differ from
 rank 0 and how.
@@ -19,19 +20,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import LockMismatchError
-from .lockfile import diff_lock, fingerprint_of, lock_data
+from .lockfile import current_plan, diff_lock, fingerprint_of, lock_data
 
 if TYPE_CHECKING:
     from .resolver import Plan
 
 __all__ = ["verify_consistent"]
-
-
-def _current_plan() -> Plan:
-    from .registry import get_registry, plan
-
-    loaded = get_registry()
-    return loaded.plan if loaded is not None else plan()
 
 
 def verify_consistent(group: Any = None, *, plan: Plan | None = None) -> str:
@@ -54,7 +48,7 @@ def verify_consistent(group: Any = None, *, plan: Plan | None = None) -> str:
             "opregistry.distributed.verify_consistent() needs an initialized process group: "
             "call torch.distributed.init_process_group(...) first"
         )
-    data = lock_data(plan if plan is not None else _current_plan())
+    data = lock_data(plan if plan is not None else current_plan())
     mine = fingerprint_of(data)
     size = dist.get_world_size(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
@@ -68,29 +62,28 @@ def verify_consistent(group: Any = None, *, plan: Plan | None = None) -> str:
     everything: list[Any] = [None] * size
     dist.all_gather_object(everything, data, group=group)
 
+    def label(members: list[int]) -> str:
+        names = ", ".join(str(ranks[i]) for i in members)
+        return f"rank {names}" if len(members) == 1 else f"ranks {names}"
+
     reference = everything[0]
     by_print: dict[str, list[int]] = {}
     for index, fp in enumerate(prints):
         by_print.setdefault(fp, []).append(index)
     lines = [f"the ranks resolved {len(by_print)} different registries:"]
-    for fp, members in by_print.items():
-        names = ", ".join(str(ranks[i]) for i in members)
-        lines.append(f"  {'rank' if len(members) == 1 else 'ranks'} {names}: {fp}")
+    lines += [f"  {label(members)}: {fp}" for fp, members in by_print.items()]
     differences: list[str] = []
     for fp, members in by_print.items():
         if fp == prints[0]:
             continue
-        first = members[0]
-        label = f"rank {ranks[first]}" if len(members) == 1 else \
-            f"ranks {', '.join(str(ranks[i]) for i in members)}"
-        found = diff_lock(reference, everything[first], old_label=f"rank {ranks[0]}",
-                          new_label=label)
+        found = diff_lock(reference, everything[members[0]], old_label=f"rank {ranks[0]}",
+                          new_label=label(members))
         verb = "differs" if len(members) == 1 else "differ"
-        lines.append(f"{label} {verb} from rank {ranks[0]}:")
+        lines.append(f"{label(members)} {verb} from rank {ranks[0]}:")
         lines += [f"  - {d}" for d in found]
         differences += found
-    lines.append("Install the same distributions (and versions) on every node, with the same "
-                 "OPREGISTRY_PLUGINS / OPREGISTRY_BLOCK / OPREGISTRY_ALLOW_OVERRIDE; "
-                 "'opregistry lock' on one node and 'opregistry verify' on the others shows "
-                 "the same differences.")
+    lines.append("Install the same torch and the same distributions (and versions) on every "
+                 "node, with the same OPREGISTRY_PLUGINS / OPREGISTRY_BLOCK / "
+                 "OPREGISTRY_ALLOW_OVERRIDE; 'opregistry lock' on one node and "
+                 "'opregistry verify' on the others shows the same differences.")
     raise LockMismatchError("\n".join(lines), differences=differences)

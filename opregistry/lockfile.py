@@ -1,7 +1,7 @@
 """A lockfile of the resolved registry, its fingerprint, and the differences between two.
 
 The lock data is plain JSON built from a :class:`~opregistry.resolver.Plan`:
-which distributions contribute (and at which version), the backends and
+the torch version, which distributions contribute (and at which version), the backends and
 their dispatch keys, the namespaces (owner, fragments), every op with its
 schema and tags, and every kernel with its origin (``module:function`` and
 distribution) and status.  Everything is keyed by name and sorted, so the
@@ -14,7 +14,9 @@ What the lock leaves out, on purpose:
   machines that installed the very same wheels;
 * whether a backend can run *on this machine* (CUDA present or not): a lock
   made on a laptop must verify on a GPU node.  A kernel whose backend is
-  installed is ``active`` in the lock whether or not its device is present.
+  installed is ``active`` in the lock whether or not its device is present;
+* for the same reason, torch's local build label: ``2.13.0+cpu`` and
+  ``2.13.0+cu128`` are both locked as ``2.13.0``.
 
 This module never imports torch: ``opregistry lock`` / ``verify`` and
 :func:`verify_lock` run before torch is imported, e.g. first thing in a job.
@@ -26,7 +28,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TextIO, Union
 
 from .errors import LockMismatchError
 
@@ -45,8 +47,9 @@ __all__ = [
     "verify_lock",
 ]
 
-#: Version of the lock format; bumped when the meaning of a field changes.
-LOCK_VERSION = 1
+#: Version of the lock format; bumped when a field is added or changes meaning
+#: (2: the torch version).
+LOCK_VERSION = 2
 #: The file ``opregistry lock`` writes and ``opregistry verify`` reads by default.
 DEFAULT_LOCKFILE = "opregistry.lock"
 
@@ -86,6 +89,21 @@ def _kernels(kernels: Any) -> dict[str, Any]:
     return out
 
 
+def _torch_version() -> str | None:
+    """The installed torch's version without its local build label; ``None`` without torch.
+
+    Read from the distribution's metadata: importing torch takes seconds and
+    would load the registry, and the lock is made and checked before that.
+    """
+    import importlib_metadata
+
+    try:
+        version = importlib_metadata.version("torch")
+    except importlib_metadata.PackageNotFoundError:
+        return None
+    return version.partition("+")[0]
+
+
 def lock_data(plan: Plan) -> dict[str, Any]:
     """The lock data of ``plan``: plain, sorted JSON-able data, without the fingerprint."""
     excluded = {o.distribution for o in plan.excluded}
@@ -96,6 +114,7 @@ def lock_data(plan: Plan) -> dict[str, Any]:
         external.setdefault(k.kernel.op, []).append(k)
     return {
         "lock_version": LOCK_VERSION,
+        "torch": _torch_version(),
         "distributions": dict(sorted(distributions.items())),
         "excluded": sorted({o.dist for o in plan.excluded}),
         "backends": {
@@ -142,11 +161,15 @@ def fingerprint(plan: Plan) -> str:
     return fingerprint_of(lock_data(plan))
 
 
-def write_lock(plan: Plan, path: PathLike) -> dict[str, Any]:
-    """Write the lockfile of ``plan`` to ``path`` and return what was written."""
+def write_lock(plan: Plan, path: PathLike | TextIO) -> dict[str, Any]:
+    """Write the lockfile of ``plan`` to ``path`` (or an open text file) and return its data."""
     data = lock_data(plan)
     data = {"fingerprint": fingerprint_of(data), **data}
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    text = json.dumps(data, indent=2) + "\n"
+    if isinstance(path, (str, os.PathLike)):
+        Path(path).write_text(text, encoding="utf-8")
+    else:
+        path.write(text)
     return data
 
 
@@ -188,17 +211,40 @@ def _describe_kernel(entry: Mapping[str, Any], versions: Mapping[str, str]) -> s
     return f"{entry.get('kernel')} from {_dist(entry.get('distribution'), versions)}"
 
 
+def _other_fields(old: Mapping[str, Any], new: Mapping[str, Any], a: str, b: str) -> str:
+    """``field: A has x, B has y`` for every field whose value differs."""
+    return ", ".join(f"{f}: {a} has {old.get(f)!r}, {b} has {new.get(f)!r}"
+                     for f in sorted(set(old) | set(new)) if old.get(f) != new.get(f))
+
+
+def _diff_names(old: Mapping[str, Any], new: Mapping[str, Any], a: str, b: str,
+                describe: Callable[[str, Mapping[str, Any]], str], out: list[str]) -> list[str]:
+    """Report the names on one side only into ``out``; return those on both that differ.
+
+    ``describe(name, side)`` names the thing, e.g. ``distribution foo==1.0``.
+    """
+    changed = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            out.append(f"{describe(name, old)}: in {a}, missing from {b}")
+        elif name not in old:
+            out.append(f"{describe(name, new)}: in {b}, not in {a}")
+        elif old[name] != new[name]:
+            changed.append(name)
+    return changed
+
+
 def _diff_kernels(where: str, old: Mapping[str, Any], new: Mapping[str, Any],
                   a: str, b: str, va: Mapping[str, str], vb: Mapping[str, str]) -> list[str]:
+    def kernels(entries: Any, versions: Mapping[str, str]) -> str:
+        return ", ".join(_describe_kernel(e, versions) for e in entries or []) or "none"
+
     out = []
     for key in sorted(set(old) | set(new)):
         o, n = old.get(key), new.get(key)
         if o == n:
             continue
-        if isinstance(o, list) or isinstance(n, list):
-            def kernels(entries: Any, versions: Mapping[str, str]) -> str:
-                return ", ".join(_describe_kernel(e, versions) for e in entries or []) or "none"
-
+        if isinstance(o, list) or isinstance(n, list):  # the "KEY (overridden)" lists
             out.append(f"{where} {key}: {a} has {kernels(o, va)}, {b} has {kernels(n, vb)}")
         elif n is None:
             out.append(f"{where}: {a} has a {key} kernel ({_describe_kernel(o, va)}), {b} has none")
@@ -209,10 +255,8 @@ def _diff_kernels(where: str, old: Mapping[str, Any], new: Mapping[str, Any],
             out.append(f"{where} {key} kernel: other origin: {a} has {_describe_kernel(o, va)}, "
                        f"{b} has {_describe_kernel(n, vb)}")
         else:
-            fields = [f for f in sorted(set(o) | set(n)) if o.get(f) != n.get(f)]
             out.append(f"{where} {key} kernel ({_describe_kernel(n, vb)}): other "
-                       + ", ".join(f"{f}: {a} has {o.get(f)!r}, {b} has {n.get(f)!r}"
-                                   for f in fields))
+                       + _other_fields(o, n, a, b))
     return out
 
 
@@ -228,16 +272,13 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
     if old.get("lock_version") != new.get("lock_version"):
         out.append(f"lock format: {a} has version {old.get('lock_version')!r}, "
                    f"{b} has {new.get('lock_version')!r}")
+    if old.get("torch") != new.get("torch"):
+        out.append(f"torch: other version: {a} has {old.get('torch') or 'no torch'}, "
+                   f"{b} has {new.get('torch') or 'no torch'}")
     va: Mapping[str, str] = old.get("distributions", {})
     vb: Mapping[str, str] = new.get("distributions", {})
-    for name in sorted(set(va) | set(vb)):
-        if name not in vb:
-            out.append(f"distribution {name}=={va[name]}: in {a}, missing from {b}")
-        elif name not in va:
-            out.append(f"distribution {name}=={vb[name]}: in {b}, not in {a}")
-        elif va[name] != vb[name]:
-            out.append(f"distribution {name}: other version: {a} has {va[name]}, "
-                       f"{b} has {vb[name]}")
+    for name in _diff_names(va, vb, a, b, lambda n, side: f"distribution {n}=={side[n]}", out):
+        out.append(f"distribution {name}: other version: {a} has {va[name]}, {b} has {vb[name]}")
     ea, eb = set(old.get("excluded", [])), set(new.get("excluded", []))
     for dist in sorted(ea ^ eb):
         side, other = (a, b) if dist in ea else (b, a)
@@ -245,28 +286,16 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
 
     for section, label in (("backends", "backend"), ("namespaces", "namespace")):
         sa, sb = old.get(section, {}), new.get(section, {})
-        for name in sorted(set(sa) | set(sb)):
-            if name not in sb:
-                out.append(f"{label} {name}: in {a}, missing from {b}")
-            elif name not in sa:
-                out.append(f"{label} {name}: in {b}, not in {a}")
-            elif sa[name] != sb[name]:
-                fields = [f for f in sorted(set(sa[name]) | set(sb[name]))
-                          if sa[name].get(f) != sb[name].get(f)]
-                out.append(f"{label} {name}: other "
-                           + ", ".join(f"{f}: {a} has {sa[name].get(f)!r}, {b} has "
-                                       f"{sb[name].get(f)!r}" for f in fields))
+        for name in _diff_names(sa, sb, a, b, lambda n, side, label=label: f"{label} {n}", out):
+            out.append(f"{label} {name}: other " + _other_fields(sa[name], sb[name], a, b))
 
     oa, ob = old.get("ops", {}), new.get("ops", {})
-    for name in sorted(set(oa) | set(ob)):
-        if name not in ob:
-            out.append(f"op {name} (from {_dist(oa[name].get('distribution'), va)}): "
-                       f"in {a}, missing from {b}")
-            continue
-        if name not in oa:
-            out.append(f"op {name} (from {_dist(ob[name].get('distribution'), vb)}): "
-                       f"in {b}, not in {a}")
-            continue
+
+    def describe_op(name: str, side: Mapping[str, Any]) -> str:
+        versions = va if side is oa else vb  # the version from the side that has the op
+        return f"op {name} (from {_dist(side[name].get('distribution'), versions)})"
+
+    for name in _diff_names(oa, ob, a, b, describe_op, out):
         o, n = oa[name], ob[name]
         if o.get("schema") != n.get("schema"):
             out.append(f"op {name}: other schema: {a} has {o.get('schema')!r}, "
@@ -287,6 +316,14 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
     return out
 
 
+def current_plan() -> Plan:
+    """The plan of the loaded registry, or :func:`opregistry.plan` (no torch) when none is."""
+    from .registry import get_registry, plan
+
+    loaded = get_registry()
+    return loaded.plan if loaded is not None else plan()
+
+
 def verify_lock(path: PathLike = DEFAULT_LOCKFILE, plan: Plan | None = None) -> str:
     """Check that this environment resolves the registry recorded in the lockfile ``path``.
 
@@ -296,13 +333,7 @@ def verify_lock(path: PathLike = DEFAULT_LOCKFILE, plan: Plan | None = None) -> 
     :class:`~opregistry.LockMismatchError` listing every difference otherwise.
     """
     locked = read_lock(path)
-    if plan is None:
-        from .registry import get_registry
-        from .registry import plan as make_plan
-
-        loaded = get_registry()
-        plan = loaded.plan if loaded is not None else make_plan()
-    current = lock_data(plan)
+    current = lock_data(plan if plan is not None else current_plan())
     differences = diff_lock(locked, current)
     recorded = locked.get("fingerprint")
     actual = fingerprint_of(current)

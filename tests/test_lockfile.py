@@ -133,6 +133,50 @@ def test_verify_explains_every_difference(dists, ns, tmp_path):
     assert all(d in text for d in diffs) and "opregistry lock -o" in text
 
 
+def test_other_torch_is_a_difference(dists, ns, tmp_path):
+    """The lock records torch's version (from its metadata); another one fails verify."""
+    import importlib_metadata
+
+    make_op_dist(dists, "lock-t", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    installed = importlib_metadata.version("torch").partition("+")[0]
+    path = tmp_path / "opregistry.lock"
+    data = write_lock(plan(dists), path)
+    assert data["torch"] == installed
+    # the lock of a node with an older torch, re-fingerprinted as `opregistry lock` would
+    data["torch"] = "2.11.0"
+    data["fingerprint"] = fingerprint_of(data)
+    path.write_text(json.dumps(data))
+    assert data["fingerprint"] != fingerprint(plan(dists))
+    with pytest.raises(LockMismatchError) as info:
+        verify_lock(path, plan=plan(dists))
+    assert list(info.value.differences) == [
+        f"torch: other version: the lockfile has 2.11.0, this environment has {installed}"]
+    # verify_consistent shares diff_lock: the same sentence, with ranks
+    assert diff_lock(data, lock_data(plan(dists)), old_label="rank 0", new_label="rank 1") == [
+        f"torch: other version: rank 0 has 2.11.0, rank 1 has {installed}"]
+
+
+def test_torch_build_label_is_not_locked(dists, ns, tmp_path, monkeypatch):
+    """A lock made with torch 2.13.0+cpu verifies where torch is 2.13.0+cu128 (a GPU node)."""
+    import importlib_metadata
+
+    make_op_dist(dists, "lock-u", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    real = importlib_metadata.version
+    monkeypatch.setattr(importlib_metadata, "version",
+                        lambda name: "2.13.0+cpu" if name == "torch" else real(name))
+    path = tmp_path / "opregistry.lock"
+    written = write_lock(plan(dists), path)
+    assert written["torch"] == "2.13.0"
+    monkeypatch.setattr(importlib_metadata, "version",
+                        lambda name: "2.13.0+cu128" if name == "torch" else real(name))
+    assert verify_lock(path, plan=plan(dists)) == written["fingerprint"]
+    monkeypatch.setattr(importlib_metadata, "version",
+                        lambda name: "2.14.0.dev20261101+cu128" if name == "torch" else real(name))
+    with pytest.raises(LockMismatchError, match="torch: other version: the lockfile has 2.13.0, "
+                                                "this environment has 2.14.0.dev20261101"):
+        verify_lock(path, plan=plan(dists))
+
+
 def test_diff_names_kernel_added_on_one_side(dists, ns):
     """A kernel present on one side only (e.g. one more backend) is reported with its origin."""
     d = make_op_dist(dists, "lock-e", ns,

@@ -300,6 +300,30 @@ def test_fuzzed_dispatch_keys(key: str) -> None:
     torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", kernel.key)
 
 
+@CI
+@given(ref=st.one_of(st.text(max_size=30),
+                     # never import arbitrary real modules (``antigravity`` opens a browser)
+                     st.from_regex(r"no_such_[a-z_.]{0,8}:[a-z_.]{1,12}", fullmatch=True),
+                     st.from_regex(r"os(\.path)?:[a-z_.]{1,12}", fullmatch=True),
+                     st.sampled_from(("os:getcwd", "os.path:join", "math:pi", "json:nope",
+                                      "no_such_mod_x:f", "os:path.join", "os:", ":f"))))
+def test_fuzzed_kernel_references(ref: str) -> None:
+    """A reference is refused when declared, or resolves to a callable, or fails to import:
+    never accepted as something the materializer would register without a callable."""
+    from opregistry.model import resolve_ref
+
+    try:
+        kernel = Kernel(op="fz::f", key="cpu", fn=ref)
+    except DeclarationError as exc:
+        assert repr(ref) in str(exc)
+        return
+    try:
+        fn = resolve_ref(kernel.fn)
+    except (ImportError, AttributeError, TypeError):
+        return  # reported as materialize-failed, the distribution rolled back
+    assert callable(fn)
+
+
 def test_schema_keywords_match_torch() -> None:
     """Every word the parser refuses as a name, torch refuses too (and 'from' it accepts)."""
     from opregistry.schema import SCHEMA_KEYWORDS

@@ -15,8 +15,10 @@ This module imports torch (inside its functions, so that importing
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+import attrs
 from attrs import frozen
 
 from . import keys as _keys
@@ -42,8 +44,9 @@ GRADCHECK = "gradcheck"
 class CheckResult:
     """The outcome of one check of one op, on one device, for one sample.
 
-    ``check`` is an opcheck utility, ``"gradcheck"``, or ``"samples"`` (the
-    sample function itself failed, or the op declares none); ``status`` is
+    ``check`` is an opcheck utility, ``"gradcheck"``, ``"registered"`` (the
+    op is not in torch: it was left out), or ``"samples"`` (the sample
+    function itself failed, the op declares none, or no device can run it); ``status`` is
     ``"ok"``, ``"fail"`` or ``"skip"``; ``message`` says why, for the latter two.
     """
 
@@ -56,9 +59,7 @@ class CheckResult:
     distribution: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "device": self.device, "check": self.check,
-                "status": self.status, "sample": self.sample, "message": self.message,
-                "distribution": self.distribution}
+        return attrs.asdict(self)
 
 
 def select_ops(ops: Sequence[OpPlan], targets: Iterable[str]) -> tuple[list[OpPlan], list[str]]:
@@ -185,89 +186,88 @@ def _bar(done: int, total: int, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _outcome(outcome: Any) -> tuple[str, str]:
+    """An opcheck report entry as ``(status, message)``."""
+    if outcome == "SUCCESS":
+        return "ok", ""
+    if isinstance(outcome, BaseException):
+        return "fail", _first_line(outcome)
+    return "skip", str(outcome)
+
+
+def _check_op(registry: Registry, op: OpPlan, machine: dict[str, str],
+              say: Callable[[str], None], prefix: str) -> list[CheckResult]:
+    """Every check of one op on every device of ``machine`` it has an active kernel for.
+
+    ``say(prefix + ...)`` reports progress: one line per device, or why nothing ran.
+    """
+    import torch
+
+    name = op.op.qualname
+    record = partial(CheckResult, op=name,
+                     distribution=op.op.origin.dist if op.op.origin else None)
+    if name not in registry.op_names:
+        problem = next((str(p) for p in registry.problems if p.op == name
+                        or (op.op.origin and op.op.origin in p.culprits)), "")
+        say(f"{prefix}: FAIL (not registered)")
+        return [record(device="-", check="registered", status="fail",
+                       message=f"not registered: {problem or 'see opregistry doctor'}")]
+    try:
+        samples = samples_of(op)
+    except Exception as exc:
+        say(f"{prefix}: FAIL (sample inputs)")
+        return [record(device="-", check="samples", status="fail",
+                       message=f"{op.op.samples}: {_first_line(exc)}")]
+    if not samples:
+        say(f"{prefix}: skipped (no samples)")
+        return [record(device="-", check="samples", status="skip",
+                       message="no sample inputs declared (samples=)")]
+    op_devices = devices_for(op, machine)
+    if not op_devices:
+        say(f"{prefix}: skipped (no device)")
+        return [record(device="-", check="samples", status="skip",
+                       message="no active device kernel on this machine")]
+    overload = _overload(name)
+    autograd = op.kernel("Autograd")
+    has_autograd = autograd is not None and autograd.status == "active"
+    results: list[CheckResult] = []
+    for device in op_devices:
+        found: list[CheckResult] = []
+        for i, (args, kwargs) in enumerate(samples):
+            args, kwargs = _to_device(args, machine[device]), _to_device(kwargs, machine[device])
+            report = torch.library.opcheck(overload, args, kwargs, raise_exception=False)
+            for util in OPCHECK_UTILS:
+                if report.get(util) is not None:
+                    status, message = _outcome(report[util])
+                    found.append(record(device=device, check=util, status=status, sample=i,
+                                        message=message))
+            if has_autograd:
+                try:
+                    why_not = _gradcheck(overload, args, kwargs)
+                except Exception as exc:
+                    status, message = "fail", _first_line(exc)
+                else:
+                    status, message = ("skip", why_not) if why_not else ("ok", "")
+                found.append(record(device=device, check=GRADCHECK, status=status, sample=i,
+                                    message=message))
+        failed = sum(1 for r in found if r.status == "fail")
+        say(f"{prefix} on {device}: {len(samples)} sample(s), " + (f"{failed} FAILED" if failed else "ok"))
+        results += found
+    return results
+
+
 def run_checks(registry: Registry, targets: Iterable[str] = (), *,
                devices: Iterable[str] | None = None,
                progress: Callable[[str], None] | None = None) -> tuple[list[CheckResult], list[str]]:
     """Check the selected ops of ``registry``; returns the results and the unknown targets."""
-    import torch
-
     selected, unknown = select_ops(registry.plan.ops, targets)
     if unknown:  # a typo in a target: say so at once rather than after minutes of checks
         return [], unknown
     available = _available_devices()
     machine = {d: available.get(d, d) for d in devices} if devices is not None else available
-    registered = registry.op_names
-    results: list[CheckResult] = []
     say = progress or (lambda text: None)
+    results: list[CheckResult] = []
     for index, op in enumerate(selected, 1):
-        name = op.op.qualname
-        dist = op.op.origin.dist if op.op.origin else None
-        prefix = f"{_bar(index, len(selected))} {index}/{len(selected)} {name}"
-        if name not in registered:
-            problem = next((str(p) for p in registry.problems if p.op == name
-                            or (op.op.origin and op.op.origin in p.culprits)), "")
-            results.append(CheckResult(op=name, device="-", check="registered", status="fail",
-                                       message=f"not registered: {problem or 'see opregistry doctor'}",
-                                       distribution=dist))
-            say(f"{prefix}: FAIL (not registered)")
-            continue
-        try:
-            samples = samples_of(op)
-        except Exception as exc:
-            results.append(CheckResult(op=name, device="-", check="samples", status="fail",
-                                       message=f"{op.op.samples}: {_first_line(exc)}",
-                                       distribution=dist))
-            say(f"{prefix}: FAIL (sample inputs)")
-            continue
-        if not samples:
-            results.append(CheckResult(op=name, device="-", check="samples", status="skip",
-                                       message="no sample inputs declared (samples=)",
-                                       distribution=dist))
-            say(f"{prefix}: skipped (no samples)")
-            continue
-        op_devices = devices_for(op, machine)
-        if not op_devices:
-            results.append(CheckResult(op=name, device="-", check="samples", status="skip",
-                                       message="no active device kernel on this machine",
-                                       distribution=dist))
-            say(f"{prefix}: skipped (no device)")
-            continue
-        overload = _overload(name)
-        autograd = op.kernel("Autograd")
-        has_autograd = autograd is not None and autograd.status == "active"
-        for device in op_devices:
-            failed = 0
-            for i, (args, kwargs) in enumerate(samples):
-                args, kwargs = _to_device(args, machine[device]), _to_device(kwargs, machine[device])
-                report = torch.library.opcheck(overload, args, kwargs, raise_exception=False)
-                for util in OPCHECK_UTILS:
-                    outcome = report.get(util)
-                    if outcome is None:
-                        continue
-                    if outcome == "SUCCESS":
-                        results.append(CheckResult(op=name, device=device, check=util,
-                                                   status="ok", sample=i, distribution=dist))
-                    elif isinstance(outcome, BaseException):
-                        failed += 1
-                        results.append(CheckResult(op=name, device=device, check=util,
-                                                   status="fail", sample=i,
-                                                   message=_first_line(outcome), distribution=dist))
-                    else:
-                        results.append(CheckResult(op=name, device=device, check=util,
-                                                   status="skip", sample=i, message=str(outcome),
-                                                   distribution=dist))
-                if has_autograd:
-                    try:
-                        why_not = _gradcheck(overload, args, kwargs)
-                    except Exception as exc:
-                        failed += 1
-                        results.append(CheckResult(op=name, device=device, check=GRADCHECK,
-                                                   status="fail", sample=i,
-                                                   message=_first_line(exc), distribution=dist))
-                    else:
-                        results.append(CheckResult(op=name, device=device, check=GRADCHECK,
-                                                   status="skip" if why_not else "ok", sample=i,
-                                                   message=why_not or "", distribution=dist))
-            say(f"{prefix} on {device}: {len(samples)} sample(s), "
-                + (f"{failed} FAILED" if failed else "ok"))
+        prefix = f"{_bar(index, len(selected))} {index}/{len(selected)} {op.op.qualname}"
+        results += _check_op(registry, op, machine, say, prefix)
     return results, unknown

@@ -14,7 +14,7 @@ import sys
 import textwrap
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -104,6 +104,43 @@ def load(dists: DistFactory, **kwargs: object) -> opregistry.Registry:
 def plan(dists: DistFactory, **kwargs: object) -> opregistry.resolver.Plan:  # type: ignore[name-defined]
     kwargs.setdefault("plugins", [*BACKENDS, *dists.names])
     return opregistry.plan(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def scoped(dists: DistFactory, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """``scoped()`` points OPREGISTRY_PLUGINS (read by the CLI) at the backends and ``dists``."""
+    def scope() -> None:
+        monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, *dists.names]))
+    return scope
+
+
+#: Kernels for :func:`op_dist` distributions: ``'KMOD:clone'`` in a body refers to ``clone``.
+KERNELS = """
+import torch
+
+def clone(x):
+    return x.clone()
+
+def twice(x):
+    return x * 2
+
+def fake(x):
+    return torch.empty_like(x)
+"""
+
+
+def op_dist(dists: DistFactory, name: str, ns: str, body: str, *, kind: str = "DEF",
+            version: str = "1.0", kernels: str = KERNELS) -> str:
+    """A temporary op distribution whose entry point is ``OpLibrary(ns, kind)`` after ``body``.
+
+    ``KMOD`` in ``body`` stands for its kernel module ``{ns}_kernels``, whose
+    source is ``kernels``.  Returns the distribution's name.
+    """
+    mod = f"{name.replace('-', '_')}_{ns}"
+    kmod = f"{ns}_kernels"
+    source = f"from opregistry import OpLibrary\nlib = OpLibrary({ns!r}, {kind!r})\n" + body
+    return dists.make(name, version=version, ops={"ops": f"{mod}:lib"},
+                      modules={mod: source.replace("KMOD", kmod), kmod: kernels})
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch  # noqa: F401  (imported at collection: its autoload is not a test'
 from opregistry.checking import OPCHECK_UTILS, select_ops
 from opregistry.cli import main
 
-from .conftest import BACKENDS, plan
+from .conftest import op_dist, plan
 
 KERNELS = """
 import torch
@@ -43,25 +43,14 @@ def samples():
 """
 
 
-def op_dist(dists, ns: str, fake: str, backward: str | None = None, samples: bool = True) -> str:
-    kmod = f"{ns}_kernels"
-    mod = f"checked_{ns}"
-    autograd = f", autograd=('{kmod}:{backward}', '{kmod}:save')" if backward else ""
-    sample = f", samples='{kmod}:samples'" if samples else ""
-    source = (
-        "from opregistry import OpLibrary\n"
-        f"lib = OpLibrary({ns!r})\n"
-        f"lib.define('f(Tensor x) -> Tensor', kernels={{'cpu': '{kmod}:clone'}}, "
-        f"fake='{kmod}:{fake}'{autograd}{sample})\n"
-    )
-    return dists.make("checked", ops={"ops": f"{mod}:lib"}, modules={mod: source, kmod: KERNELS})
-
-
-@pytest.fixture
-def scoped(dists, monkeypatch):
-    def scope() -> None:
-        monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, *dists.names]))
-    return scope
+def checked_dist(dists, ns: str, fake: str, backward: str | None = None,
+                 samples: bool = True) -> str:
+    """``ns::f``, a clone, with the given fake and backward kernels and (or not) samples."""
+    autograd = f", autograd=('KMOD:{backward}', 'KMOD:save')" if backward else ""
+    sample = ", samples='KMOD:samples'" if samples else ""
+    body = (f"lib.define('f(Tensor x) -> Tensor', kernels={{'cpu': 'KMOD:clone'}}, "
+            f"fake='KMOD:{fake}'{autograd}{sample})\n")
+    return op_dist(dists, "checked", ns, body, kernels=KERNELS)
 
 
 @pytest.mark.slow
@@ -83,7 +72,7 @@ def test_check_passes_on_the_example_ops():
 @pytest.mark.filterwarnings("ignore:.*an autograd kernel was not registered")
 def test_check_fails_on_a_broken_fake_kernel(dists, ns, scoped, capsys):
     """A fake kernel with the wrong shape fails test_faketensor, naming op and utility."""
-    dist = op_dist(dists, ns, fake="broken_fake")
+    dist = checked_dist(dists, ns, fake="broken_fake")
     scoped()
     assert main(["check", ns, "--json", "-q"]) == 1
     data = json.loads(capsys.readouterr().out)
@@ -99,7 +88,7 @@ def test_check_fails_on_a_broken_fake_kernel(dists, ns, scoped, capsys):
 
 def test_check_runs_gradcheck_where_autograd_is_active(dists, ns, scoped, capsys):
     """A wrong backward passes opcheck but fails gradcheck on the sample that requires grad."""
-    op_dist(dists, ns, fake="good_fake", backward="wrong_backward")
+    checked_dist(dists, ns, fake="good_fake", backward="wrong_backward")
     scoped()
     assert main(["check", f"{ns}::f", "--json", "-q"]) == 1
     results = json.loads(capsys.readouterr().out)["results"]
@@ -109,7 +98,7 @@ def test_check_runs_gradcheck_where_autograd_is_active(dists, ns, scoped, capsys
 
 
 def test_check_passes_a_correct_op_and_skips_one_without_samples(dists, ns, scoped, capsys):
-    op_dist(dists, ns, fake="good_fake", backward="right_backward")
+    checked_dist(dists, ns, fake="good_fake", backward="right_backward")
     scoped()
     assert main(["check", ns, "--json", "-q"]) == 0
     results = json.loads(capsys.readouterr().out)["results"]
@@ -118,7 +107,7 @@ def test_check_passes_a_correct_op_and_skips_one_without_samples(dists, ns, scop
 
 
 def test_op_without_samples_is_skipped_not_failed(dists, ns, scoped, capsys):
-    op_dist(dists, ns, fake="good_fake", samples=False)
+    checked_dist(dists, ns, fake="good_fake", samples=False)
     scoped()
     assert main(["check", ns, "--json", "-q"]) == 0
     [result] = json.loads(capsys.readouterr().out)["results"]
@@ -126,7 +115,7 @@ def test_op_without_samples_is_skipped_not_failed(dists, ns, scoped, capsys):
 
 
 def test_unknown_target_is_a_usage_error(dists, ns, scoped, capsys):
-    op_dist(dists, ns, fake="good_fake")
+    checked_dist(dists, ns, fake="good_fake")
     scoped()
     assert main(["check", f"{ns}::nope", "-q"]) == 2
     assert f"no op or namespace {ns}::nope" in capsys.readouterr().err

@@ -7,8 +7,14 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+import torch  # imported at collection, so that its autoload is not part of a test
 
 from opregistry.cli import main
+
+from .conftest import BACKENDS, op_dist
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -58,45 +64,8 @@ def test_python_dash_m_is_the_command():
 
 # -- every command ---------------------------------------------------------------
 
-import pytest  # noqa: E402
-import torch  # noqa: E402  (first import here, at collection: its autoload is not a test's)
-
-from .conftest import BACKENDS  # noqa: E402
-
-KERNELS = """
-import torch
-
-def clone(x):
-    return x.clone()
-
-def twice(x):
-    return x * 2
-
-def fake(x):
-    return torch.empty_like(x)
-"""
-
-
-def op_dist(dists, name: str, ns: str, body: str, kind: str = "DEF", kmod: str | None = None,
-            version: str = "1.0") -> str:
-    """A temporary op distribution whose entry point is an OpLibrary of ``ns``."""
-    mod = f"{name.replace('-', '_')}_{ns}"
-    kmod = kmod or f"{ns}_kernels"
-    source = f"from opregistry import OpLibrary\nlib = OpLibrary({ns!r}, {kind!r})\n" + body
-    return dists.make(name, version=version, ops={"ops": f"{mod}:lib"},
-                      modules={mod: source.replace("KMOD", kmod), kmod: KERNELS})
-
-
 def define(name: str, extra: str = "") -> str:
     return f"lib.define('{name}(Tensor x) -> Tensor', kernels={{'cpu': 'KMOD:clone'}}{extra})\n"
-
-
-@pytest.fixture
-def scoped(dists, monkeypatch):
-    """Scope the CLI (which reads OPREGISTRY_PLUGINS) to the backends and this test's dists."""
-    def scope(*extra: str) -> None:
-        monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, *dists.names, *extra]))
-    return scope
 
 
 def cli_json(capsys, *argv: str) -> tuple[int, object]:
@@ -399,8 +368,6 @@ def test_help_names_every_command():
 
 
 # -- docs/cli.md -----------------------------------------------------------------
-
-from pathlib import Path  # noqa: E402
 
 CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify")

@@ -24,17 +24,7 @@ from opregistry.lockfile import (
 from opregistry.model import Backend, Kernel, Namespace, OpDef, Origin
 from opregistry.resolver import resolve
 
-from .conftest import plan
-
-
-def lib(ns: str, body: str, kind: str = "DEF") -> str:
-    return f"from opregistry import OpLibrary\nlib = OpLibrary({ns!r}, {kind!r})\n{body}"
-
-
-def make_op_dist(dists, name: str, ns: str, body: str, kind: str = "DEF", version: str = "1.0"):
-    mod = f"{name.replace('-', '_')}_{ns}"
-    return dists.make(name, version=version, ops={"ops": f"{mod}:lib"},
-                      modules={mod: lib(ns, body, kind)})
+from .conftest import op_dist, plan
 
 
 def declarations(reverse: bool) -> Declarations:
@@ -80,7 +70,7 @@ def test_fingerprint_changes_with_any_locked_fact():
 
 def test_lock_data_records_origins_and_status(dists, ns):
     """Schemas, owners, kernels with origin and status; no machine-specific paths."""
-    d = make_op_dist(dists, "lock-a", ns,
+    d = op_dist(dists, "lock-a", ns,
                      "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f', 'cuda': 'k:f'},"
                      " fake='k:fake', tags=['pt2_compliant_tag'])\n")
     data = lock_data(plan(dists))
@@ -97,7 +87,7 @@ def test_lock_data_records_origins_and_status(dists, ns):
 
 def test_write_then_verify_roundtrip(dists, ns, tmp_path):
     """verify_lock returns the fingerprint written in the lockfile when nothing changed."""
-    make_op_dist(dists, "lock-b", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    op_dist(dists, "lock-b", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
     resolved = plan(dists)
     path = tmp_path / "opregistry.lock"
     written = write_lock(resolved, path)
@@ -108,9 +98,9 @@ def test_write_then_verify_roundtrip(dists, ns, tmp_path):
 
 def test_verify_explains_every_difference(dists, ns, tmp_path):
     """Missing distribution, other version, other schema and other kernel origin, all at once."""
-    a = make_op_dist(dists, "lock-c", ns,
+    a = op_dist(dists, "lock-c", ns,
                      "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
-    b = make_op_dist(dists, "lock-d", f"{ns}d",
+    b = op_dist(dists, "lock-d", f"{ns}d",
                      "lib.define('g(Tensor x) -> Tensor', kernels={'cpu': 'k:g'})\n")
     path = tmp_path / "opregistry.lock"
     data = write_lock(plan(dists), path)
@@ -137,7 +127,7 @@ def test_other_torch_is_a_difference(dists, ns, tmp_path):
     """The lock records torch's version (from its metadata); another one fails verify."""
     import importlib_metadata
 
-    make_op_dist(dists, "lock-t", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    op_dist(dists, "lock-t", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
     installed = importlib_metadata.version("torch").partition("+")[0]
     path = tmp_path / "opregistry.lock"
     data = write_lock(plan(dists), path)
@@ -160,7 +150,7 @@ def test_torch_build_label_is_not_locked(dists, ns, tmp_path, monkeypatch):
     """A lock made with torch 2.13.0+cpu verifies where torch is 2.13.0+cu128 (a GPU node)."""
     import importlib_metadata
 
-    make_op_dist(dists, "lock-u", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    op_dist(dists, "lock-u", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
     real = importlib_metadata.version
     monkeypatch.setattr(importlib_metadata, "version",
                         lambda name: "2.13.0+cpu" if name == "torch" else real(name))
@@ -179,7 +169,7 @@ def test_torch_build_label_is_not_locked(dists, ns, tmp_path, monkeypatch):
 
 def test_diff_names_kernel_added_on_one_side(dists, ns):
     """A kernel present on one side only (e.g. one more backend) is reported with its origin."""
-    d = make_op_dist(dists, "lock-e", ns,
+    d = op_dist(dists, "lock-e", ns,
                      "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'}, vmap='k:vf')\n")
     with_vmap = lock_data(plan(dists))
     without = lock_data(plan(dists, block=["opregistry-vmap"]))
@@ -192,7 +182,7 @@ def test_diff_names_kernel_added_on_one_side(dists, ns):
 
 def test_edited_lockfile_is_detected(dists, ns, tmp_path):
     """A hand-edited fingerprint is a difference even when the content matches."""
-    make_op_dist(dists, "lock-f", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
+    op_dist(dists, "lock-f", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
     path = tmp_path / "opregistry.lock"
     data = write_lock(plan(dists), path)
     data["fingerprint"] = "sha256:" + "0" * 64
@@ -234,9 +224,9 @@ def test_allowed_override_is_locked_and_diffed(dists, ns):
     """An override allowed by policy: the winner and the overridden kernel are both in the lock."""
     import opregistry
 
-    owner = make_op_dist(dists, "lock-owner", ns,
+    owner = op_dist(dists, "lock-owner", ns,
                          "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'k:f'})\n")
-    patch = make_op_dist(dists, "lock-patch", ns, f"lib.impl('{ns}::f', 'cpu', 'p:f', override=True)\n",
+    patch = op_dist(dists, "lock-patch", ns, f"lib.impl('{ns}::f', 'cpu', 'p:f', override=True)\n",
                          kind="IMPL")
     allowed = lock_data(plan(dists, policy=opregistry.Policy(allow_override={ns})))
     kernels = allowed["ops"][f"{ns}::f"]["kernels"]

@@ -40,15 +40,24 @@ def _configure_logging(verbose: int) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.ERROR
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.set_name("opregistry-cli")
     logger = logging.getLogger(LOGGER_NAME)
+    for previous in [h for h in logger.handlers if h.name == handler.name]:
+        logger.removeHandler(previous)  # main() run again in one process: log each line once
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
 
 
-def _table(rows: list[Sequence[Any]], out: TextIO, indent: str = "  ") -> None:
+def _table(rows: list[Sequence[Any]], out: TextIO, indent: str = "  ", *,
+           header: Sequence[str] = (), empty: str = "") -> None:
+    """``rows`` in aligned columns under ``header``; the ``empty`` line when there are none."""
     if not rows:
+        if empty:
+            out.write(f"{indent}{empty}\n")
         return
+    if header:
+        rows = [header, *rows]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [str(c).ljust(w) for c, w in zip(row, widths)]
@@ -95,7 +104,8 @@ def _live_registry(imports: Sequence[str] = ()) -> Any:
         try:
             importlib.import_module(module)
         except Exception as exc:
-            raise SystemExit(f"opregistry: --import {module} failed: {type(exc).__name__}: {exc}")
+            raise SystemExit(f"opregistry: --import {module} failed: {type(exc).__name__}: {exc}; "
+                             f"the module must be importable here (installed, or on PYTHONPATH)")
     from .registry import load
 
     return load()
@@ -147,6 +157,11 @@ def _filter(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def _kernel_note(kernel: dict[str, Any]) -> str:
+    """What the NOTE column says about a kernel row: whose kernel it replaces, or why its status."""
+    return f"overrides {kernel['overrides']}" if kernel["overrides"] else kernel["reason"]
+
+
 def _print_problems(problems: list[dict[str, Any]], out: TextIO) -> None:
     problems = [p for p in problems if p["severity"] != "info"]
     if problems:
@@ -159,16 +174,15 @@ def _print_problems(problems: list[dict[str, Any]], out: TextIO) -> None:
 
 def _print_list(data: dict[str, Any], out: TextIO) -> None:
     out.write("Backends\n")
-    rows: list[Sequence[Any]] = [("NAME", "KEYS", "DEVICE", "DISTRIBUTION", "INSTALLED", "AVAILABLE")]
-    rows += [(b["name"], ",".join(b["keys"]), b["device_type"] or "-",
-              f"{b['distribution']}=={b['version']}", "yes",
-              "yes" if b["available"] else "no (not on this machine)") for b in data["backends"]]
-    _table(rows, out) if data["backends"] else out.write("  (none installed)\n")
+    _table([(b["name"], ",".join(b["keys"]), b["device_type"] or "-",
+             f"{b['distribution']}=={b['version']}", "yes",
+             "yes" if b["available"] else "no (not on this machine)") for b in data["backends"]],
+           out, header=("NAME", "KEYS", "DEVICE", "DISTRIBUTION", "INSTALLED", "AVAILABLE"),
+           empty="(none installed)")
     out.write("\nNamespaces\n")
-    rows = [("NAME", "OWNER", "FRAGMENTS", "CLOSED")]
-    rows += [(n["name"], n["owner"] or "-", ", ".join(n["fragments"]) or "-",
-              "yes" if n["closed"] else "no") for n in data["namespaces"]]
-    _table(rows, out) if data["namespaces"] else out.write("  (none)\n")
+    _table([(n["name"], n["owner"] or "-", ", ".join(n["fragments"]) or "-",
+             "yes" if n["closed"] else "no") for n in data["namespaces"]],
+           out, header=("NAME", "OWNER", "FRAGMENTS", "CLOSED"), empty="(none)")
     out.write("\nOps\n")
     if not data["ops"]:
         out.write("  (none)\n")
@@ -176,14 +190,9 @@ def _print_list(data: dict[str, Any], out: TextIO) -> None:
         tags = f"  tags: {', '.join(op['tags'])}" if op["tags"] else ""
         out.write(f"  {op['schema'].replace(op['name'].split('::')[1], op['name'], 1)}"
                   f"  [{op['distribution']}]{tags}\n")
-        rows = []
-        for k in op["kernels"]:
-            note = k["reason"]
-            if k["overrides"]:
-                note = f"overrides {k['overrides']}"
-            dist = k["distribution"] if k["distribution"] != op["distribution"] else ""
-            rows.append((k["key"], k["status"], k["kernel"] or "-", dist, note))
-        _table(rows, out, indent="      ")
+        _table([(k["key"], k["status"], k["kernel"] or "-",
+                 k["distribution"] if k["distribution"] != op["distribution"] else "",
+                 _kernel_note(k)) for k in op["kernels"]], out, indent="      ")
     if data.get("external_kernels"):
         out.write("\nKernels for torch's own ops (allowed by policy)\n")
         _table([(k["op"], k["key"], k["status"], k["kernel"], k["distribution"])
@@ -234,13 +243,10 @@ def _print_live(live: dict[str, list[dict[str, Any]]], out: TextIO) -> None:
     out.write("\nLive dispatcher (torch) vs declared (opregistry)\n")
     for namespace, rows in live.items():
         out.write(f"  namespace {namespace}\n")
-        if not rows:
-            out.write("      (no ops in the dispatcher, none declared)\n")
-            continue
-        table: list[Sequence[Any]] = [("OP", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE")]
-        table += [(r["op"], ",".join(r["declared_keys"]) or "-",
-                   ",".join(sorted(r["dispatcher_keys"])) or "-", _live_note(r)) for r in rows]
-        _table(table, out, indent="      ")
+        _table([(r["op"], ",".join(r["declared_keys"]) or "-",
+                 ",".join(sorted(r["dispatcher_keys"])) or "-", _live_note(r)) for r in rows],
+               out, indent="      ", header=("OP", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE"),
+               empty="(no ops in the dispatcher, none declared)")
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
@@ -309,12 +315,10 @@ def _print_show(data: dict[str, Any], out: TextIO) -> None:
     rows.append(("samples:", data["samples"] or "none declared (opregistry check skips it)"))
     _table(rows, out)
     out.write("\nKernels\n")
-    table: list[Sequence[Any]] = [("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE")]
-    for k in data["kernels"]:
-        note = f"overrides {k['overrides']}" if k["overrides"] else k["reason"]
-        table.append((k["key"], k["status"], k["kernel"], k["distribution"] or "-",
-                      k["backend"] or "-", note))
-    _table(table, out) if data["kernels"] else out.write("  (none)\n")
+    _table([(k["key"], k["status"], k["kernel"], k["distribution"] or "-", k["backend"] or "-",
+             _kernel_note(k)) for k in data["kernels"]],
+           out, header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE"),
+           empty="(none)")
     _print_problems(data["problems"], out)
     live = data.get("live")
     if live is not None:
@@ -323,10 +327,9 @@ def _print_show(data: dict[str, Any], out: TextIO) -> None:
             out.write("  not in the dispatcher (see opregistry doctor --live)\n")
             return
         out.write(f"  schema: {live['dispatcher_schema']}\n")
-        rows = [("KEY", "REGISTERED AT", "DECLARED")]
-        rows += [(key, where, "yes" if key in live["declared_keys"] else "no")
-                 for key, where in sorted(live["dispatcher_keys"].items())]
-        _table(rows, out)
+        _table([(key, where, "yes" if key in live["declared_keys"] else "no")
+                for key, where in sorted(live["dispatcher_keys"].items())],
+               out, header=("KEY", "REGISTERED AT", "DECLARED"))
         out.write(f"  {_live_note(live)}\n")
 
 
@@ -345,11 +348,9 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
             _dump(data, out)
         else:
             out.write(f"{args.op}  [defined by torch; kernels added under OPREGISTRY_ALLOW_OVERRIDE]\n")
-            table: list[Sequence[Any]] = [("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE")]
-            table += [(k["key"], k["status"], k["kernel"], k["distribution"] or "-",
-                       f"overrides {k['overrides']}" if k["overrides"] else k["reason"])
-                      for k in data["kernels"]]
-            _table(table, out)
+            _table([(k["key"], k["status"], k["kernel"], k["distribution"] or "-",
+                     _kernel_note(k)) for k in data["kernels"]],
+                   out, header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE"))
         return EXIT_OK
     if not ops:
         problems = [p for p in resolved.problems if p.op and p.op.split(".")[0] == args.op.split(".")[0]]
@@ -475,13 +476,10 @@ def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
         for group, title in ((BACKENDS_GROUP, "Backends"), (OPS_GROUP, "Op packages")):
             mine = [r for r in rows if r["group"] == group]
             out.write(f"{title} (entry-point group {group})\n")
-            if not mine:
-                out.write("  (none)\n")
-            table: list[Sequence[Any]] = [("DISTRIBUTION", "VERSION", "ENTRY POINT", "STATUS",
-                                           "CONTRIBUTES / REASON")]
-            table += [(r["distribution"], r["version"], r["entry_point"], r["status"],
-                       _contribution(r)) for r in mine]
-            _table(table, out) if mine else None
+            _table([(r["distribution"], r["version"], r["entry_point"], r["status"],
+                     _contribution(r)) for r in mine],
+                   out, header=("DISTRIBUTION", "VERSION", "ENTRY POINT", "STATUS",
+                                "CONTRIBUTES / REASON"), empty="(none)")
             out.write("\n")
     bad = any(r["status"] in ("failed", "left out") for r in rows)
     return EXIT_PROBLEMS if bad else EXIT_OK
@@ -553,33 +551,30 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
 # -- check ---------------------------------------------------------------------
 
 
+#: A check's mark in the table; over several samples the worst shows.
+_MARKS = {"skip": "skip", "ok": "ok", "fail": "FAIL"}
+_WORST = list(_MARKS)
+
+
 def _print_check(results: list[Any], out: TextIO) -> None:
     from .checking import GRADCHECK, OPCHECK_UTILS
 
     columns = (*OPCHECK_UTILS, GRADCHECK)
     rows: dict[tuple[str, str], dict[str, str]] = {}
-    notes: list[Any] = []
     for r in results:
         cells = rows.setdefault((r.op, r.device), {})
-        if r.check not in columns:
+        if r.check not in columns:  # the op was not checked at all: say why across the row
             cells["_note"] = f"{r.status}: {r.message}"
-            if r.status == "fail":
-                notes.append(r)
-            continue
-        previous = cells.get(r.check)
-        rank = {"FAIL": 2, "ok": 1, "skip": 0}
-        mark = {"ok": "ok", "fail": "FAIL", "skip": "skip"}[r.status]
-        if previous is None or rank[mark] > rank[previous]:
-            cells[r.check] = mark
-        if r.status == "fail":
-            notes.append(r)
-    table: list[Sequence[Any]] = [("OP", "DEVICE", *(c.replace("test_", "") for c in columns))]
+        elif _WORST.index(r.status) >= _WORST.index(cells.get(r.check, "skip")):
+            cells[r.check] = r.status
+    table = []
     for (op, device), cells in rows.items():
         if "_note" in cells:
             table.append((op, device, cells["_note"], *([""] * (len(columns) - 1))))
         else:
-            table.append((op, device, *(cells.get(c, "-") for c in columns)))
-    _table(table, out)
+            table.append((op, device, *(_MARKS[cells[c]] if c in cells else "-" for c in columns)))
+    _table(table, out, header=("OP", "DEVICE", *(c.replace("test_", "") for c in columns)))
+    notes = [r for r in results if r.status == "fail"]
     if notes:
         out.write("\nFailures\n")
         for r in notes:

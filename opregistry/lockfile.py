@@ -24,7 +24,6 @@ This module never imports torch: ``opregistry lock`` / ``verify`` and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -153,6 +152,8 @@ def _canonical(data: Mapping[str, Any]) -> bytes:
 
 def fingerprint_of(data: Mapping[str, Any]) -> str:
     """``sha256:<hex>`` of lock data (its ``fingerprint`` field, if any, ignored)."""
+    import hashlib  # here: OpenSSL's import is a cost every `import torch` would pay
+
     return "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
 
 

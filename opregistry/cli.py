@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from typing import Any, Callable, Sequence, TextIO
 
 from .resolver import Plan
@@ -408,6 +409,16 @@ def _plugins(plan: Plan) -> list[dict[str, Any]]:
     from .discovery import BACKENDS_GROUP
 
     hooks = _hooks_by_entry_point()
+    # what each entry point contributes, grouped once: not a pass over every op per distribution
+    ops_of: dict[Any, list[str]] = {}
+    for op in plan.ops:
+        ops_of.setdefault(op.op.origin, []).append(op.op.qualname)
+    kernels_of = Counter(k.kernel.origin for k in plan.kernels())
+    namespaces_of: dict[Any, set[str]] = {}
+    for n in plan.namespaces:
+        namespaces_of.setdefault(n.owner, set()).add(f"{n.name} (DEF)")
+        for fragment in n.fragments:
+            namespaces_of.setdefault(fragment, set()).add(f"{n.name} (FRAGMENT)")
 
     excluded = {o.distribution for o in plan.excluded}
     problems_of: dict[str, list[str]] = {}
@@ -425,11 +436,9 @@ def _plugins(plan: Plan) -> list[dict[str, Any]]:
                  "device_type": b.backend.device_type, "available": b.available}
                 for b in plan.backends if b.backend.origin == o]
         else:
-            contributes["namespaces"] = sorted(
-                {f"{n.name} (DEF)" for n in plan.namespaces if n.owner == o}
-                | {f"{n.name} (FRAGMENT)" for n in plan.namespaces if o in n.fragments})
-            contributes["ops"] = [op.op.qualname for op in plan.ops if op.op.origin == o]
-            contributes["kernels"] = sum(1 for k in plan.kernels() if k.kernel.origin == o)
+            contributes["namespaces"] = sorted(namespaces_of.get(o, ()))
+            contributes["ops"] = ops_of.get(o, [])
+            contributes["kernels"] = kernels_of[o]
         rows.append({
             "distribution": o.distribution, "version": o.version, "group": o.group,
             "entry_point": o.entry_point_spec,

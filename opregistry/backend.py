@@ -36,10 +36,15 @@ def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | N
     ``qualname`` is ``ns::name`` or ``ns::name.overload``; ``None`` when no
     DeviceBackend registered one or its ``Library`` has been destroyed.
     """
-    entry = _device_kernels.get((qualname, key))
+    found = (qualname, key)
+    entry = _device_kernels.get(found)
     if entry is None and "." not in qualname.split("::", 1)[-1]:
-        entry = _device_kernels.get((f"{qualname}.default", key))
-    if entry is None or getattr(entry[0], "m", None) is None:
+        found = (f"{qualname}.default", key)
+        entry = _device_kernels.get(found)
+    if entry is None:
+        return None
+    if getattr(entry[0], "m", None) is None:  # its Library was destroyed: forget it
+        _device_kernels.pop(found, None)
         return None
     return entry
 

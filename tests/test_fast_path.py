@@ -194,6 +194,9 @@ def test_unloaded_kernels_are_not_called(bench: Any, dists: DistFactory, ns: str
 
     opregistry.get_registry().unload()
     assert device_kernel(f"{ns}::one", "CPU") is None
+    from opregistry import backend
+
+    assert (f"{ns}::one", "CPU") not in backend._device_kernels  # forgotten, not leaked
 
 
 # -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ as ``"benchops:..."`` strings.
 from __future__ import annotations
 
 import importlib
+import py_compile
 import sys
 import textwrap
 from pathlib import Path
@@ -204,6 +205,9 @@ def write_many(root: Path, n_dists: int, ops_per_dist: int, *, tag: str = "gen",
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
         (info / "entry_points.txt").write_text(f"[opregistry.ops]\n{tag}{i} = {module}:lib\n")
         (root / f"{module}.py").write_text(many_source(f"{tag}{i}", ops_per_dist, full=full, vmap=vmap))
+        # pip byte-compiles what it installs; do the same, even where
+        # PYTHONDONTWRITEBYTECODE would stop Python from caching it
+        py_compile.compile(str(root / f"{module}.py"), doraise=True)
         names.append(dist)
     importlib.invalidate_caches()
     return names

@@ -51,15 +51,13 @@ def opregistry_materialize_kernel(
     library: Any, op: OpDef | None, kernel: Kernel, fn: Callable[..., Any],
     setup_context: Callable[..., Any] | None,
 ) -> bool:
-    from ._torch_private import op_handle
+    from ._torch_private import lookup_op, op_handle
     from .kernel import make_autograd_kernel
 
     if op is not None:  # an op opregistry defined: its tags are in the declaration
         tags: Iterable[str] = op.tags
     else:  # a kernel for someone else's op: ask torch (slower, and rare)
-        import torch
-
-        tags = [t.name for t in torch._library.utils.lookup_op(kernel.op).tags]
+        tags = [t.name for t in lookup_op(kernel.op).tags]
     handle = op_handle(kernel.op)
     why = refusal(handle.schema(), tags)
     if why is not None:

@@ -23,7 +23,6 @@ __all__ = [
     "keyset_id",
     "first_key_after_autograd",
     "library_alive",
-    "fill_defaults",
     "lookup_op",
     "supports_tensorlist",
     "has_tensorlist",
@@ -40,7 +39,6 @@ below_autograd: Callable[[], Any] = _C._AutoDispatchBelowAutograd
 #: C++ "does any of these tensors (or tensor lists) require grad"
 any_requires_grad: Callable[..., bool] = _C._any_requires_grad
 grad_enabled: Callable[[], bool] = _C.is_grad_enabled
-fill_defaults: Callable[..., Any] = _library_utils.fill_defaults
 lookup_op: Callable[[str], Any] = _library_utils.lookup_op
 supports_tensorlist: Callable[[type], type] = _library_autograd.supports_tensorlist
 has_kwarg_only_tensors: Callable[[Any], bool] = _library_utils.has_kwarg_only_tensors

@@ -17,9 +17,12 @@ import argparse
 import json
 import sys
 from collections import Counter
-from typing import Any, Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
-from .resolver import Plan
+from .lockfile import DEFAULT_LOCKFILE
+
+if TYPE_CHECKING:
+    from .resolver import Plan
 
 __all__ = ["main", "build_parser"]
 
@@ -752,8 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
              "and schemas, kernel origins and status) with its sha256 fingerprint as JSON. "
              "Refuses when the registry has errors, unless --force. Does not import torch.",
              json_help=None)
-    p.add_argument("-o", "--output", default="opregistry.lock", metavar="FILE",
-                   help="where to write it; '-' for stdout (default: opregistry.lock)")
+    p.add_argument("-o", "--output", default=DEFAULT_LOCKFILE, metavar="FILE",
+                   help=f"where to write it; '-' for stdout (default: {DEFAULT_LOCKFILE})")
     p.add_argument("--force", action="store_true", help="lock even if the registry has errors")
 
     p = _add(sub, "verify", cmd_verify, "compare this environment with a lockfile",
@@ -761,8 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
              "explain every difference (other torch version, missing distribution, other "
              "version, other schema, other kernel origin). Exit 1 on any difference. Does not import torch. The Python "
              "equivalent is opregistry.verify_lock(path).")
-    p.add_argument("lockfile", nargs="?", default="opregistry.lock", metavar="LOCKFILE",
-                   help="the lockfile (default: opregistry.lock)")
+    p.add_argument("lockfile", nargs="?", default=DEFAULT_LOCKFILE, metavar="LOCKFILE",
+                   help=f"the lockfile (default: {DEFAULT_LOCKFILE})")
     return parser
 
 

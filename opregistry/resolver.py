@@ -554,15 +554,14 @@ class _Pass:
                          "return the result (a new tensor), or drop the autograd kernel",
                          (k.origin,), op=k.op, key=k.key, source=k.source)
                 return False
-            if any(a.kwarg_only and a.type.is_tensor_like for a in schema.arguments):
+            if _has_kwarg_only_tensor(schema):
                 self.add("autograd-kwarg-only-tensor",
                          f"{k.origin} registers autograd for {k.op}, whose tensors are "
                          f"keyword-only; torch does not support that",
                          "make the tensor arguments positional", (k.origin,),
                          op=k.op, key=k.key, source=k.source)
                 return False
-        if k.key == "FuncTorchBatched" and any(
-                a.kwarg_only and a.type.is_tensor_like for a in schema.arguments):
+        if k.key == "FuncTorchBatched" and _has_kwarg_only_tensor(schema):
             # torch.library.register_vmap raises NotImplementedError for these
             self.add("vmap-kwarg-only-tensor",
                      f"{k.origin} registers a vmap rule for {k.op}, whose tensors are "
@@ -699,6 +698,11 @@ class _Pass:
                 self.warn("op-no-vmap", f"{qualname} ({origin}) has no vmap rule",
                           "add one with register_vmap / vmap= to use it under torch.vmap",
                           severity="info", op=qualname)
+
+
+def _has_kwarg_only_tensor(schema: Schema) -> bool:
+    """torch's register_autograd and register_vmap refuse keyword-only tensors."""
+    return any(a.kwarg_only and a.type.is_tensor_like for a in schema.arguments)
 
 
 def _order(record: Any) -> tuple[str, ...]:

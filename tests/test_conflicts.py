@@ -8,28 +8,7 @@ import torch
 import opregistry
 from opregistry import ResolutionError
 
-from .conftest import load, plan
-
-KERNELS = """
-import torch
-
-def clone(x):
-    return x.clone()
-
-def twice(x):
-    return x * 2
-
-def fake(x):
-    return torch.empty_like(x)
-"""
-
-
-def lib_module(ns: str, body: str, kind: str = "DEF") -> str:
-    return (
-        "from opregistry import OpLibrary\n"
-        f"lib = OpLibrary({ns!r}, {kind!r})\n" + body
-    )
-
+from .conftest import load, op_dist, plan
 
 def define(name: str, kernels: str = "{'cpu': 'KMOD:clone'}", extra: str = "") -> str:
     return f"lib.define('{name}(Tensor x) -> Tensor', kernels={kernels}{extra})\n"
@@ -40,19 +19,13 @@ def has_op(ns: str, name: str) -> bool:
 
 
 @pytest.fixture
-def kmod(dists, ns):
-    """A kernel module shared by the distributions of one test."""
-    name = f"{ns}_kernels"
-    return name
+def kmod(ns):
+    """The kernel module (:data:`conftest.KERNELS`) of the test's distributions."""
+    return f"{ns}_kernels"
 
 
 def make(dists, kmod, name, ns, body, kind="DEF"):
-    mod = f"{name.replace('-', '_')}_{ns}"
-    return dists.make(
-        name,
-        ops={"ops": f"{mod}:lib"},
-        modules={mod: lib_module(ns, body.replace("KMOD", kmod), kind), kmod: KERNELS},
-    )
+    return op_dist(dists, name, ns, body, kind=kind)
 
 
 def test_loads_and_calls(dists, ns, kmod):

@@ -19,6 +19,7 @@ from .errors import (
     OpRegistryError,
     PluginLoadError,
     PluginValidationError,
+    ReentrantLoadError,
     ResolutionError,
     SchemaError,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Policy",
     "Problem",
     "Registry",
+    "ReentrantLoadError",
     "ResolutionError",
     "SchemaError",
     "Settings",

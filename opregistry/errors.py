@@ -114,3 +114,11 @@ class LockMismatchError(OpRegistryError, RuntimeError):
 
 class ConfigError(OpRegistryError, ValueError):
     """The configuration (``OPREGISTRY_CONFIG`` file or an environment variable) is invalid."""
+
+
+class ReentrantLoadError(OpRegistryError, RuntimeError):
+    """``load()`` or ``plan()`` was called while opregistry was importing plugins.
+
+    A plugin that calls them at import would register from inside the
+    registry's own load; the plugin is reported (``plugin-import-error``) instead.
+    """

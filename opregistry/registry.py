@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 from .collect import Collected, collect
 from .config import Policy, Settings
 from .discovery import discover
-from .errors import ResolutionError
+from .errors import ReentrantLoadError, ResolutionError
 from .model import Problem
 from .resolver import KernelPlan, OpPlan, Plan, TorchState, resolve
 from .logs import get_logger
@@ -79,7 +79,10 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
     # the same refusal as under load(), not start registering from inside plan()
     with _lock:
         if _loading:
-            raise RuntimeError("opregistry.plan() was called from inside a plugin while loading")
+            raise ReentrantLoadError(
+                "opregistry.plan() was called while opregistry was importing plugins; a plugin "
+                "must not load the registry at import: remove the call (opregistry loads every "
+                "installed op package itself)")
         _loading = True
         try:
             return _collect_and_resolve(settings, torch_state)[1]
@@ -161,7 +164,10 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
         if _registry is not None and not reload:
             return _registry
         if _loading:
-            raise RuntimeError("opregistry.load() was called from inside a plugin while loading")
+            raise ReentrantLoadError(
+                "opregistry.load() was called while opregistry was importing plugins; a plugin "
+                "must not load the registry at import: remove the call (opregistry loads every "
+                "installed op package itself)")
         if _registry is not None:
             _registry.unload()
         _loading = True

@@ -376,7 +376,7 @@ def plugin_calls_load_at_import(env: Env) -> Fault:
     """Loading from inside a plugin's import would recurse: refused, the plugin left out."""
     d = env.op_dist("eager", define("foo") + "import opregistry\nopregistry.load()\n")
     return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
-                 says="inside a plugin")
+                 says="ReentrantLoadError: opregistry.load() was called while opregistry was importing plugins")
 
 
 def hookimpl_returns_wrong_type(env: Env) -> Fault:

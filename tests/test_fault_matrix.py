@@ -33,20 +33,10 @@ import opregistry
 from opregistry import ResolutionError
 from opregistry.model import Problem
 
+from . import conftest
 from .conftest import DistFactory, load, plan
 
-KERNELS = """
-import torch
-
-def clone(x):
-    return x.clone()
-
-def twice(x):
-    return x * 2
-
-def fake(x):
-    return torch.empty_like(x)
-
+KERNELS = conftest.KERNELS + """
 def fake2(x):
     return torch.empty_like(x)
 

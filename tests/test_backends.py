@@ -456,3 +456,88 @@ def test_factory_op_routes_to_the_cuda_kernel_by_its_device_argument(dists, ns):
     assert on_gpu.device.type == "cuda"
     assert on_gpu.cpu().tolist() == [0, 10, 20]
     assert ops.ramp(3, device="cpu").tolist() == [0, 1, 2]
+
+
+# -------------------------------------------------------------------------
+# The meta and vmap backends' private torch paths (cheaper than the public
+# register_fake / register_vmap at registration; same registrations)
+# -------------------------------------------------------------------------
+
+
+def test_meta_private_path_registers_what_register_fake_registers(ns):
+    """register_fake_kernel: same fake-impl entry, Meta kernel, get_ctx() and unregistration."""
+    from torch._library import simple_registry
+    from torch.library import Library
+
+    from opregistry_meta import _torch_private as tp
+
+    def fake(x):
+        n = torch.library.get_ctx().new_dynamic_size()
+        return x.new_empty(n)
+
+    lib = Library(ns, "DEF")
+    try:
+        lib.define("pos(Tensor x) -> Tensor")
+        lib.impl("pos", lambda x: x[x > 0], "CPU")
+        tp.register_fake_kernel(lib, f"{ns}::pos", fake, "decl.py:7")
+        # the entry torch's public register_fake fills, with the declaration's source line
+        kernel = simple_registry.singleton.find(f"{ns}::pos").fake_impl.kernel
+        assert kernel is tp.fake_kernel_of(f"{ns}::pos")
+        assert (kernel.func, kernel.source) == (fake, "decl.py:7")
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::pos", "Meta")
+        op = getattr(torch.ops, ns).pos.default
+        with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+            out = op(mode.from_tensor(torch.randn(5)))
+            assert isinstance(out.shape[0], torch.SymInt)
+        # meta tensors: torch's own error about data-dependent shapes, naming the source line
+        with pytest.raises(RuntimeError, match="decl.py:7.*data-dependent"):
+            op(torch.empty(5, device="meta"))
+        torch.library.opcheck(op, (torch.randn(6),))
+    finally:
+        lib._destroy()
+    # Library._destroy deregisters it, as it does register_fake's handle
+    assert tp.fake_kernel_of(f"{ns}::pos") is None
+    assert not hasattr(getattr(torch.ops, ns), "pos")
+
+
+def test_meta_backend_uses_the_declaration_source_line(dists, ns):
+    """An opregistry op's fake kernel is recorded at its declaration, not inside the plugin."""
+    from opregistry_meta import _torch_private as tp
+
+    reg, ops = _meta_ops(dists, ns)
+    kernel = tp.fake_kernel_of(f"{ns}::double")
+    assert kernel.func is sys.modules[f"meta_{ns}"].double_fake
+    assert kernel.source == reg.op(f"{ns}::double").kernel("Meta").kernel.source
+    assert f"meta_{ns}" in kernel.source
+
+
+def test_vmap_private_path_registers_what_register_vmap_registers(ns):
+    """register_vmap_rule: the rule runs under torch.vmap; unbatched calls skip it; unregistered."""
+    from torch.library import Library
+
+    from opregistry_vmap import _torch_private as tp
+
+    calls = []
+
+    def rule(info, in_dims, x, *, k=1):
+        calls.append((info.batch_size, in_dims, k))
+        return x.movedim(in_dims[0], 0).sum(-1) * k, 0
+
+    lib = Library(ns, "DEF")
+    try:
+        lib.define("rowsum(Tensor x, *, int k=1) -> Tensor")
+        lib.impl("rowsum", lambda x, *, k=1: x.sum(-1) * k, "CPU")
+        tp.register_vmap_rule(lib, f"{ns}::rowsum", "rowsum", rule)
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::rowsum", "FuncTorchBatched")
+        op = getattr(torch.ops, ns).rowsum
+        x = torch.randn(3, 4, 5)
+        torch.testing.assert_close(torch.vmap(lambda t: op(t, k=2), in_dims=1)(x), 2 * x.sum(-1).T)
+        assert calls == [(4, (1,), 2)]
+        # no batched input at this level: torch calls the op below vmap, not the rule
+        y = torch.randn(4)
+        torch.testing.assert_close(torch.vmap(lambda t: op(y) + t)(torch.zeros(3)),
+                                   y.sum().expand(3))
+        assert len(calls) == 1
+    finally:
+        lib._destroy()
+    assert not hasattr(getattr(torch.ops, ns), "rowsum")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from opregistry import Backend, Kernel, hookimpl
+from opregistry import Backend, Kernel, OpDef, hookimpl
 
-BACKEND = Backend(name="meta", keys=("Meta",), description="fake kernels via torch.library.register_fake")
+BACKEND = Backend(name="meta", keys=("Meta",), description="fake kernels (torch.library.register_fake semantics)")
 
 
 @hookimpl
@@ -21,8 +21,26 @@ def opregistry_backends() -> list[Backend]:
 
 
 @hookimpl
-def opregistry_materialize_kernel(library: Any, kernel: Kernel, fn: Callable[..., Any]) -> bool:
-    import torch.library
+def opregistry_materialize_kernel(
+    library: Any, op: OpDef | None, kernel: Kernel, fn: Callable[..., Any]
+) -> bool:
+    if op is None:
+        # an op opregistry did not define (maybe in C++): torch's public path,
+        # with its check of the C++ ``set_python_module`` stub
+        import torch.library
 
-    torch.library.register_fake(kernel.op, fn, lib=library)
+        torch.library.register_fake(kernel.op, fn, lib=library)
+        return True
+    # imported here: ``opregistry list`` loads this plugin without torch
+    from ._torch_private import register_fake_kernel
+
+    register_fake_kernel(library, kernel.op, fn, kernel.source or _source_of(fn))
     return True
+
+
+def _source_of(fn: Callable[..., Any]) -> str:
+    """``file:line`` of ``fn`` (what torch records when no declaration line is known)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(fn)
+    return f"{code.co_filename}:{code.co_firstlineno}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from opregistry import Backend, Kernel, hookimpl
+from opregistry import Backend, Kernel, OpDef, hookimpl
 
 BACKEND = Backend(name="vmap", keys=("FuncTorchBatched",), description="vmap rules via register_vmap")
 
@@ -15,8 +15,17 @@ def opregistry_backends() -> list[Backend]:
 
 
 @hookimpl
-def opregistry_materialize_kernel(library: Any, kernel: Kernel, fn: Callable[..., Any]) -> bool:
-    import torch.library
+def opregistry_materialize_kernel(
+    library: Any, op: OpDef | None, kernel: Kernel, fn: Callable[..., Any]
+) -> bool:
+    if op is None:
+        # an op opregistry did not define: torch's public path, with its checks
+        import torch.library
 
-    torch.library.register_vmap(kernel.op, fn, lib=library)
+        torch.library.register_vmap(kernel.op, fn, lib=library)
+        return True
+    # imported here: ``opregistry list`` loads this plugin without torch
+    from ._torch_private import register_vmap_rule
+
+    register_vmap_rule(library, kernel.op, op.name_with_overload, fn)
     return True

@@ -278,8 +278,20 @@ def _backend_state(
             if answer is not None:
                 break
         available[backend.name] = True if answer is None else bool(answer)
-        impl = materialize[0]
-        materializers[backend.name] = lambda _impl=impl, _o=origin, **kw: _call(
-            _impl, _o, "opregistry_materialize_kernel", **kw
-        )
+        materializers[backend.name] = _materializer(materialize[0])
     return available, materializers
+
+
+def _materializer(impl: Any) -> Callable[..., Any]:
+    """``impl``'s ``opregistry_materialize_kernel``, called with the arguments it declares.
+
+    Called once per kernel (thousands at ``import torch``): the argument
+    names it takes are looked up here, once, not on every call.
+    """
+    function = impl.function
+    argnames = frozenset(impl.argnames)
+
+    def materialize(**kwargs: Any) -> Any:
+        return function(**{k: v for k, v in kwargs.items() if k in argnames})
+
+    return materialize

@@ -142,7 +142,9 @@ def entry_points(groups: Iterable[str] = GROUPS) -> list[tuple[str, Any]]:
     return _scan(groups)[0]
 
 
-def _scan(groups: Iterable[str]) -> tuple[list[tuple[str, Any]], dict[str, list[Any]]]:
+def _scan(
+    groups: Iterable[str], metadata_cache: dict[int, tuple[str, str]] | None = None
+) -> tuple[list[tuple[str, Any]], dict[str, list[Any]]]:
     """One walk over the installed distributions: entry points, and copies installed twice.
 
     The entry points are importlib-metadata's (``entry_points(group=...)``):
@@ -155,7 +157,8 @@ def _scan(groups: Iterable[str]) -> tuple[list[tuple[str, Any]], dict[str, list[
     in a source tree next to the installed ``.dist-info``: same version, same
     entry points) is not a conflict.  Only copies that declare entry points of
     ``groups`` are compared: reading every distribution's metadata would
-    double the cost.
+    double the cost.  ``metadata_cache`` receives each such distribution's
+    ``(Name, Version)`` (see :func:`_name_version`): METADATA is parsed once.
     """
     import importlib_metadata
 
@@ -166,9 +169,10 @@ def _scan(groups: Iterable[str]) -> tuple[list[tuple[str, Any]], dict[str, list[
         eps = [ep for ep in dist.entry_points if ep.group in wanted]
         if not eps:
             continue
-        name = canonical_name(dist.metadata["Name"] or "")
+        raw_name, version = _name_version(dist, metadata_cache)
+        name = canonical_name(raw_name or "")
         copies[name].append((dist, eps))
-        signatures[name].add((dist.version, tuple(sorted((ep.group, ep.name, ep.value)
+        signatures[name].add((version, tuple(sorted((ep.group, ep.name, ep.value)
                                                          for ep in eps))))
     found = [(ep.group, ep) for found_copies in copies.values() for ep in found_copies[0][1]]
     found.sort(key=lambda item: wanted.index(item[0]))  # by group, as before; stable within
@@ -202,13 +206,14 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
     plugins: list[Plugin] = []
     skipped: list[Skipped] = []
     problems: list[Problem] = []
-    found, installed_twice = _scan(groups)
+    # filled by _scan: (Name, Version) per distribution, METADATA parsed once
+    metadata_cache: dict[int, tuple[str, str]] = {}
+    found, installed_twice = _scan(groups, metadata_cache)
     twice = {name: copies for name, copies in installed_twice.items()
              if settings.admits(name) is None}
     for name in sorted(twice):
         problems.append(_duplicate_problem(name, twice[name], groups))
     # one name twice in one group of one distribution: pluggy would keep one, silently
-    metadata_cache: dict[int, tuple[str, str]] = {}
     origins = [_origin(ep, group, metadata_cache) for group, ep in found]
     names = defaultdict(int)
     for (group, ep), origin in zip(found, origins):

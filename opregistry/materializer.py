@@ -205,7 +205,6 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Ma
             continue
         for op, k in kernels_by_dist[dist]:
             kernel = k.kernel
-            what = f"registering the {kernel.key} kernel of {kernel.op} (backend {k.backend})"
             try:
                 fn = resolve_ref(kernel.fn)
                 setup = resolve_ref(kernel.setup_context) if kernel.setup_context else None
@@ -221,6 +220,7 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Ma
                     raise MaterializationError(
                         f"backend {k.backend} did not register it (returned {done!r})")
             except Exception as exc:
+                what = f"registering the {kernel.key} kernel of {kernel.op} (backend {k.backend})"
                 failed[dist] = _failure(kernel.origin, what, exc, kernel.op, kernel.key,
                                         kernel.source)
                 break

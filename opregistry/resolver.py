@@ -285,10 +285,12 @@ class _Pass:
         self.policy = policy
         self.excluded_ops = excluded_ops
         self.problems: list[Problem] = []
-        self.namespaces = sorted((n for n in decl.namespaces if keep(n.origin)), key=_order)
-        self.ops = sorted((o for o in decl.ops if keep(o.origin)), key=_order)
-        self.kernels = sorted((k for k in decl.kernels if keep(k.origin)), key=_order)
-        self.backends = sorted((b for b in decl.backends if keep(b.origin)), key=_order)
+        # ``decl``'s records come sorted (by :func:`_order`, once, in resolve):
+        # filtering a sorted list keeps it sorted
+        self.namespaces = [n for n in decl.namespaces if keep(n.origin)]
+        self.ops = [o for o in decl.ops if keep(o.origin)]
+        self.kernels = [k for k in decl.kernels if keep(k.origin)]
+        self.backends = [b for b in decl.backends if keep(b.origin)]
         self.available = decl.available
 
     def add(self, code: str, message: str, hint: str, culprits: Iterable[Origin | None],
@@ -747,12 +749,18 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         if p.severity == "error":
             for o in p.culprits:
                 excluded.setdefault(o.distribution, o)
-    for op in sorted(decl.ops, key=_order):  # the first definer named must not depend on order
+    # every pass (and the first definer named below) must not depend on the
+    # order of discovery; sorting once here spares each pass its own sort
+    ordered = attrs.evolve(decl, namespaces=sorted(decl.namespaces, key=_order),
+                           ops=sorted(decl.ops, key=_order),
+                           kernels=sorted(decl.kernels, key=_order),
+                           backends=sorted(decl.backends, key=_order))
+    for op in ordered.ops:
         if op.origin is not None and op.origin.distribution in excluded:
             excluded_ops.setdefault(op.qualname, op.origin)
 
     while True:
-        step = _Pass(decl, lambda o: o is None or o.distribution not in excluded,
+        step = _Pass(ordered, lambda o: o is None or o.distribution not in excluded,
                      torch_state, policy, excluded_ops)
         owners = step.check_backends()
         namespaces = step.check_namespaces()
@@ -765,7 +773,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         if not culprits.keys() - excluded.keys():
             break
         excluded.update(culprits)
-        for op in sorted(decl.ops, key=_order):  # the first definer named must not depend on order
+        for op in ordered.ops:  # sorted: the first definer named must not depend on order
             if op.origin is not None and op.origin.distribution in excluded:
                 excluded_ops.setdefault(op.qualname, op.origin)
 

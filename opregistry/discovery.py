@@ -66,11 +66,46 @@ def _name_version(dist: Any, cache: dict[int, tuple[str, str]] | None) -> tuple[
     key = id(dist)
     found = cache.get(key) if cache is not None else None
     if found is None:
-        metadata = dist.metadata
-        found = (metadata["Name"], metadata["Version"])
+        found = _headers(dist)
+        if found is None:
+            metadata = dist.metadata
+            found = (metadata["Name"], metadata["Version"])
         if cache is not None:
             cache[key] = found
     return found
+
+
+def _headers(dist: Any) -> tuple[str, str] | None:
+    """``(Name, Version)`` read off the METADATA header, or ``None`` to ask ``dist.metadata``.
+
+    ``dist.metadata`` parses the whole file with the ``email`` package (and
+    imports it); two header lines are all discovery needs, and ``opregistry
+    list`` reads them for every distribution with plugins.  Only for
+    importlib-metadata's own ``PathDistribution`` (a custom provider may
+    override ``metadata``), reading the same files in the same order, and
+    only when both headers are plain one-line values; anything else falls
+    back to the full parser.
+    """
+    import importlib_metadata
+
+    if type(dist) is not importlib_metadata.PathDistribution:
+        return None
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    if not text:
+        return None
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # end of the header
+        if line[0] in " \t":
+            return None  # a folded header line: leave it to the email parser
+        key, sep, value = line.partition(":")
+        key = key.lower()  # as the email parser: no stripping of the name...
+        if sep and key in ("name", "version") and key not in found:
+            found[key] = value.lstrip(" \t")  # ...and leading blanks only of the value
+    if "name" not in found or "version" not in found:
+        return None
+    return found["name"], found["version"]
 
 
 def _origin(ep: Any, group: str, cache: dict[int, tuple[str, str]] | None = None) -> Origin:

@@ -74,3 +74,31 @@ def test_strict_from_environment_raises_on_a_broken_plugin(dists, ns, monkeypatc
     assert info.value.distribution == "ghost==1.0"
     assert info.value.entry_point == "ops = no_such_module_for_strict:lib"
     assert opregistry.get_registry() is None
+
+
+def test_metadata_header_reader_agrees_with_the_email_parser(tmp_path):
+    """Discovery's two-header reader gives importlib-metadata's Name and Version, or defers."""
+    import importlib_metadata
+
+    from opregistry.discovery import _headers, _name_version
+
+    read = 0
+    for dist in importlib_metadata.distributions():
+        fast = _headers(dist)
+        if fast is not None:
+            read += 1
+            assert fast == (dist.metadata["Name"], dist.metadata["Version"]), dist
+    assert read > 10  # the repository's own distributions at least take the fast path
+    # a folded header, a repeated one and an egg-info PKG-INFO: the answer is still the parser's
+    cases = {
+        "folded-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: folded\n  more\nVersion: 1.0\n",
+        "twice-1.0.dist-info/METADATA": "Name: twice\nname: other\nVersion:  1.0 \n\nName: body\n",
+        "legacy.egg-info/PKG-INFO": "Metadata-Version: 1.0\nName: legacy\nVersion: 2\n",
+    }
+    for rel, text in cases.items():
+        path = tmp_path / rel
+        path.parent.mkdir()
+        path.write_text(text)
+        dist = importlib_metadata.PathDistribution(path.parent)
+        assert _name_version(dist, None) == (dist.metadata["Name"], dist.metadata["Version"])
+    assert _headers(importlib_metadata.PathDistribution(tmp_path / "folded-1.0.dist-info")) is None

@@ -74,18 +74,15 @@ def make_autograd_kernel(
     """
     if handle is None:
         handle = tp.op_handle(qualname)
-    schema = handle.schema()
-    n_positional = sum(1 for a in schema.arguments if not a.kwarg_only)
-    n_kwarg_only = len(schema.arguments) - n_positional
-    has_kwarg_only = n_kwarg_only > 0
     after_autograd = tp.AFTER_AUTOGRAD
     grad_enabled = tp.grad_enabled
     any_requires_grad = tp.any_requires_grad
     redispatch = handle.redispatch_boxed
     # keyset id -> (library, device fn) for the direct call, or False: redispatch
     fast: dict[int, Any] = {}
+    # the autograd.Function's apply, built on the first grad-requiring call:
+    # 1,000 ops are registered at ``import torch``, and most never see one
     function: list[Any] = []
-    defaults: list[tuple[tuple[str, bool, Any], ...]] = []
 
     def below(keyset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the op below Autograd: the device kernel itself, or a redispatch."""
@@ -97,6 +94,43 @@ def make_autograd_kernel(
             return entry[1](*args, **kwargs)
         with tp.below_autograd():
             return redispatch(keyset & after_autograd, *args, **kwargs)
+
+    def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if grad_enabled() and any_requires_grad(*args):
+            apply = function[0] if function else _build(
+                qualname, handle.schema(), backward, setup_context, fast, below, function)
+            stack = _pending.stack
+            stack.append((keyset, kwargs))
+            try:
+                return apply(*args)
+            finally:
+                stack.pop()
+        # hot path: one dict lookup, one liveness check, one Python call
+        entry = fast.get(keyset.raw_repr())
+        if entry and entry[0].m is not None:
+            return entry[1](*args, **kwargs)
+        return below(keyset, args, kwargs)
+
+    autograd_kernel.__qualname__ = autograd_kernel.__name__ = f"autograd_kernel[{qualname}]"
+    return autograd_kernel
+
+
+def _build(
+    qualname: str,
+    schema: Any,
+    backward: Callable[..., Any],
+    setup_context: Callable[..., Any] | None,
+    fast: dict[int, Any],
+    below: Callable[..., Any],
+    function: list[Any],
+) -> Any:
+    """Build the op's ``autograd.Function``, append its apply to ``function`` and return it."""
+    import torch
+
+    n_positional = sum(1 for a in schema.arguments if not a.kwarg_only)
+    n_kwarg_only = len(schema.arguments) - n_positional
+    has_kwarg_only = n_kwarg_only > 0
+    defaults: list[tuple[tuple[str, bool, Any], ...]] = []
 
     def with_defaults(args: tuple[Any, ...], kwargs: dict[str, Any]
                       ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -134,35 +168,14 @@ def make_autograd_kernel(
                 setup_context(ctx=ctx, inputs=args, output=result)
         return result
 
-    def build() -> Any:
-        import torch
-
-        generated: Any = type(
-            "OpregistryAutograd_" + qualname.replace("::", "_").replace(".", "_"),
-            (torch.autograd.Function,),
-            {"forward": staticmethod(forward), "backward": staticmethod(backward)},
-        )
-        if tp.has_tensorlist(schema):
-            generated = tp.supports_tensorlist(generated)
-            function.append(generated.apply)
-        else:
-            function.append(tp.function_apply(generated))
-        return function[0]
-
-    def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        if grad_enabled() and any_requires_grad(*args):
-            apply = function[0] if function else build()
-            stack = _pending.stack
-            stack.append((keyset, kwargs))
-            try:
-                return apply(*args)
-            finally:
-                stack.pop()
-        # hot path: one dict lookup, one liveness check, one Python call
-        entry = fast.get(keyset.raw_repr())
-        if entry and entry[0].m is not None:
-            return entry[1](*args, **kwargs)
-        return below(keyset, args, kwargs)
-
-    autograd_kernel.__qualname__ = autograd_kernel.__name__ = f"autograd_kernel[{qualname}]"
-    return autograd_kernel
+    generated: Any = type(
+        "OpregistryAutograd_" + qualname.replace("::", "_").replace(".", "_"),
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
+    if tp.has_tensorlist(schema):
+        generated = tp.supports_tensorlist(generated)
+        function.append(generated.apply)
+    else:
+        function.append(tp.function_apply(generated))
+    return function[0]

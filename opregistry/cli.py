@@ -774,7 +774,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    return int(args.func(args, sys.stdout) or 0)
+    try:
+        return int(args.func(args, sys.stdout) or 0)
+    except BrokenPipeError:
+        # `opregistry list | head` closed the pipe: not an error of ours.  Point
+        # stdout at devnull so the interpreter's final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

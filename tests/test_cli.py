@@ -442,3 +442,20 @@ def test_cli_doc_torchrun_example_runs(tmp_path):
     # the two ranks share one stdout: their lines may interleave, so match, do not split
     ranks = dict(re.findall(r"rank ([01]): (sha256:[0-9a-f]{64})", proc.stdout))
     assert set(ranks) == {"0", "1"} and ranks["0"] == ranks["1"], proc.stdout
+
+
+def test_list_into_a_closed_pipe_is_quiet():
+    """`opregistry list | head -1` ends without a BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "opregistry", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert first.startswith(b"Backends")
+    assert "BrokenPipeError" not in err and "Traceback" not in err

@@ -241,6 +241,11 @@ def test_bench_register_and_startup_run(tmp_path: Path) -> None:
     start = _script("bench_startup.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",
                     tmp_path=tmp_path)
     assert start["ops"] == 6 and "opregistry list --json" in start["seconds"]
+    phases = _script("startup_phases.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",
+                     tmp_path=tmp_path)
+    assert phases["ops"] == 6 and len(phases["seconds"]) == 3
+    for parts in phases["seconds"].values():
+        assert 0 < parts["import torch"] < parts["wall"] and 0 < parts["finalization"] < parts["wall"]
 
 
 def test_garbage_collector_is_restored_after_load(dists: DistFactory, ns: str) -> None:

@@ -1,0 +1,100 @@
+"""Where the extra wall time of ``import torch`` with N autoloaded ops goes: import or exit.
+
+    python benchmarks/startup_phases.py [--dists 100] [--ops-per-dist 10] [--reps 5]
+
+Runs ``import torch`` as whole processes, with the N generated ops (as
+``bench_startup.py``) and bare (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``),
+interleaved, and splits each process's wall time into three parts: the
+``import torch`` statement itself; what comes after it up to the last
+``atexit`` handler (nothing, here, but the handlers: torch's, and the
+``weakref.finalize`` of every ``torch.library.Library``); and interpreter
+finalization after the last handler (garbage collection of everything
+still alive, module teardown, C++ static destructors) until the process
+has exited.  A third variant destroys every opregistry registration before
+exiting, to tell torch's dispatcher teardown from Python's.  Medians of
+``--reps`` runs; no timing is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import benchops  # noqa: E402
+from bench_startup import environ  # noqa: E402
+
+CHILD = ("import atexit, os, time\n"
+         "atexit.register(lambda: os.write(W_EXIT, repr(time.time()).encode()))\n"
+         "t0 = time.time()\nimport torch\n"
+         "os.write(W_IMPORT, repr(time.time() - t0).encode())\n")
+DESTROY = ("import opregistry\nr = opregistry.get_registry()\n"
+           "r is not None and r._materialized.destroy()\n")
+
+
+def run(env: dict[str, str], extra: str = "") -> tuple[float, float, float]:
+    """(wall, import torch, finalization after the last atexit handler) of one process."""
+    r_exit, w_exit = os.pipe()
+    r_import, w_import = os.pipe()
+    code = (CHILD + extra).replace("W_EXIT", str(w_exit)).replace("W_IMPORT", str(w_import))
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(w_exit, w_import))
+    os.close(w_exit)
+    os.close(w_import)
+    proc.wait()
+    end = time.time()
+    last_handler = float(os.read(r_exit, 100))
+    imported = float(os.read(r_import, 100))
+    os.close(r_exit)
+    os.close(r_import)
+    if proc.returncode:
+        raise RuntimeError(f"child exited with {proc.returncode}")
+    return end - start, imported, end - last_handler
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dists", type=int, default=100)
+    parser.add_argument("--ops-per-dist", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = Path(tmp) / "gen"
+        benchops.write_many(gen, opts.dists, opts.ops_per_dist)
+        variants = {
+            "bare import torch": (environ([HERE], TORCH_DEVICE_BACKEND_AUTOLOAD="0"), ""),
+            "import torch + N ops": (environ([gen, HERE]), ""),
+            "same, registrations destroyed before exit": (environ([gen, HERE]), DESTROY),
+        }
+        for env, extra in variants.values():  # warm up: page cache, .pyc files
+            run(env, extra)
+        samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in variants}
+        for _ in range(opts.reps):
+            for name, (env, extra) in variants.items():
+                samples[name].append(run(env, extra))
+    result = {name: dict(zip(("wall", "import torch", "finalization"),
+                             (statistics.median(col) for col in zip(*rows))))
+              for name, rows in samples.items()}
+    print(f"import torch with {opts.dists * opts.ops_per_dist} generated ops, seconds, "
+          f"median of {opts.reps} interleaved runs")
+    print(f"  {'':44s} {'wall':>7s} {'import':>7s} {'final.':>7s}")
+    for name, parts in result.items():
+        print(f"  {name:44s} {parts['wall']:7.3f} {parts['import torch']:7.3f} "
+              f"{parts['finalization']:7.3f}")
+    if opts.json:
+        opts.json.write_text(json.dumps({"ops": opts.dists * opts.ops_per_dist,
+                                         "seconds": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -283,3 +283,27 @@ def test_function_apply_matches_autograd_function_apply() -> None:
     # under a functorch transform it defers to Function.apply (which refuses: no setup_context)
     with pytest.raises(RuntimeError, match="setup_context"):
         torch.func.grad(lambda t: tp.function_apply(Double)(t, None).sum())(torch.randn(3))
+
+
+def test_outside_override_is_not_seen_by_the_fast_path(ops) -> None:  # type: ignore[no-untyped-def]
+    """A plain Library.impl made after load reaches the dispatcher, not the no-grad fast path.
+
+    docs/performance.md documents this limit; the sanctioned way to replace a
+    kernel is an opregistry declaration with override=True and policy.
+    """
+    import warnings
+
+    op, _ = ops
+    ns = op.name
+    x = torch.full((3,), 2.0)
+    torch.testing.assert_close(op.cube(x), x ** 3)
+    outside = Library(ns, "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's "overriding a previously registered kernel"
+            outside.impl("cube", lambda t: t * 0, "CPU")
+        cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+        torch.testing.assert_close(op.cube.default.redispatch(cpu, x), torch.zeros(3))
+        torch.testing.assert_close(op.cube(x), x ** 3)  # still opregistry's kernel
+    finally:
+        outside._destroy()

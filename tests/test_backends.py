@@ -189,18 +189,35 @@ def test_cuda_availability_is_answered_without_importing_torch():
     assert available == torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("files,libcuda,expected", [
-    ((), "libcuda.so.1", False),  # no driver: no GPU, whatever the library path says
-    (("/proc/driver/nvidia/version",), None, True),
-    (("/dev/nvidiactl",), "libcuda.so.1", True),
-    (("/dev/nvidiactl",), None, False),
-], ids=["no-driver", "proc-driver", "devnode+libcuda", "devnode-only"])
+def test_torch_build_is_read_without_importing_torch():
+    """torch_is_cuda_build() agrees with torch.version, from torch's files alone."""
+    import opregistry_cuda
+
+    code = ("import json, sys, opregistry_cuda\n"
+            "print(json.dumps([opregistry_cuda.torch_is_cuda_build(), 'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    is_cuda_build, imported_torch = json.loads(out.stdout)
+    assert imported_torch is False
+    assert is_cuda_build == (torch.version.cuda is not None or torch.version.hip is not None)
+    assert opregistry_cuda.torch_is_cuda_build() == is_cuda_build  # also once torch is imported
+
+
+@pytest.mark.parametrize("files,libcuda,cuda_build,expected", [
+    ((), "libcuda.so.1", True, False),  # no driver: no GPU, whatever the library path says
+    (("/proc/driver/nvidia/version",), None, True, True),
+    (("/dev/nvidiactl",), "libcuda.so.1", True, True),
+    (("/dev/nvidiactl",), None, True, False),
+    (("/proc/driver/nvidia/version",), None, False, False),  # a CPU-only torch wheel
+], ids=["no-driver", "proc-driver", "devnode+libcuda", "devnode-only", "driver+cpu-torch"])
 def test_cuda_availability_without_torch_looks_for_the_driver(monkeypatch, files, libcuda,
-                                                               expected):
+                                                               cuda_build, expected):
     """Before torch is imported, availability comes from the driver's files, cheaply."""
     import ctypes.util
 
     import opregistry_cuda
+
+    monkeypatch.setattr(opregistry_cuda, "torch_is_cuda_build", lambda: cuda_build)
 
     asked: list[str] = []
 

@@ -8,10 +8,36 @@ module that imports Triton is never imported there either).
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import os
 import sys
 
 from opregistry.backend import DeviceBackend
+
+
+#: the library a CUDA (or ROCm, which torch also calls "cuda") build of torch ships
+_TORCH_GPU_LIBRARIES = ("libtorch_cuda.so", "libtorch_hip.so", "torch_cuda.dll")
+
+
+def torch_is_cuda_build() -> bool:
+    """Whether the installed torch was built with CUDA or ROCm, without importing it.
+
+    A CPU-only wheel on a machine with an NVIDIA driver cannot run CUDA
+    kernels: look for the GPU library inside torch's package instead of
+    asking ``torch.version.cuda`` (which would import torch).
+    """
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(os.path.exists(os.path.join(root, "lib", name))
+               for root in spec.submodule_search_locations for name in _TORCH_GPU_LIBRARIES)
+
+
+def _driver_present() -> bool:
+    if os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0"):
+        return True
+    # find_library runs ldconfig in a subprocess (~10 ms): only where a driver node exists
+    return os.path.exists("/dev/nvidiactl") and ctypes.util.find_library("cuda") is not None
 
 
 def cuda_available() -> bool:
@@ -21,10 +47,7 @@ def cuda_available() -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "cuda"):
         return bool(torch.cuda.is_available())
-    if os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0"):
-        return True
-    # find_library runs ldconfig in a subprocess (~10 ms): only where a driver node exists
-    return os.path.exists("/dev/nvidiactl") and ctypes.util.find_library("cuda") is not None
+    return _driver_present() and torch_is_cuda_build()
 
 
 backend = DeviceBackend(

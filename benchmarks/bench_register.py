@@ -17,7 +17,6 @@ outside the timed region.  Prints median seconds and ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,7 +24,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchops  # noqa: E402
@@ -125,19 +124,12 @@ def measure(n_dists: int, per_dist: int, reps: int, root: Path) -> dict[str, flo
     runs = {"torch.library": raw_torch(n_dists, per_dist), "custom_op": custom_op(n_dists, per_dist),
             "opregistry materialize": materialize_only, "opregistry load": whole_load}
     whole_load()  # first import of the generated modules happens here, not in a timed rep
-    samples: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(reps):
-        for name, run in runs.items():
-            samples[name].append(run())
+    samples = benchops.interleaved(runs, reps)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dists", type=int, default=100)
-    parser.add_argument("--ops-per-dist", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path)
+    parser = benchops.size_parser(__doc__.splitlines()[0], reps=5)
     opts = parser.parse_args()
     _registry._registry = None  # what autoload loaded at `import torch` stays registered
     with tempfile.TemporaryDirectory() as tmp:

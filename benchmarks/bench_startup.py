@@ -18,7 +18,6 @@ ops and that ``opregistry list`` never imported torch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -93,19 +92,13 @@ def measure(n_dists: int, per_dist: int, reps: int, root: Path) -> dict[str, flo
     cmds = commands(gen)
     for cmd, env in cmds.values():  # warm the page cache and .pyc files
         run(cmd, env)
-    samples: dict[str, list[float]] = {k: [] for k in cmds}
-    for _ in range(reps):
-        for name, (cmd, env) in cmds.items():
-            samples[name].append(run(cmd, env))
+    samples = benchops.interleaved(
+        {name: (lambda c=cmd, e=env: run(c, e)) for name, (cmd, env) in cmds.items()}, reps)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dists", type=int, default=100)
-    parser.add_argument("--ops-per-dist", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--json", type=Path)
+    parser = benchops.size_parser(__doc__.splitlines()[0], reps=7)
     opts = parser.parse_args()
     n = opts.dists * opts.ops_per_dist
     with tempfile.TemporaryDirectory() as tmp:

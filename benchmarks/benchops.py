@@ -17,12 +17,13 @@ as ``"benchops:..."`` strings.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import py_compile
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Mapping, Optional, TypeVar
 
 import torch
 from torch import Tensor
@@ -211,3 +212,29 @@ def write_many(root: Path, n_dists: int, ops_per_dist: int, *, tag: str = "gen",
         names.append(dist)
     importlib.invalidate_caches()
     return names
+
+
+T = TypeVar("T")
+
+
+def size_parser(description: str, *, reps: int) -> argparse.ArgumentParser:
+    """The options every generated-distribution benchmark takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dists", type=int, default=100)
+    parser.add_argument("--ops-per-dist", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--json", type=Path)
+    return parser
+
+
+def interleaved(cases: Mapping[str, Callable[[], T]], reps: int) -> dict[str, list[T]]:
+    """Run every case once per rep, in turn (A B C, A B C, ...); the samples per case.
+
+    Interleaving spreads a busy machine's noise over every case alike, so the
+    ratios between cases hold even where the absolute times do not.
+    """
+    samples: dict[str, list[T]] = {name: [] for name in cases}
+    for _ in range(reps):
+        for name, case in cases.items():
+            samples[name].append(case())
+    return samples

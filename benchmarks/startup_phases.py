@@ -17,7 +17,6 @@ exiting, to tell torch's dispatcher teardown from Python's.  Medians of
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -61,11 +60,7 @@ def run(env: dict[str, str], extra: str = "") -> tuple[float, float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dists", type=int, default=100)
-    parser.add_argument("--ops-per-dist", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path)
+    parser = benchops.size_parser(__doc__.splitlines()[0], reps=5)
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         gen = Path(tmp) / "gen"
@@ -77,10 +72,9 @@ def main() -> int:
         }
         for env, extra in variants.values():  # warm up: page cache, .pyc files
             run(env, extra)
-        samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in variants}
-        for _ in range(opts.reps):
-            for name, (env, extra) in variants.items():
-                samples[name].append(run(env, extra))
+        samples = benchops.interleaved(
+            {name: (lambda e=env, x=extra: run(e, x)) for name, (env, extra) in variants.items()},
+            opts.reps)
     result = {name: dict(zip(("wall", "import torch", "finalization"),
                              (statistics.median(col) for col in zip(*rows))))
               for name, rows in samples.items()}

@@ -342,7 +342,7 @@ class _Pass:
                 self.add("namespace-conflict",
                          f"namespace {name!r} is defined (DEF) by {_names(n.origin for n in owners)}; "
                          f"a namespace has one owner",
-                         f"uninstall one of them, or block it with OPREGISTRY_BLOCK=<distribution>",
+                         "uninstall one of them, or block it with OPREGISTRY_BLOCK=<distribution>",
                          (n.origin for n in owners), namespace=name, source=owners[0].source)
                 continue
             if self.torch is not None and name in self.torch.namespaces and owners:

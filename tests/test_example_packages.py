@@ -20,7 +20,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import opregistry
 from opregistry.model import resolve_ref
 
 from .conftest import BACKENDS, load

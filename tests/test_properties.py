@@ -32,11 +32,11 @@ from opregistry.discovery import BACKENDS_GROUP, OPS_GROUP
 from opregistry.keys import ALIASES, KNOWN_KEYS
 from opregistry.lockfile import fingerprint
 from opregistry.model import Backend, Kernel, Namespace, OpDef, Origin, Problem
-from opregistry.resolver import Plan, TorchState, resolve
+from opregistry.resolver import resolve
 from opregistry.schema import parse_signature
 from opregistry.torch_state import snapshot
 
-from .conftest import DistFactory, load
+from .conftest import DistFactory
 
 #: examples per property: modest for CI; OPREGISTRY_FUZZ_EXAMPLES=2000 for a long local run
 EXAMPLES = int(os.environ.get("OPREGISTRY_FUZZ_EXAMPLES", "60"))

@@ -17,7 +17,6 @@ outside the timed region.  Prints median seconds and ratios.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -143,11 +142,7 @@ def main() -> int:
     mat, raw, co = res["opregistry materialize"], res["torch.library"], res["custom_op"]
     targets = [("materialize vs torch.library (<= 1.0)", mat / raw, mat / raw <= 1.0),
                ("custom_op / materialize (>= 5)", co / mat, co / mat >= 5)]
-    for text, ratio, met in targets:
-        print(f"  target {text:40s} {ratio:5.2f}  {'met' if met else 'NOT MET'}")
-    if opts.json:
-        opts.json.write_text(json.dumps({"ops": n, "seconds": res,
-                                         "targets": [[t, r, m] for t, r, m in targets]}, indent=1))
+    benchops.report_targets(targets, 40, opts.json, {"ops": n, "seconds": res})
     return 0
 
 

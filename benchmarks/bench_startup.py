@@ -18,7 +18,6 @@ ops and that ``opregistry list`` never imported torch.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -114,12 +113,8 @@ def main() -> int:
         ("import torch + N ops / bare import torch (<= 1.2)",
          res["import torch + N ops"] / bare, res["import torch + N ops"] / bare <= 1.2),
     ]
-    for text, ratio, met in targets:
-        print(f"  target {text:55s} {ratio:5.2f}  {'met' if met else 'NOT MET'}")
+    benchops.report_targets(targets, 55, opts.json, {"ops": n, "seconds": res})
     print("  checked: opregistry list did not import torch; autoload registered the ops")
-    if opts.json:
-        opts.json.write_text(json.dumps({"ops": n, "seconds": res,
-                                         "targets": [[t, r, m] for t, r, m in targets]}, indent=1))
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import py_compile
 import sys
 import textwrap
@@ -238,3 +239,13 @@ def interleaved(cases: Mapping[str, Callable[[], T]], reps: int) -> dict[str, li
         for name, case in cases.items():
             samples[name].append(case())
     return samples
+
+
+def report_targets(targets: list[tuple[str, float, bool]], width: int, json_path: Path | None,
+                   payload: dict[str, Any]) -> None:
+    """Print ``(text, ratio, met)`` per target; with ``--json``, save them with ``payload``."""
+    for text, ratio, met in targets:
+        print(f"  target {text:{width}s} {ratio:5.2f}  {'met' if met else 'NOT MET'}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(
+            {**payload, "targets": [[t, r, m] for t, r, m in targets]}, indent=1))

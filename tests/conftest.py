@@ -61,6 +61,17 @@ class DistFactory:
         self.names.append(canonical)
         return canonical
 
+    def module_dist(self, name: str, ns: str, source: str) -> tuple[str, str]:
+        """Distribution ``name`` whose ``ops`` entry point is ``lib`` of one module.
+
+        ``NS`` in ``source`` stands for ``repr(ns)``.  Returns the distribution's
+        canonical name and the module's name (unique per namespace).
+        """
+        module = f"{name.replace('-', '_')}_{ns}"
+        dist = self.make(name, ops={"ops": f"{module}:lib"},
+                         modules={module: source.replace("NS", repr(ns))})
+        return dist, module
+
     def cleanup(self) -> None:
         for module in self.modules:
             sys.modules.pop(module, None)

@@ -297,9 +297,7 @@ def double_fake(x):
 
 
 def _meta_ops(dists, ns):
-    mod = f"meta_{ns}"
-    dists.make("meta-ops", ops={"ops": f"{mod}:lib"},
-               modules={mod: META_OPS.replace("NS", repr(ns))})
+    _, mod = dists.module_dist("meta-ops", ns, META_OPS)
     reg = load(dists)
     assert not reg.errors, [str(p) for p in reg.errors]
     return reg, getattr(torch.ops, ns)
@@ -379,9 +377,7 @@ def rowsum_vmap(info, in_dims, x):
 
 def test_vmap_rule_is_used_by_torch_vmap(dists, ns):
     """torch.vmap over an op with a rule calls the rule (register_vmap semantics)."""
-    mod = f"vmap_{ns}"
-    dists.make("vmap-ops", ops={"ops": f"{mod}:lib"},
-               modules={mod: VMAP_OPS.replace("NS", repr(ns))})
+    _, mod = dists.module_dist("vmap-ops", ns, VMAP_OPS)
     reg = load(dists)
     assert not reg.errors, [str(p) for p in reg.errors]
     ops = getattr(torch.ops, ns)
@@ -523,9 +519,9 @@ def test_meta_backend_uses_the_declaration_source_line(dists, ns):
 
     reg, ops = _meta_ops(dists, ns)
     kernel = tp.fake_kernel_of(f"{ns}::double")
-    assert kernel.func is sys.modules[f"meta_{ns}"].double_fake
+    assert kernel.func is sys.modules[f"meta_ops_{ns}"].double_fake
     assert kernel.source == reg.op(f"{ns}::double").kernel("Meta").kernel.source
-    assert f"meta_{ns}" in kernel.source
+    assert f"meta_ops_{ns}" in kernel.source
 
 
 def test_vmap_private_path_registers_what_register_vmap_registers(ns):

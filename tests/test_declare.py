@@ -48,9 +48,7 @@ def _(buf):
 
 def test_decorator_style_infers_schema_and_loads(dists, ns):
     """@lib.op infers the schema with torch.library.infer_schema; the op works end to end."""
-    mod = f"decorated_{ns}"
-    dists.make("decorated", ops={"ops": f"{mod}:lib"},
-               modules={mod: DECORATED.replace("NS", repr(ns))})
+    _, mod = dists.module_dist("decorated", ns, DECORATED)
     reg = load(dists)
     assert not reg.errors, reg.errors
     scale = reg.op(f"{ns}::scale")

@@ -18,9 +18,7 @@ lib.define("f(Tensor x) -> Tensor")
 
 
 def _good(dists, name, ns):
-    mod = f"{name.replace('-', '_')}_{ns}"
-    return dists.make(name, ops={"ops": f"{mod}:lib"},
-                      modules={mod: GOOD.replace("NS", repr(ns))})
+    return dists.module_dist(name, ns, GOOD)[0]
 
 
 def test_finds_both_groups_with_origins(dists, ns):

@@ -380,9 +380,7 @@ def _(a, b, *, out):
 
 def test_decorator_infers_inplace_and_out_aliasing_from_tags(dists, ns):
     """@lib.op(tags=["inplace"] / ["out"]): the inferred schema returns the mutated argument."""
-    mod = f"tagged_{ns}"
-    dists.make("tagged", ops={"ops": f"{mod}:lib"},
-               modules={mod: DECORATED_TAGGED.replace("NS", repr(ns))})
+    dists.module_dist("tagged", ns, DECORATED_TAGGED)
     reg = load(dists)
     assert not reg.errors, [str(p) for p in reg.errors]
     assert reg.op(f"{ns}::relu_").op.schema == "(Tensor(a0!) x) -> Tensor(a0!)"

@@ -24,9 +24,8 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
-from .lockfile import verify_lock
 from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
-from .registry import Registry, get_registry, load, plan
+from .registry import Registry, get_registry, load, plan, verify_lock
 
 __all__ = [
     "Backend",

@@ -20,6 +20,7 @@ from .errors import DeclarationError
 from .hookspecs import hookimpl
 from .keys import DEVICE_KEYS, canonical_key
 from .model import Backend, Kernel
+from .torch_state import library_alive
 
 __all__ = ["DeviceBackend", "op_name", "device_kernel"]
 
@@ -43,7 +44,7 @@ def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | N
         entry = _device_kernels.get(found)
     if entry is None:
         return None
-    if getattr(entry[0], "m", None) is None:  # its Library was destroyed: forget it
+    if not library_alive(entry[0]):  # its Library was destroyed: forget it
         _device_kernels.pop(found, None)
         return None
     return entry

@@ -26,7 +26,7 @@ from .model import resolve_ref
 
 if TYPE_CHECKING:
     from .registry import Registry
-    from .resolver import OpPlan
+    from .plan import OpPlan
 
 __all__ = ["OPCHECK_UTILS", "CheckResult", "select_ops", "devices_for", "samples_of", "run_checks"]
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 from .lockfile import DEFAULT_LOCKFILE
 
 if TYPE_CHECKING:
-    from .resolver import Plan
+    from .plan import Plan
 
 __all__ = ["main", "build_parser"]
 
@@ -646,11 +646,11 @@ def cmd_lock(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     from .errors import LockMismatchError
-    from .lockfile import verify_lock
+    from .lockfile import verify_plan
 
     try:
         # this process's plan, not a registry loaded earlier in it (tests call main())
-        current = verify_lock(args.lockfile, plan=_plan())
+        current = verify_plan(args.lockfile, _plan())
     except LockMismatchError as exc:
         if args.json:
             _dump({"ok": False, "lockfile": args.lockfile, "differences": list(exc.differences),

@@ -21,12 +21,24 @@ import pluggy
 from attrs import field, frozen
 
 from . import hookspecs
-from .discovery import BACKENDS_GROUP, OPS_GROUP, Discovered, Plugin, Skipped, load_problem
+from .discovery import BACKENDS_GROUP, OPS_GROUP, load_problem
 from .errors import PluginLoadError, PluginValidationError
-from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
 from .logs import get_logger
+from .model import (
+    Backend,
+    Declarations,
+    Discovered,
+    Kernel,
+    Namespace,
+    OpDef,
+    Origin,
+    Plugin,
+    Problem,
+    Skipped,
+    source_of,
+)
 
-__all__ = ["Declarations", "Collected", "collect", "make_plugin_manager"]
+__all__ = ["Collected", "collect", "make_plugin_manager", "HOOK_GROUPS"]
 
 log = get_logger()
 
@@ -41,22 +53,6 @@ HOOK_GROUPS: dict[str, str] = {
     **{name: OPS_GROUP for name in OP_HOOKS},
     **{name: BACKENDS_GROUP for name in (*BACKEND_HOOKS, *PER_BACKEND_HOOKS)},
 }
-
-
-@frozen(kw_only=True)
-class Declarations:
-    """Everything the admitted plugins declared, with problems found so far."""
-
-    namespaces: tuple[Namespace, ...] = field(default=(), converter=tuple)
-    ops: tuple[OpDef, ...] = field(default=(), converter=tuple)
-    kernels: tuple[Kernel, ...] = field(default=(), converter=tuple)
-    backends: tuple[Backend, ...] = field(default=(), converter=tuple)
-    #: backend name -> whether it can run on this machine
-    available: dict[str, bool] = field(factory=dict, eq=False)
-    #: every distribution whose plugin loaded
-    distributions: tuple[Origin, ...] = field(default=(), converter=tuple)
-    skipped: tuple[Skipped, ...] = field(default=(), converter=tuple)
-    problems: tuple[Problem, ...] = field(default=(), converter=tuple)
 
 
 @frozen
@@ -105,16 +101,10 @@ def _validation_problem(origin: Origin, message: str, source: str | None = None,
     )
 
 
-def _function_source(function: Any) -> str | None:
-    """``file:line`` of a hook implementation's ``def``, when it has one."""
-    code = getattr(inspect.unwrap(function), "__code__", None) if function is not None else None
-    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
-
-
 def _hookimpl_source(obj: Any, message: str) -> str | None:
     """file:line of the hook implementation a pluggy validation message is about."""
     match = re.search(r"for hook '(\w+)'", message)
-    return _function_source(getattr(obj, match.group(1), None) if match else None)
+    return source_of(getattr(obj, match.group(1), None) if match else None)
 
 
 def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
@@ -132,14 +122,14 @@ def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | None:
             hint = f" (did you mean {close[0]}?)" if close else ""
             pm.unregister(plugin.obj)
             return _validation_problem(origin, f"implements unknown hook {caller.name}{hint}",
-                                       _function_source(getattr(plugin.obj, caller.name, None)))
+                                       source_of(getattr(plugin.obj, caller.name, None)))
         if HOOK_GROUPS[caller.name] != origin.group:
             pm.unregister(plugin.obj)
             return _validation_problem(
                 origin,
                 f"implements {caller.name}, a hook of {HOOK_GROUPS[caller.name]}, but its "
                 f"entry point is in {origin.group}",
-                _function_source(getattr(plugin.obj, caller.name, None)),
+                source_of(getattr(plugin.obj, caller.name, None)),
             )
     return None
 
@@ -149,9 +139,9 @@ def _impls(pm: pluggy.PluginManager, hook_name: str, obj: Any) -> list[Any]:
     return [impl for impl in caller.get_hookimpls() if impl.plugin is obj]
 
 
-def _call(impl: Any, origin: Origin, hook_name: str, **kwargs: Any) -> Any:
-    args = {k: v for k, v in kwargs.items() if k in impl.argnames}
-    return impl.function(**args)
+def _call(impl: Any, **kwargs: Any) -> Any:
+    """Call a hook implementation with the arguments it declares (pluggy's rule)."""
+    return impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
 
 
 def _hook_problem(origin: Origin, hook_name: str, exc: BaseException) -> Problem:
@@ -181,7 +171,7 @@ def _records(
                 origin,
                 f"{hook_name}() returned a {type(item).__name__}; it must return "
                 f"{record_type.__name__} records",
-                _function_source(function),
+                source_of(function),
             )
         records.append(attrs.evolve(item, origin=origin))
     return records, None
@@ -196,6 +186,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
     available: dict[str, bool] = {}
     materializers: dict[str, Callable[..., Any]] = {}
     distributions: list[Origin] = []
+    implemented: dict[Origin, tuple[str, ...]] = {}
 
     for plugin in discovered.plugins:
         origin = plugin.origin
@@ -210,7 +201,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
             for hook_name, record_type in hooks.items():
                 for impl in _impls(pm, hook_name, plugin.obj):
                     try:
-                        result = _call(impl, origin, hook_name)
+                        result = _call(impl)
                     except Exception as exc:
                         raise _Failed(_hook_problem(origin, hook_name, exc)) from exc
                     records, problem = _records(origin, hook_name, result, record_type,
@@ -229,6 +220,8 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         for record_type, records in own.items():
             gathered[record_type].extend(records)
         distributions.append(origin)
+        implemented[origin] = tuple(sorted(
+            caller.name for caller in pm.get_hookcallers(plugin.obj) or ()))
 
     declarations = Declarations(
         namespaces=gathered[Namespace],
@@ -239,6 +232,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         distributions=distributions,
         skipped=skipped,
         problems=problems,
+        hooks=implemented,
     )
     log.debug(
         "collected",
@@ -272,7 +266,7 @@ def _backend_state(
         answer = None
         for impl in _impls(pm, "opregistry_backend_available", plugin.obj):
             try:
-                answer = _call(impl, origin, "opregistry_backend_available", backend=backend)
+                answer = _call(impl, backend=backend)
             except Exception as exc:
                 raise _Failed(_hook_problem(origin, "opregistry_backend_available", exc)) from exc
             if answer is not None:

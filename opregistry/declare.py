@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar,
 
 from .errors import DeclarationError
 from .hookspecs import hookimpl
-from .model import Kernel, KernelRef, Namespace, OpDef
+from .model import Kernel, KernelRef, Namespace, OpDef, source_of
 
 __all__ = ["OpLibrary", "OpHandle"]
 
@@ -39,9 +39,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 LibraryKind = Literal["DEF", "FRAGMENT", "IMPL"]
 
 
-def _source(depth: int) -> str:
-    frame = sys._getframe(depth + 1)
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+def _source(depth: int) -> str | None:
+    """``file:line`` of the caller ``depth`` frames up: the op author's line."""
+    return source_of(sys._getframe(depth + 1))
+
+
+def _decorator_or_call(fn: Any, record: Callable[[Any], None]) -> Any:
+    """``record(fn)`` and return ``fn``; with ``fn=None``, a decorator that does so.
+
+    The one path behind every registration helper, so each works both as
+    ``@handle.register_fake`` and as ``handle.register_fake(fn)``, as in
+    ``torch.library``.
+    """
+    def add(f: Any) -> Any:
+        record(f)
+        return f
+
+    return add if fn is None else add(fn)
 
 
 def _infer_schema(fn: Callable[..., Any], mutated: tuple[str, ...], tags: tuple[str, ...]) -> str:
@@ -90,14 +104,10 @@ class OpHandle:
     def __repr__(self) -> str:
         return f"<OpHandle {self.qualname}{self._op.schema}>"
 
-    def _register(self, key: str, fn: KernelRef | None, depth: int, **extra: Any) -> Any:
-        def add(f: Any) -> Any:
-            self._library._add_kernel(self.qualname, key, f, source=_source(depth + 1), **extra)
-            return f
-
-        if fn is None:
-            return add
-        return add(fn)
+    def _register(self, key: str, fn: KernelRef | None, depth: int) -> Any:
+        source = _source(depth)
+        return _decorator_or_call(
+            fn, lambda f: self._library._add_kernel(self.qualname, key, f, source=source))
 
     def register_kernel(self, device_type: str, fn: KernelRef | None = None) -> Any:
         """Add the kernel for one device type (``"cpu"``, ``"cuda"``, ...)."""
@@ -121,12 +131,7 @@ class OpHandle:
 
     def register_samples(self, fn: KernelRef | None = None) -> Any:
         """Name the function that returns sample inputs for ``opcheck``."""
-
-        def add(f: Any) -> Any:
-            self._library._set_samples(self.qualname, f)
-            return f
-
-        return add if fn is None else add(fn)
+        return _decorator_or_call(fn, lambda f: self._library._set_samples(self.qualname, f))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         op = self._overload
@@ -240,12 +245,8 @@ class OpLibrary:
         """
         qualname = op if "::" in op else f"{self.namespace}::{op}"
         source = _source(1)
-
-        def add(f: Any) -> Any:
-            self._add_kernel(qualname, key, f, override=override, source=source)
-            return f
-
-        return add if fn is None else add(fn)
+        return _decorator_or_call(
+            fn, lambda f: self._add_kernel(qualname, key, f, override=override, source=source))
 
     # -- decorator style ---------------------------------------------------
     def op(

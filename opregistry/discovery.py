@@ -18,44 +18,19 @@ import traceback
 from collections import defaultdict
 from typing import Any, Iterable
 
-import attrs
-from attrs import frozen
-
 from .config import Settings, canonical_name
 from .errors import DeclarationError, PluginLoadError
-from .model import Origin, Problem
+from .keys import RESERVED_NAMESPACES
 from .logs import get_logger
+from .model import Discovered, Origin, Plugin, Problem, Skipped, source_of
 
-__all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "Plugin", "Skipped", "Discovered", "discover"]
+__all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "discover", "entry_points", "load_problem"]
 
 BACKENDS_GROUP = "opregistry.backends"
 OPS_GROUP = "opregistry.ops"
 GROUPS = (BACKENDS_GROUP, OPS_GROUP)
 
 log = get_logger()
-
-
-@frozen
-class Plugin:
-    """A loaded entry point: the object it names, and where it came from."""
-
-    origin: Origin
-    obj: Any = attrs.field(eq=False, repr=False)
-
-
-@frozen
-class Skipped:
-    """An entry point that was found but not loaded, and why."""
-
-    origin: Origin
-    reason: str
-
-
-@frozen
-class Discovered:
-    plugins: tuple[Plugin, ...]
-    skipped: tuple[Skipped, ...]
-    problems: tuple[Problem, ...]
 
 
 def _name_version(dist: Any, cache: dict[int, tuple[str, str]] | None) -> tuple[str, str]:
@@ -133,10 +108,7 @@ def _where(exc: BaseException) -> str | None:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
     own = [f for f in frames if not f.filename.startswith(_MACHINERY)]
     frames = own or frames
-    if not frames:
-        return None
-    frame = frames[-1]
-    return f"{frame.filename}:{frame.lineno}"
+    return source_of(frames[-1]) if frames else None
 
 
 def load_problem(origin: Origin, exc: BaseException) -> Problem:
@@ -306,7 +278,6 @@ def _torch_kernels_replaced(origin: Origin, added: Iterable[str]) -> list[Proble
     """
     import torch
 
-    from .resolver import RESERVED_NAMESPACES
     from .torch_state import kernel_registrations
 
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

@@ -20,10 +20,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import LockMismatchError
-from .lockfile import current_plan, diff_lock, fingerprint_of, lock_data
+from .lockfile import diff_lock, fingerprint_of, lock_data
+from .registry import current_plan
 
 if TYPE_CHECKING:
-    from .resolver import Plan
+    from .plan import Plan
 
 __all__ = ["verify_consistent"]
 

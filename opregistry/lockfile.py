@@ -1,6 +1,6 @@
 """A lockfile of the resolved registry, its fingerprint, and the differences between two.
 
-The lock data is plain JSON built from a :class:`~opregistry.resolver.Plan`:
+The lock data is plain JSON built from a :class:`~opregistry.plan.Plan`:
 the torch version, which distributions contribute (and at which version), the backends and
 their dispatch keys, the namespaces (owner, fragments), every op with its
 schema and tags, and every kernel with its origin (``module:function`` and
@@ -19,7 +19,7 @@ What the lock leaves out, on purpose:
   ``2.13.0+cu128`` are both locked as ``2.13.0``.
 
 This module never imports torch: ``opregistry lock`` / ``verify`` and
-:func:`verify_lock` run before torch is imported, e.g. first thing in a job.
+:func:`opregistry.verify_lock` run before torch is imported, e.g. first thing in a job.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TextIO, Union
 from .errors import LockMismatchError
 
 if TYPE_CHECKING:
-    from .resolver import KernelPlan, Plan
+    from .plan import KernelPlan, Plan
 
 __all__ = [
     "LOCK_VERSION",
@@ -43,7 +43,7 @@ __all__ = [
     "write_lock",
     "read_lock",
     "diff_lock",
-    "verify_lock",
+    "verify_plan",
 ]
 
 #: Version of the lock format; bumped when a field is added or changes meaning
@@ -317,24 +317,15 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
     return out
 
 
-def current_plan() -> Plan:
-    """The plan of the loaded registry, or :func:`opregistry.plan` (no torch) when none is."""
-    from .registry import get_registry, plan
+def verify_plan(path: PathLike, plan: Plan) -> str:
+    """Check that ``plan`` is the registry recorded in the lockfile ``path``.
 
-    loaded = get_registry()
-    return loaded.plan if loaded is not None else plan()
-
-
-def verify_lock(path: PathLike = DEFAULT_LOCKFILE, plan: Plan | None = None) -> str:
-    """Check that this environment resolves the registry recorded in the lockfile ``path``.
-
-    Compares the lockfile with ``plan`` (default: the plan of the loaded
-    registry, or :func:`opregistry.plan` when nothing is loaded -- which does
-    not import torch).  Returns the fingerprint when they agree; raises
+    Returns the fingerprint when they agree; raises
     :class:`~opregistry.LockMismatchError` listing every difference otherwise.
+    :func:`opregistry.verify_lock` is this, with the current plan as default.
     """
     locked = read_lock(path)
-    current = lock_data(plan if plan is not None else current_plan())
+    current = lock_data(plan)
     differences = diff_lock(locked, current)
     recorded = locked.get("fingerprint")
     actual = fingerprint_of(current)

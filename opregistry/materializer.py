@@ -1,4 +1,4 @@
-"""Stage 4, materialize: turn a :class:`~opregistry.resolver.Plan` into torch registrations.
+"""Stage 4, materialize: turn a :class:`~opregistry.plan.Plan` into torch registrations.
 
 The core defines namespaces and ops itself (``Library.define``); every kernel
 is registered by the backend plugin that owns its dispatch key, through the
@@ -21,11 +21,12 @@ from typing import Any, Callable, Iterator
 from attrs import define, field
 
 from .errors import MaterializationError
-from .model import Origin, Problem, resolve_ref
-from .resolver import OpPlan, Plan
 from .logs import get_logger
+from .model import Origin, Problem, resolve_ref
+from .plan import OpPlan, Plan
+from .torch_state import destroy_library, device_keyset, lookup_op
 
-__all__ = ["Materialized", "materialize", "gc_paused"]
+__all__ = ["Materialized", "materialize", "gc_paused", "defined_ops"]
 
 log = get_logger()
 
@@ -51,7 +52,7 @@ class Materialized:
         """Unregister everything, in reverse order of registration."""
         for libs in reversed(list(self.libraries.values())):
             for lib in reversed(libs):
-                lib._destroy()
+                destroy_library(lib)
         _defined.difference_update(self.ops)
         self.libraries.clear()
         self.ops.clear()
@@ -75,7 +76,7 @@ class _DistLibraries:
 
     def destroy(self) -> None:
         for lib in reversed(list(self.libs.values())):
-            lib._destroy()
+            destroy_library(lib)
         self.libs.clear()
 
 
@@ -124,8 +125,7 @@ def _define(lib: Any, plan: OpPlan) -> None:
     op = plan.op
     tags = tuple(getattr(torch.Tag, t) for t in op.tags)
     lib.define(op.full_schema, tags=tags)
-    schema = plan.parsed
-    if not schema.tensor_arguments and any(a.type.base == "Device" for a in schema.arguments):
+    if plan.parsed.is_factory:
         _register_backend_select(lib, plan)
 
 
@@ -145,12 +145,10 @@ def _register_backend_select(lib: Any, plan: OpPlan) -> None:
         device_type = torch.device(device).type if device is not None else "cpu"
         key = cache.get(device_type)
         if key is None:
-            key = cache[device_type] = torch._C.DispatchKeySet(
-                getattr(torch._C.DispatchKey, torch._C._dispatch_key_for_device(device_type))
-            )
+            key = cache[device_type] = device_keyset(device_type)
         overload = cache.get("op")
         if overload is None:
-            overload = cache["op"] = torch._library.utils.lookup_op(qualname)
+            overload = cache["op"] = lookup_op(qualname)
         return overload.redispatch(key, *args, **kwargs)
 
     lib.impl(plan.op.name_with_overload, backend_select, "BackendSelect", with_keyset=True)

@@ -1,14 +1,19 @@
-"""Frozen records: what plugins declare, and what the resolver decides.
+"""Frozen records: what plugins declare, and what discovery and collection hand on.
 
 Every stage of the pipeline hands the next one plain, frozen attrs data, so
 each can be printed, compared and tested without torch.  Op and backend
 authors build :class:`Namespace`, :class:`OpDef`, :class:`Kernel` and
 :class:`Backend` records (usually through :class:`~opregistry.OpLibrary`);
-the collector stamps each with the :class:`Origin` it came from.
+the collector stamps each with the :class:`Origin` it came from.  The
+records two stages exchange live here too -- :class:`Plugin`,
+:class:`Skipped` and :class:`Discovered` (discover -> collect),
+:class:`Declarations` (collect -> resolve) -- so that no stage imports
+another to learn a type; what the resolver decides is in :mod:`opregistry.plan`.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 from typing import Any, Callable, Literal, Union
@@ -26,9 +31,16 @@ __all__ = [
     "Kernel",
     "Backend",
     "Problem",
+    "Severity",
+    "Plugin",
+    "Skipped",
+    "Discovered",
+    "Declarations",
     "KernelRef",
     "describe_ref",
     "resolve_ref",
+    "is_identifier",
+    "source_of",
 ]
 
 #: A kernel is either a ``"package.module:function"`` string, imported only
@@ -39,6 +51,25 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _REF = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 
 NamespaceKind = Literal["DEF", "FRAGMENT"]
+
+
+def source_of(where: Any) -> str | None:
+    """``file:line`` of a function, a code object, a frame or a traceback entry.
+
+    The one way opregistry computes a source location (declarations record
+    the line of their ``define(...)`` call, problems the line of the hook or
+    module at fault); ``None`` when ``where`` has no code (a builtin, a
+    ``functools.partial``).
+    """
+    if where is None:
+        return None
+    if hasattr(where, "f_code"):  # a frame
+        return f"{where.f_code.co_filename}:{where.f_lineno}"
+    if hasattr(where, "filename") and hasattr(where, "lineno"):  # traceback.FrameSummary
+        return f"{where.filename}:{where.lineno}"
+    code = where if hasattr(where, "co_filename") else getattr(
+        inspect.unwrap(where) if callable(where) else where, "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
 
 
 def is_identifier(name: str) -> bool:
@@ -146,7 +177,8 @@ class OpDef:
     ``schema`` is the signature without the name, as
     :func:`torch.library.infer_schema` returns it: ``"(Tensor x) -> Tensor"``.
     ``samples`` names a function returning sample inputs for ``opcheck``: a
-    list of ``(args, kwargs)`` pairs or of :class:`~opregistry.Sample`.
+    list of ``(args, kwargs)`` pairs, or of objects with ``.args`` and
+    ``.kwargs`` (as torch's ``SampleInput``).
     """
 
     namespace: str
@@ -166,6 +198,11 @@ class OpDef:
     def qualname(self) -> str:
         """``ns::name`` or ``ns::name.overload``, as torch spells it."""
         return f"{self.namespace}::{self.name_with_overload}"
+
+    @property
+    def base_qualname(self) -> str:
+        """``ns::name``: the op packet, every overload of it."""
+        return f"{self.namespace}::{self.name}"
 
     @property
     def name_with_overload(self) -> str:
@@ -291,3 +328,50 @@ class Problem:
             "namespace": self.namespace,
             "source": self.source,
         }
+
+
+@frozen
+class Plugin:
+    """A loaded entry point: the object it names, and where it came from."""
+
+    origin: Origin
+    obj: Any = attrs.field(eq=False, repr=False)
+
+
+@frozen
+class Skipped:
+    """An entry point that was found but not loaded, and why."""
+
+    origin: Origin
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"distribution": self.origin.dist, "entry_point": self.origin.entry_point_spec,
+                "reason": self.reason}
+
+
+@frozen
+class Discovered:
+    """What discovery hands to collection: loaded plugins, skipped ones, problems."""
+
+    plugins: tuple[Plugin, ...]
+    skipped: tuple[Skipped, ...]
+    problems: tuple[Problem, ...]
+
+
+@frozen(kw_only=True)
+class Declarations:
+    """Everything the admitted plugins declared, with problems found so far."""
+
+    namespaces: tuple[Namespace, ...] = field(default=(), converter=tuple)
+    ops: tuple[OpDef, ...] = field(default=(), converter=tuple)
+    kernels: tuple[Kernel, ...] = field(default=(), converter=tuple)
+    backends: tuple[Backend, ...] = field(default=(), converter=tuple)
+    #: backend name -> whether it can run on this machine
+    available: dict[str, bool] = field(factory=dict, eq=False)
+    #: every distribution whose plugin loaded
+    distributions: tuple[Origin, ...] = field(default=(), converter=tuple)
+    skipped: tuple[Skipped, ...] = field(default=(), converter=tuple)
+    problems: tuple[Problem, ...] = field(default=(), converter=tuple)
+    #: the ``opregistry_*`` hooks each loaded plugin implements
+    hooks: dict[Origin, tuple[str, ...]] = field(factory=dict, eq=False)

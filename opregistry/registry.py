@@ -8,21 +8,25 @@ spawned processes, on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
+import attrs
 
 from .collect import Collected, collect
 from .config import Policy, Settings
 from .discovery import discover
 from .errors import ReentrantLoadError, ResolutionError
-from .model import Problem
-from .resolver import KernelPlan, OpPlan, Plan, TorchState, resolve
+from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
 from .logs import get_logger
-from .materializer import gc_paused
+from .materializer import Materialized, defined_ops, gc_paused
+from .model import Problem
+from .plan import KernelPlan, OpPlan, Plan, TorchState
+from .resolver import resolve
 
-__all__ = ["Registry", "load", "plan", "get_registry"]
+__all__ = ["Registry", "load", "plan", "get_registry", "current_plan", "verify_lock"]
 
 log = get_logger()
 
@@ -57,6 +61,26 @@ def _collect_and_resolve_unpaused(settings: Settings,
                               torch_state=torch_state())
 
 
+@contextlib.contextmanager
+def _importing_plugins(caller: str) -> Iterator[None]:
+    """Mark the span in which plugins are imported; a plugin calling ``caller`` then is refused.
+
+    Held under ``_lock``.  A plugin that calls :func:`load` or :func:`plan` at
+    import would register from inside the registry's own load.
+    """
+    global _loading
+    if _loading:
+        raise ReentrantLoadError(
+            f"opregistry.{caller}() was called while opregistry was importing plugins; a plugin "
+            f"must not load the registry at import: remove the call (opregistry loads every "
+            f"installed op package itself)")
+    _loading = True
+    try:
+        yield
+    finally:
+        _loading = False
+
+
 def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
          policy: Policy | None = None) -> Plan:
     """Discover, collect and resolve, without registering anything.
@@ -64,48 +88,60 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
     Does not import torch.  When torch is already imported, what its
     dispatcher holds is taken into account (rules 4 and 5).
     """
-    global _loading
     settings = _settings(None, plugins, block, policy)
 
     def torch_state() -> TorchState | None:
         # a plugin that imports torch counts: torch is what it is by then
         if "torch" not in sys.modules:
             return None
-        from . import torch_state as ts
-
-        return ts.snapshot()
+        return _snapshot()
 
     # plugins are imported here too: one that calls load() at import must meet
     # the same refusal as under load(), not start registering from inside plan()
-    with _lock:
-        if _loading:
-            raise ReentrantLoadError(
-                "opregistry.plan() was called while opregistry was importing plugins; a plugin "
-                "must not load the registry at import: remove the call (opregistry loads every "
-                "installed op package itself)")
-        _loading = True
-        try:
-            return _collect_and_resolve(settings, torch_state)[1]
-        finally:
-            _loading = False
+    with _lock, _importing_plugins("plan"):
+        return _collect_and_resolve(settings, torch_state)[1]
+
+
+def _snapshot() -> TorchState:
+    """What torch's dispatcher holds outside opregistry (every live registry's ops left out)."""
+    from . import torch_state
+
+    return torch_state.snapshot(mine=defined_ops())
 
 
 class Registry:
-    """The loaded registry: the plan, what was registered, and every problem."""
+    """The loaded registry: the plan, what was registered, and every problem.
 
-    def __init__(self, plan: Plan, materialized: Any, settings: Settings) -> None:
+    :attr:`plan` is what the resolver decided; :attr:`loaded` is the same plan
+    less the distributions torch refused at registration (rolled back whole),
+    with their problems added.  ``errors``, ``op()`` and ``kernels`` answer
+    from :attr:`loaded`.
+    """
+
+    def __init__(self, plan: Plan, materialized: Materialized, settings: Settings) -> None:
         self.plan = plan
         self.settings = settings
         self._materialized = materialized
         failed = set(materialized.failed)
-        self.problems: tuple[Problem, ...] = plan.problems + tuple(materialized.problems)
-        self.ops: tuple[OpPlan, ...] = tuple(
-            op for op in plan.ops if op.op.origin is None or op.op.origin.distribution not in failed)
+        self.loaded: Plan = attrs.evolve(
+            plan,
+            ops=tuple(op for op in plan.ops
+                      if op.op.origin is None or op.op.origin.distribution not in failed),
+            problems=plan.problems + tuple(materialized.problems),
+        )
         self.op_names: frozenset[str] = frozenset(materialized.ops)
 
     @property
+    def problems(self) -> tuple[Problem, ...]:
+        return self.loaded.problems
+
+    @property
+    def ops(self) -> tuple[OpPlan, ...]:
+        return self.loaded.ops
+
+    @property
     def errors(self) -> tuple[Problem, ...]:
-        return tuple(p for p in self.problems if p.severity == "error")
+        return self.loaded.errors
 
     @property
     def namespaces(self) -> tuple[str, ...]:
@@ -113,20 +149,17 @@ class Registry:
 
     @property
     def kernels(self) -> tuple[KernelPlan, ...]:
-        return tuple(k for op in self.ops for k in op.kernels) + self.plan.external_kernels
+        return self.loaded.kernels()
 
     def op(self, qualname: str) -> OpPlan | None:
-        for op in self.ops:
-            if op.op.qualname == qualname:
-                return op
-        return None
+        return self.loaded.op(qualname)
 
     def unload(self) -> None:
         """Unregister everything this registry registered."""
         global _registry
         with _lock:
             self._materialized.destroy()
-            self.ops = ()
+            self.loaded = attrs.evolve(self.loaded, ops=())
             self.op_names = frozenset()
             if _registry is self:
                 _registry = None
@@ -159,30 +192,21 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
     A second call returns the registry of the first (the arguments of the
     second are ignored unless ``reload=True``).
     """
-    global _registry, _loading
+    global _registry
     with _lock:
         if _registry is not None and not reload:
             return _registry
-        if _loading:
-            raise ReentrantLoadError(
-                "opregistry.load() was called while opregistry was importing plugins; a plugin "
-                "must not load the registry at import: remove the call (opregistry loads every "
-                "installed op package itself)")
-        if _registry is not None:
-            _registry.unload()
-        _loading = True
-        try:
+        with _importing_plugins("load"):
+            if _registry is not None:
+                _registry.unload()
             _registry = _load(_settings(strict, plugins, block, policy))
-        finally:
-            _loading = False
         return _registry
 
 
 def _load(settings: Settings) -> Registry:
-    from . import torch_state
     from .materializer import materialize
 
-    collected, resolved = _collect_and_resolve(settings, torch_state.snapshot)
+    collected, resolved = _collect_and_resolve(settings, _snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
     materialized = materialize(resolved, collected.materializers)
@@ -195,3 +219,20 @@ def _load(settings: Settings) -> Registry:
             log.warning("problem", code=problem.code, message=problem.message, hint=problem.hint)
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
     return registry
+
+
+def current_plan() -> Plan:
+    """The plan of the loaded registry, or :func:`plan` (no torch) when none is loaded."""
+    loaded = get_registry()
+    return loaded.plan if loaded is not None else plan()
+
+
+def verify_lock(path: PathLike = DEFAULT_LOCKFILE, plan: Plan | None = None) -> str:
+    """Check that this environment resolves the registry recorded in the lockfile ``path``.
+
+    Compares the lockfile with ``plan`` (default: the plan of the loaded
+    registry, or :func:`opregistry.plan` when nothing is loaded -- which does
+    not import torch).  Returns the fingerprint when they agree; raises
+    :class:`~opregistry.LockMismatchError` listing every difference otherwise.
+    """
+    return verify_plan(path, plan if plan is not None else current_plan())

@@ -144,6 +144,48 @@ class Schema:
         return bool(self.mutated_args)
 
     @property
+    def is_functional(self) -> bool:
+        """Writes to no argument and returns no alias of one (no ``(a!)``, no ``(a)`` return)."""
+        return not self.is_mutable and not any(r.type.alias for r in self.returns)
+
+    @property
+    def has_kwarg_only_tensors(self) -> bool:
+        """Some tensor argument is keyword-only (after ``*``)."""
+        return any(a.kwarg_only and a.type.is_tensor_like for a in self.arguments)
+
+    @property
+    def is_factory(self) -> bool:
+        """No tensor argument to dispatch on, and a ``Device`` argument to route by."""
+        return not self.tensor_arguments and any(a.type.base == "Device" for a in self.arguments)
+
+    def autograd_refusal(self, tags: Iterable[str] = ()) -> tuple[str, str] | None:
+        """``(code, why)`` when ``torch.library.register_autograd`` refuses this op, else ``None``.
+
+        The one statement of the rule: the resolver reports it before torch is
+        imported, and opregistry-autograd applies it to ops it did not see
+        declared (a kernel for an op defined in C++).
+        """
+        if "out" in tuple(tags):
+            return ("autograd-on-mutable-op",
+                    "it is tagged torch.Tag.out, and out= variants do not support autograd")
+        if not self.is_functional:
+            return ("autograd-on-mutable-op", "it mutates or aliases its inputs (its schema has "
+                                              "'(a!)' / '(a)' annotations)")
+        if not self.returns:
+            return ("autograd-no-returns", "it returns nothing, so there is nothing to differentiate")
+        if self.has_kwarg_only_tensors:
+            return ("autograd-kwarg-only-tensor", "it has keyword-only Tensor arguments, which "
+                                                  "torch's autograd kernels do not support")
+        return None
+
+    def vmap_refusal(self) -> tuple[str, str] | None:
+        """``(code, why)`` when ``torch.library.register_vmap`` refuses this op, else ``None``."""
+        if self.has_kwarg_only_tensors:
+            return ("vmap-kwarg-only-tensor", "it has keyword-only Tensor arguments, which "
+                                              "torch.library.register_vmap does not support")
+        return None
+
+    @property
     def tensor_arguments(self) -> tuple[Argument, ...]:
         return tuple(a for a in self.arguments if a.type.is_tensor_like)
 

@@ -1,18 +1,23 @@
-"""What torch's dispatcher already holds — the one module that reads torch internals.
+"""What torch's dispatcher already holds — the one module of the core that reads torch internals.
 
 The resolver needs to know which ops and namespaces exist in torch outside
 opregistry (rule 4: a DEF of a namespace a C++ ``TORCH_LIBRARY`` holds) and
-whether torch already has a kernel for an (op, key) (rule 5).  torch has no
-public API for either, so the private calls are isolated here, and
-``tests/test_torch_state.py`` fails loudly if torch renames them.
+whether torch already has a kernel for an (op, key) (rule 5); the
+materializer and the device backends need a few private handles on a
+``Library`` and on dispatch keys.  torch has no public API for any of these,
+so every private call of the core is here, and ``tests/test_torch_state.py``
+fails loudly if torch renames one or changes its signature.  (Each backend
+plugin keeps its own private calls in its ``_torch_private.py``.)
 """
 
 from __future__ import annotations
 
-from .resolver import TorchState
+from typing import Any, Iterable
+
+from .plan import TorchState
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
-           "python_kernels"]
+           "python_kernels", "destroy_library", "library_alive", "device_keyset", "lookup_op"]
 
 
 def registered_ops() -> list[str]:
@@ -79,13 +84,36 @@ def python_kernels() -> frozenset[str]:
     return frozenset(getattr(torch.library, "_impls", ()))
 
 
-def snapshot() -> TorchState:
-    """The dispatcher's ops and namespaces, less the ops opregistry registered."""
+def destroy_library(library: Any) -> None:
+    """Unregister everything ``library`` registered (``Library._destroy``; no public API)."""
+    library._destroy()
+
+
+def library_alive(library: Any) -> bool:
+    """Whether ``library`` still holds its registrations (not destroyed)."""
+    return getattr(library, "m", None) is not None
+
+
+def device_keyset(device_type: str) -> Any:
+    """The ``DispatchKeySet`` of a device type (``"cuda"`` -> ``{CUDA}``), to redispatch to."""
     import torch
 
-    from .materializer import defined_ops
+    key = torch._C._dispatch_key_for_device(device_type)
+    return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
 
-    mine = defined_ops()
+
+def lookup_op(qualname: str) -> Any:
+    """The ``OpOverload`` for ``ns::name`` or ``ns::name.overload``."""
+    import torch._library.utils
+
+    return torch._library.utils.lookup_op(qualname)
+
+
+def snapshot(mine: Iterable[str] = ()) -> TorchState:
+    """The dispatcher's ops and namespaces, less ``mine`` (the ops opregistry registered)."""
+    import torch
+
+    mine = frozenset(mine)
     ops = frozenset(op for op in registered_ops() if op not in mine)
     namespaces = frozenset(op.split("::", 1)[0] for op in ops)
     tags = frozenset(name for name in dir(torch.Tag) if not name.startswith("_")) - {"name", "value"}

@@ -11,14 +11,14 @@ import pytest
 
 import opregistry
 from opregistry import LockMismatchError
-from opregistry.collect import Declarations
+from opregistry.model import Declarations
+from opregistry.registry import verify_lock
 from opregistry.lockfile import (
     diff_lock,
     fingerprint,
     fingerprint_of,
     lock_data,
     read_lock,
-    verify_lock,
     write_lock,
 )
 from opregistry.model import Backend, Kernel, Namespace, OpDef, Origin

@@ -200,7 +200,7 @@ def test_missing_config_file(tmp_path):
 
 def test_listed_as_overriding_torch_without_torch() -> None:
     """``opregistry list`` resolves without torch: an allowed aten override still says so."""
-    from opregistry.collect import Declarations
+    from opregistry.model import Declarations
     from opregistry.model import Kernel, Origin
     from opregistry.resolver import resolve
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opregistry import DeclarationError, OpRegistryError
-from opregistry.collect import Declarations
+from opregistry.model import Declarations
 from opregistry.config import Policy
 from opregistry.discovery import BACKENDS_GROUP, OPS_GROUP
 from opregistry.keys import ALIASES, KNOWN_KEYS

@@ -81,7 +81,7 @@ def test_static_tables_match_this_torch():
     assert proc.returncode == 0, proc.stderr
     tags, namespaces = json.loads(proc.stdout.splitlines()[-1])
 
-    from opregistry.resolver import KNOWN_TAGS, RESERVED_NAMESPACES
+    from opregistry.keys import KNOWN_TAGS, RESERVED_NAMESPACES
 
     assert KNOWN_TAGS == set(tags), f"torch.Tag changed: {sorted(KNOWN_TAGS ^ set(tags))}"
     missing = set(namespaces) - RESERVED_NAMESPACES

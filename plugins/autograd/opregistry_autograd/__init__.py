@@ -30,20 +30,23 @@ def opregistry_backends() -> list[Backend]:
 def refusal(schema: Any, tags: Iterable[str] = ()) -> str | None:
     """Why torch's ``register_autograd`` would refuse an op, or ``None``.
 
+    The rule is opregistry's own (:meth:`opregistry.schema.Schema.autograd_refusal`,
+    which the resolver applies to every declared op before torch is imported);
+    this applies it to an op opregistry did not declare, from torch's schema.
+
     :param schema: the op's ``torch.FunctionSchema``.
     :param tags: the op's tag names (``"out"``...).
     """
-    from ._torch_private import has_kwarg_only_tensors
+    from opregistry.errors import SchemaError
+    from opregistry.schema import parse_schema
 
-    if "out" in tags:
-        return "it is tagged torch.Tag.out, and out= variants do not support autograd"
-    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-        return "it mutates or aliases its inputs (its schema has '(a!)' / '(a)' annotations)"
-    if not schema.returns:
-        return "it returns nothing, so there is nothing to differentiate"
-    if any(a.kwarg_only for a in schema.arguments) and has_kwarg_only_tensors(schema):
-        return "it has keyword-only Tensor arguments, which torch's autograd kernels do not support"
-    return None
+    head, paren, tail = str(schema).partition("(")
+    try:
+        parsed = parse_schema(head.rpartition("::")[2] + paren + tail)
+    except SchemaError:
+        return None  # a type custom ops cannot use (aten's Dimname...): torch decides
+    found = parsed.autograd_refusal(tags)
+    return found[1] if found else None
 
 
 @hookimpl
@@ -54,12 +57,11 @@ def opregistry_materialize_kernel(
     from ._torch_private import lookup_op, op_handle
     from .kernel import make_autograd_kernel
 
-    if op is not None:  # an op opregistry defined: its tags are in the declaration
-        tags: Iterable[str] = op.tags
-    else:  # a kernel for someone else's op: ask torch (slower, and rare)
-        tags = [t.name for t in lookup_op(kernel.op).tags]
     handle = op_handle(kernel.op)
-    why = refusal(handle.schema(), tags)
+    # an op opregistry defined was checked by the resolver (the same rule); a
+    # kernel for someone else's op is checked here, from torch's schema and tags
+    why = None if op is not None else refusal(
+        handle.schema(), [t.name for t in lookup_op(kernel.op).tags])
     if why is not None:
         raise MaterializationError(
             f"cannot register autograd for {kernel.op} from {kernel.origin}: {why}. "

@@ -1,0 +1,115 @@
+"""Stage 3, resolve: decide what may be registered, before torch is touched.
+
+:func:`resolve` is a pure function from :class:`~opregistry.model.Declarations`
+(plus, when torch is already imported, a :class:`~opregistry.plan.TorchState`
+of what torch's dispatcher holds) to a :class:`~opregistry.plan.Plan`.  It
+enforces the rules of ``docs/resolution.md``, one module per group of them:
+
+=================  ==========================================================
+:mod:`.backends`   which backend serves each dispatch key
+:mod:`.namespaces` rules 1-4: valid names, one DEF, FRAGMENTs, torch's own
+:mod:`.ops`        op names, schemas and mutation (rule 7), no redefinition
+:mod:`.kernels`    rules 5-6 and the override policy
+:mod:`.gaps`       what a planned op lacks (warnings)
+=================  ==========================================================
+
+Every violation is a :class:`~opregistry.model.Problem` naming every
+distribution involved.  A distribution with an error problem is left out
+whole and the rules run again on the rest, until nothing changes, so a kernel
+for an op of a left-out distribution is reported too (rule 9).  Inputs are
+sorted first: the plan does not depend on the order of entry points (rule 8).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import attrs
+
+from ..config import Policy
+from ..model import Declarations, OpDef, Origin, Problem, describe_ref
+from ..plan import BackendPlan, Plan, TorchState
+from .backends import check_backends
+from .context import Context
+from .gaps import report_gaps
+from .kernels import check_kernels
+from .namespaces import check_namespaces
+from .ops import check_ops
+
+__all__ = ["resolve"]
+
+
+def resolve(decl: Declarations, *, policy: Policy | None = None,
+            torch_state: TorchState | None = None) -> Plan:
+    """Apply the resolution rules to ``decl``; never raises for a bad declaration."""
+    policy = policy or Policy()
+    errors: dict[tuple[str, str], Problem] = {(p.code, p.message): p for p in decl.problems}
+    # rule 9: a distribution whose entry point failed before resolution (import
+    # error, invalid hooks, installed twice) is left out whole, not just that
+    # entry point: its other entry points would register half a package
+    excluded: dict[str, Origin] = {}
+    for p in decl.problems:
+        if p.severity == "error":
+            for o in p.culprits:
+                excluded.setdefault(o.distribution, o)
+    # every pass (and the first definer named below) must not depend on the
+    # order of discovery; sorting once here spares each pass its own sort
+    ordered = attrs.evolve(decl, namespaces=sorted(decl.namespaces, key=_order),
+                           ops=sorted(decl.ops, key=_order),
+                           kernels=sorted(decl.kernels, key=_order),
+                           backends=sorted(decl.backends, key=_order))
+    excluded_ops: dict[str, Origin] = {}
+    while True:
+        _note_excluded_ops(ordered.ops, excluded, excluded_ops)
+        ctx = Context(ordered, lambda o: o is None or o.distribution not in excluded,
+                      torch_state, policy, excluded_ops)
+        owners = check_backends(ctx)
+        namespaces = check_namespaces(ctx)
+        ops, external = check_kernels(ctx, check_ops(ctx, namespaces), owners)
+        new = [p for p in ctx.problems if p.severity == "error"]
+        for p in new:
+            errors.setdefault((p.code, p.message), p)
+        culprits = {o.distribution: o for p in new for o in p.culprits}
+        if not culprits.keys() - excluded.keys():
+            break
+        excluded.update(culprits)
+
+    report_gaps(ctx, ops)
+    warnings = [p for p in ctx.problems if p.severity != "error"]
+    served = {b.name for b in owners.values()}
+    return Plan(
+        backends=tuple(BackendPlan(backend=b, available=decl.available.get(b.name, True))
+                       for b in ctx.backends if b.name in served),
+        # namespaces left with no op and no owner (every contributor excluded) drop out
+        namespaces=tuple(namespaces[n] for n in sorted(namespaces)),
+        ops=tuple(ops[q] for q in sorted(ops)),
+        external_kernels=external,
+        problems=tuple(sorted(errors.values(), key=lambda p: (p.code, p.message)))
+        + tuple(warnings),
+        distributions=tuple(sorted(decl.distributions)),
+        excluded=tuple(sorted(o for o in decl.distributions if o.distribution in excluded)),
+        skipped=tuple(sorted(decl.skipped, key=lambda s: s.origin)),
+        hooks=dict(decl.hooks),
+    )
+
+
+def _note_excluded_ops(ops: Iterable[OpDef], excluded: dict[str, Origin],
+                       excluded_ops: dict[str, Origin]) -> None:
+    """Record the definer of each op of a left-out distribution (first in sorted order)."""
+    for op in ops:  # sorted: the first definer named must not depend on order
+        if op.origin is not None and op.origin.distribution in excluded:
+            excluded_ops.setdefault(op.qualname, op.origin)
+
+
+def _order(record: Any) -> tuple[str, ...]:
+    o = record.origin
+    ident = getattr(record, "qualname", None) or getattr(record, "name", None) or ""
+    extra = getattr(record, "key", "") or getattr(record, "op", "")
+    # every field that can tell two records apart takes part: records that tie
+    # would keep their discovery order, and the plan would depend on it (rule 8)
+    return (str(ident), str(extra), o.distribution if o else "", o.entry_point if o else "",
+            describe_ref(getattr(record, "fn", None)) or "",
+            str(getattr(record, "kind", "")), str(getattr(record, "schema", "")),
+            str(getattr(record, "override", "")), str(getattr(record, "closed", "")),
+            getattr(record, "source", None) or "", repr(getattr(record, "mutates_args", None)),
+            repr(getattr(record, "tags", ())), o.value if o else "", o.group if o else "")

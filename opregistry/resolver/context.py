@@ -1,0 +1,66 @@
+"""What every rule module reads and writes during one pass: :class:`Context`.
+
+A pass runs the rule modules in order (backends, namespaces, ops, kernels,
+then gaps once at the end) over the declarations of the distributions still
+in.  Each rule reads the context's filtered declarations, the torch state and
+the policy, and appends :class:`~opregistry.model.Problem` records to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from ..config import Policy
+from ..model import Backend, Declarations, Kernel, Namespace, OpDef, Origin, Problem
+from ..plan import TorchState
+
+__all__ = ["Context", "dist_name", "names"]
+
+
+def dist_name(origin: Origin | None) -> str:
+    """The distribution's canonical name; ``<unknown>`` for a record without origin."""
+    return origin.distribution if origin is not None else "<unknown>"
+
+
+def names(origins: Iterable[Origin | None]) -> str:
+    """``a==1.0 (entry point ...) and b==2.0 (...)``: every origin named once, sorted."""
+    return " and ".join(sorted({str(o) for o in origins if o is not None}))
+
+
+class Context:
+    """One pass of the rules over the declarations of the distributions still in."""
+
+    def __init__(self, decl: Declarations, keep: Callable[[Origin | None], bool],
+                 torch: TorchState | None, policy: Policy,
+                 excluded_ops: dict[str, Origin]) -> None:
+        self.torch = torch
+        self.policy = policy
+        #: op -> the origin of its (left-out) definer, to explain dangling kernels
+        self.excluded_ops = excluded_ops
+        self.problems: list[Problem] = []
+        # ``decl``'s records come sorted (once, in resolve): filtering keeps them sorted
+        self.namespaces: list[Namespace] = [n for n in decl.namespaces if keep(n.origin)]
+        self.ops: list[OpDef] = [o for o in decl.ops if keep(o.origin)]
+        self.kernels: list[Kernel] = [k for k in decl.kernels if keep(k.origin)]
+        self.backends: list[Backend] = [b for b in decl.backends if keep(b.origin)]
+        self.available = decl.available
+
+    def refuse(self, code: str, message: str, hint: str, culprits: Iterable[Origin | None],
+               **kw: Any) -> None:
+        """An error: every distribution in ``culprits`` is left out whole (rule 9)."""
+        unique = sorted({o for o in culprits if o is not None})
+        self.problems.append(Problem(code=code, message=message, hint=hint,
+                                     culprits=tuple(unique), **kw))
+
+    def warn(self, code: str, message: str, hint: str, severity: str = "warning",
+             **kw: Any) -> None:
+        """A warning or note: reported, changes nothing."""
+        self.problems.append(Problem(code=code, message=message, hint=hint, severity=severity,
+                                     **kw))
+
+    def torch_owns(self, namespace: str) -> bool:
+        """Whether ``namespace`` is torch's: reserved, or held by torch's dispatcher now."""
+        from ..keys import RESERVED_NAMESPACES
+
+        return namespace in RESERVED_NAMESPACES or (
+            self.torch is not None and namespace in self.torch.namespaces)

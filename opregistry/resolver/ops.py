@@ -1,0 +1,113 @@
+"""Rules for op definitions: declared namespace, valid names and schema (rule 7), no redefinition (rule 3)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..errors import SchemaError
+from ..keys import KNOWN_TAGS
+from ..model import OpDef, is_identifier
+from ..plan import NamespacePlan, OpPlan
+from ..schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
+from .context import Context, dist_name, names
+
+__all__ = ["check_ops", "name_refusal"]
+
+
+def name_refusal(op: OpDef) -> str | None:
+    """Why torch cannot take ``op``'s name or overload, or ``None``."""
+    if not is_identifier(op.name) or (op.overload and not is_identifier(op.overload)):
+        return "names and overloads must be identifiers"
+    keywords = sorted({op.name, op.overload} & SCHEMA_KEYWORDS)
+    if keywords:
+        return (f"{keywords[0]!r} is a keyword of torch's schema language, which torch cannot "
+                f"parse as a name")
+    return None
+
+
+def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
+            declared: set[tuple[str, str]]) -> Schema | None:
+    """``op``'s parsed schema when it passes every per-op rule; else refused, ``None``."""
+    where = op.source
+    if (op.namespace, dist_name(op.origin)) not in declared:
+        ctx.refuse("op-namespace-undeclared",
+                   f"{op.origin} defines {op.qualname} but does not declare namespace "
+                   f"{op.namespace!r}",
+                   f"declare it: OpLibrary({op.namespace!r}) to own it, or "
+                   f"OpLibrary({op.namespace!r}, 'FRAGMENT') to add to it",
+                   (op.origin,), op=op.qualname, source=where)
+        return None
+    if op.namespace not in namespaces:
+        return None  # the namespace itself is invalid or in conflict: reported already
+    why = name_refusal(op)
+    if why is not None:
+        ctx.refuse("op-name-invalid", f"{op.origin} defines op {op.qualname!r}: {why}",
+                   "rename the op", (op.origin,), op=op.qualname, source=where)
+        return None
+    try:
+        schema = parse_signature(op.schema)
+        check_mutates_args(schema, op.mutates_args, op.qualname)
+        check_tags(schema, op.tags, op.qualname)
+    except SchemaError as exc:
+        ctx.refuse("schema-invalid", f"{op.origin}: {op.qualname}: {exc}",
+                   "fix the schema (see docs/op-authors.md#schemas)",
+                   (op.origin,), op=op.qualname, source=where)
+        return None
+    unknown = set(op.tags) - (ctx.torch.tags if ctx.torch is not None else KNOWN_TAGS)
+    if unknown:
+        ctx.refuse("op-tag-unknown",
+                   f"{op.origin}: {op.qualname} has unknown tag(s) {sorted(unknown)}",
+                   "use names of torch.Tag members, e.g. 'pt2_compliant_tag'",
+                   (op.origin,), op=op.qualname, source=where)
+        return None
+    if ctx.torch is not None and op.qualname in ctx.torch.ops:
+        ctx.refuse("op-held-by-torch",
+                   f"{op.origin} defines {op.qualname}, which torch already has "
+                   f"(registered outside opregistry)",
+                   "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
+        return None
+    return schema
+
+
+def check_ops(ctx: Context, namespaces: dict[str, NamespacePlan]) -> dict[str, OpPlan]:
+    """Qualified name -> plan of every op that passes; a redefinition is an ``op-conflict``."""
+    declared = {(ns.name, dist_name(ns.origin)) for ns in ctx.namespaces}
+    by_name: dict[str, list[tuple[OpDef, Schema]]] = defaultdict(list)
+    for op in ctx.ops:
+        schema = _parsed(ctx, op, namespaces, declared)
+        if schema is not None:
+            by_name[op.qualname].append((op, schema))
+    plans: dict[str, OpPlan] = {}
+    for qualname, defs in by_name.items():
+        if len(defs) > 1:
+            defs = _redefined(ctx, qualname, defs, namespaces[defs[0][0].namespace])
+            if not defs:
+                continue
+        plans[qualname] = OpPlan(op=defs[0][0], parsed=defs[0][1])
+    return plans
+
+
+def _redefined(ctx: Context, qualname: str, defs: list[tuple[OpDef, Schema]],
+               namespace: NamespacePlan) -> list[tuple[OpDef, Schema]]:
+    """Report an op defined more than once; the owner's definition stands if there is one."""
+    ops = [op for op, _ in defs]
+    owner = namespace.owner
+    owner_defs = [d for d in defs if owner is not None and dist_name(d[0].origin) == dist_name(owner)]
+    if len({dist_name(o.origin) for o in ops}) == 1:
+        culprits = [ops[0].origin]
+        msg = f"{ops[0].origin} defines {qualname} twice"
+    elif len(owner_defs) == 1:
+        culprits = [o.origin for o in ops if o is not owner_defs[0][0]]
+        msg = (f"{names(culprits)} redefine(s) {qualname}, which namespace owner "
+               f"{owner} already defines; a FRAGMENT may add ops, never redefine one")
+    else:
+        culprits = [o.origin for o in ops]
+        msg = f"{qualname} is defined by {names(culprits)}"
+    ctx.refuse("op-conflict", msg,
+               "rename the op (or give it another overload name), or uninstall one "
+               "of the distributions", culprits, op=qualname,
+               others=tuple(d[0].origin for d in owner_defs if d[0].origin),
+               # the line to fix is the culprit's, not the owner's
+               source=next((o.source for o in ops if o.origin in culprits and o.source),
+                           ops[-1].source))
+    return owner_defs if len(owner_defs) == 1 else []

@@ -1,7 +1,12 @@
 """``python -m opregistry`` is the ``opregistry`` command."""
 
-import sys
+from __future__ import annotations
 
-from .cli import main
+__all__: list[str] = []
 
-sys.exit(main())
+if __name__ == "__main__":
+    import sys
+
+    from .cli import main
+
+    sys.exit(main())

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .registry import Registry
     from .plan import OpPlan
 
-__all__ = ["OPCHECK_UTILS", "CheckResult", "select_ops", "devices_for", "samples_of", "run_checks"]
+__all__ = ["OPCHECK_UTILS", "GRADCHECK", "CheckResult", "select_ops", "devices_for", "samples_of", "run_checks"]
 
 #: torch.library.opcheck's default test utilities, in the order it runs them.
 OPCHECK_UTILS: tuple[str, ...] = (
@@ -71,8 +71,7 @@ def select_ops(ops: Sequence[OpPlan], targets: Iterable[str]) -> tuple[list[OpPl
     unknown = []
     for target in targets:
         if "::" in target:
-            hits = [op for op in ops if op.op.qualname == target
-                    or f"{op.op.namespace}::{op.op.name}" == target]
+            hits = [op for op in ops if target in (op.op.qualname, op.op.base_qualname)]
         else:
             hits = [op for op in ops if op.op.namespace == target]
         if not hits:

@@ -35,7 +35,7 @@ from attrs import field, frozen
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "Policy", "canonical_name", "read_config", "CONFIG_VAR"]
+__all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled", "CONFIG_VAR"]
 
 #: the environment variable naming the configuration file
 CONFIG_VAR = "OPREGISTRY_CONFIG"

@@ -24,6 +24,7 @@ __all__ = [
     "MaterializationError",
     "LockMismatchError",
     "ConfigError",
+    "ReentrantLoadError",
 ]
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .plan import KernelPlan, Plan
 
 __all__ = [
+    "PathLike",
     "LOCK_VERSION",
     "DEFAULT_LOCKFILE",
     "lock_data",

@@ -9,7 +9,7 @@ enforces the rules of ``docs/resolution.md``, one module per group of them:
 :mod:`.backends`   which backend serves each dispatch key
 :mod:`.namespaces` rules 1-4: valid names, one DEF, FRAGMENTs, torch's own
 :mod:`.ops`        op names, schemas and mutation (rule 7), no redefinition
-:mod:`.kernels`    rules 5-6 and the override policy
+:mod:`.impls`      rules 5-6 (IMPL: kernels) and the override policy
 :mod:`.gaps`       what a planned op lacks (warnings)
 =================  ==========================================================
 
@@ -32,7 +32,7 @@ from ..plan import BackendPlan, Plan, TorchState
 from .backends import check_backends
 from .context import Context
 from .gaps import report_gaps
-from .kernels import check_kernels
+from .impls import check_kernels
 from .namespaces import check_namespaces
 from .ops import check_ops
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from opregistry import Backend, Kernel, OpDef, hookimpl
+from opregistry.model import source_of
 
 BACKEND = Backend(name="meta", keys=("Meta",), description="fake kernels (torch.library.register_fake semantics)")
 
@@ -34,13 +35,7 @@ def opregistry_materialize_kernel(
     # imported here: ``opregistry list`` loads this plugin without torch
     from ._torch_private import register_fake_kernel
 
-    register_fake_kernel(library, kernel.op, fn, kernel.source or _source_of(fn))
+    # torch records where a fake kernel was registered; the declaration's line
+    # says it best, the kernel's own line otherwise
+    register_fake_kernel(library, kernel.op, fn, kernel.source or source_of(fn) or repr(fn))
     return True
-
-
-def _source_of(fn: Callable[..., Any]) -> str:
-    """``file:line`` of ``fn`` (what torch records when no declaration line is known)."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return repr(fn)
-    return f"{code.co_filename}:{code.co_firstlineno}"

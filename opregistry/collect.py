@@ -14,14 +14,16 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+import sys
 from typing import Any, Callable, Iterable
 
 import attrs
 import pluggy
 from attrs import field, frozen
 
-from . import hookspecs
+from . import guard, hookspecs
 from .discovery import BACKENDS_GROUP, OPS_GROUP, load_problem
+from .containment import describe
 from .errors import PluginLoadError, PluginValidationError
 from .logs import get_logger
 from .model import (
@@ -146,7 +148,7 @@ def _call(impl: Any, **kwargs: Any) -> Any:
 
 def _hook_problem(origin: Origin, hook_name: str, exc: BaseException) -> Problem:
     problem = load_problem(origin, exc)
-    message = f"{origin}: {hook_name}() raised {type(exc).__name__}: {exc}"
+    message = f"{origin}: {hook_name}() raised {describe(exc)}"
     error = PluginLoadError(message, origin=origin)
     error.__cause__ = exc
     return attrs.evolve(
@@ -162,11 +164,10 @@ def _records(
 ) -> tuple[list[Any], Problem | None]:
     if result is None:
         return [], None
-    if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
-        result = [result]
     records = []
     for item in result:
-        if not isinstance(item, record_type):
+        # the exact type: a subclass could run its own code inside the resolver
+        if type(item) is not record_type:
             return [], _validation_problem(
                 origin,
                 f"{hook_name}() returned a {type(item).__name__}; it must return "
@@ -187,10 +188,15 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
     materializers: dict[str, Callable[..., Any]] = {}
     distributions: list[Origin] = []
     implemented: dict[Origin, tuple[str, ...]] = {}
+    # with torch imported, what a hook registers with torch by itself is watched
+    watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
 
     for plugin in discovered.plugins:
         origin = plugin.origin
-        problem = _register(pm, plugin)
+        # pluggy reads the plugin's attributes (a __getattr__ of the plugin's runs)
+        registered = guard.run(_register, pm, plugin, origin=origin, what="registering its hooks")
+        problem = registered.result if registered.error is None else _hook_problem(
+            origin, "registering its hooks: pluggy", registered.error)
         if problem is not None:
             problems.append(problem)
             skipped.append(Skipped(origin, problem.message))
@@ -200,17 +206,15 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         try:
             for hook_name, record_type in hooks.items():
                 for impl in _impls(pm, hook_name, plugin.obj):
-                    try:
-                        result = _call(impl)
-                    except Exception as exc:
-                        raise _Failed(_hook_problem(origin, hook_name, exc)) from exc
+                    result, warnings = _run_hook(impl, origin, hook_name, watched, _as_list)
+                    problems.extend(warnings)
                     records, problem = _records(origin, hook_name, result, record_type,
                                                 impl.function)
                     if problem is not None:
                         raise _Failed(problem)
                     own[record_type].extend(records)
             if origin.group == BACKENDS_GROUP:
-                own_backend_state = _backend_state(pm, plugin, own[Backend])
+                own_backend_state = _backend_state(pm, plugin, own[Backend], watched, problems)
                 available.update(own_backend_state[0])
                 materializers.update(own_backend_state[1])
         except _Failed as failed:
@@ -249,8 +253,40 @@ class _Failed(Exception):
         self.problem = problem
 
 
+def _as_list(result: Any) -> list[Any]:
+    """A hook's records as a list: iterating a plugin's generator runs plugin code."""
+    if result is None:
+        return []
+    if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
+        return [result]
+    return list(result)
+
+
+def _answer(result: Any) -> bool | None:
+    """A backend's availability: ``bool()`` of a plugin's object runs plugin code."""
+    return None if result is None else bool(result)
+
+
+def _run_hook(impl: Any, origin: Origin, hook_name: str, watched: frozenset[str] | None,
+              evaluate: Callable[[Any], Any], **kwargs: Any) -> tuple[Any, list[Problem]]:
+    """Call a plugin's hook contained (:mod:`opregistry.guard`); raise :class:`_Failed` on failure.
+
+    Returns the evaluated result and the warnings about registrations the
+    policy allowed; an exception, or an unplanned registration, fails the plugin.
+    """
+    outcome = guard.run(lambda: evaluate(_call(impl, **kwargs)), origin=origin,
+                        what=f"calling {hook_name}()", protected=watched)
+    if outcome.error is not None:
+        raise _Failed(_hook_problem(origin, hook_name, outcome.error))
+    errors = [p for p in outcome.problems if p.severity == "error"]
+    if errors:
+        raise _Failed(errors[0])
+    return outcome.result, list(outcome.problems)
+
+
 def _backend_state(
-    pm: pluggy.PluginManager, plugin: Plugin, backends: list[Backend]
+    pm: pluggy.PluginManager, plugin: Plugin, backends: list[Backend],
+    watched: frozenset[str] | None, problems: list[Problem],
 ) -> tuple[dict[str, bool], dict[str, Callable[..., Any]]]:
     origin = plugin.origin
     available: dict[str, bool] = {}
@@ -265,13 +301,12 @@ def _backend_state(
     for backend in backends:
         answer = None
         for impl in _impls(pm, "opregistry_backend_available", plugin.obj):
-            try:
-                answer = _call(impl, backend=backend)
-            except Exception as exc:
-                raise _Failed(_hook_problem(origin, "opregistry_backend_available", exc)) from exc
+            answer, warnings = _run_hook(impl, origin, "opregistry_backend_available", watched,
+                                         _answer, backend=backend)
+            problems.extend(warnings)
             if answer is not None:
                 break
-        available[backend.name] = True if answer is None else bool(answer)
+        available[backend.name] = True if answer is None else answer
         materializers[backend.name] = _materializer(materialize[0])
     return available, materializers
 

@@ -6,21 +6,21 @@ every admitted entry point on its own: a missing module or an exception at
 import becomes a :class:`~opregistry.model.Problem` of that distribution, and
 the others still load.  Also reported here: a distribution installed twice
 (importlib-metadata would silently show one copy), an entry-point name used
-twice in one group, and -- when torch is already imported -- a plugin that
-replaces a kernel of torch's own ops by itself while being imported.
+twice in one group, and -- when torch is already imported -- what a plugin
+registers with torch by itself while being imported (:mod:`opregistry.guard`:
+undone and reported).
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 from collections import defaultdict
 from typing import Any, Iterable
 
+from . import guard
 from .config import Settings, canonical_name
+from .containment import describe
 from .errors import DeclarationError, PluginLoadError
-from .keys import RESERVED_NAMESPACES
 from .logs import get_logger
 from .model import Discovered, Origin, Plugin, Problem, Skipped, source_of
 
@@ -94,23 +94,6 @@ def _origin(ep: Any, group: str, cache: dict[int, tuple[str, str]] | None = None
     )
 
 
-#: frames in these places are machinery, not the line a plugin author must fix
-_MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<attrs generated")
-
-
-def _where(exc: BaseException) -> str | None:
-    """file:line of the innermost frame of ``exc`` in the plugin's own code.
-
-    importlib's frames and opregistry's own (a :class:`DeclarationError`
-    raised by a record's validator) are skipped: the author needs the line
-    of *their* ``lib.define(...)``, not of our check.
-    """
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
-    own = [f for f in frames if not f.filename.startswith(_MACHINERY)]
-    frames = own or frames
-    return source_of(frames[-1]) if frames else None
-
-
 def load_problem(origin: Origin, exc: BaseException) -> Problem:
     if isinstance(exc, DeclarationError):
         code, hint = "declaration-invalid", (
@@ -131,7 +114,7 @@ def load_problem(origin: Origin, exc: BaseException) -> Problem:
             f"fix the error in {origin.distribution}, or block it with "
             f"OPREGISTRY_BLOCK={origin.distribution}"
         )
-    message = f"{origin} failed to load: {type(exc).__name__}: {exc}"
+    message = f"{origin} failed to load: {describe(exc)}"
     error = PluginLoadError(message, origin=origin)
     error.__cause__ = exc
     return Problem(
@@ -139,7 +122,7 @@ def load_problem(origin: Origin, exc: BaseException) -> Problem:
         message=message,
         hint=hint,
         culprits=(origin,),
-        source=_where(exc),
+        source=guard.raised_at(exc),
         error=error,
     )
 
@@ -226,6 +209,8 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
     for (group, ep), origin in zip(found, origins):
         names[(origin.distribution, group, ep.name)] += 1
     reported: set[tuple[str, str, str]] = set()
+    # with torch imported, what a plugin registers with torch by itself is watched
+    watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
     for (group, ep), origin in zip(found, origins):
         reason = settings.admits(origin.distribution)
         if reason is not None:
@@ -247,58 +232,18 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
                 ))
             skipped.append(Skipped(origin, f"entry point name {ep.name!r} is used twice"))
             continue
-        watching = "torch" in sys.modules
-        if watching:
-            from .torch_state import python_kernels
-
-            kernels_before = python_kernels()
-        try:
-            obj = ep.load()
-        # a plugin's failure is its own, never ours; SystemExit too (a module that
-        # parses sys.argv at import), which would otherwise end `import torch`
-        except (Exception, SystemExit) as exc:
-            problem = load_problem(origin, exc)
-            log.warning("plugin failed to load", distribution=origin.dist, error=str(exc))
+        # a plugin's failure is its own, never ours: SystemExit (a module that parses
+        # sys.argv at import) and any BaseException but a real Ctrl-C included
+        guarded = guard.run(ep.load, origin=origin, what=f"importing {ep.value}",
+                            protected=watched, policy=settings.policy,
+                            owns=guard.owned_by(ep.module))
+        problems.extend(guarded.problems)
+        if guarded.error is not None:
+            problem = load_problem(origin, guarded.error)
+            log.warning("plugin failed to load", distribution=origin.dist,
+                        error=describe(guarded.error))
             problems.append(problem)
             skipped.append(Skipped(origin, problem.message))
             continue
-        if watching:
-            problems.extend(_torch_kernels_replaced(origin, python_kernels() - kernels_before))
-        plugins.append(Plugin(origin, obj))
+        plugins.append(Plugin(origin, guarded.result))
     return Discovered(tuple(plugins), tuple(skipped), tuple(problems))
-
-
-def _torch_kernels_replaced(origin: Origin, added: Iterable[str]) -> list[Problem]:
-    """Problems for kernels of torch's own ops that a plugin registered at import, by itself.
-
-    Such a kernel bypasses the override policy, and opregistry cannot undo it
-    (the plugin holds the ``Library``); all it can do is say so, and leave the
-    distribution out.  Kernels registered from torch's own files (a plugin
-    importing ``torch._inductor``, say) are torch's business, not the plugin's.
-    """
-    import torch
-
-    from .torch_state import kernel_registrations
-
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    problems = []
-    for entry in sorted(added):
-        namespace, _, rest = entry.partition("/")
-        name, _, key = rest.rpartition("/")
-        if namespace not in RESERVED_NAMESPACES:
-            continue
-        op = f"{namespace}::{name}"
-        where = kernel_registrations(op).get(key, "")
-        if where.startswith(torch_dir):
-            continue
-        problems.append(Problem(
-            code="plugin-replaced-torch-kernel",
-            message=f"{origin} replaced torch's {key} kernel of {op} while being imported, "
-                    f"outside opregistry{f' (at {where})' if where else ''}; it bypasses the "
-                    f"override policy, and opregistry cannot undo it: it stays in effect",
-            hint=f"block it (OPREGISTRY_BLOCK={origin.distribution}) or uninstall it; a package "
-                 f"that means to replace a torch kernel declares it with OpLibrary("
-                 f"{namespace!r}, 'IMPL') and override=True, allowed by OPREGISTRY_ALLOW_OVERRIDE",
-            culprits=(origin,), op=op, key=key, source=where or None,
-        ))
-    return problems

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from collections import defaultdict
 from typing import Any, Callable, Iterator
 
 from attrs import define, field
 
+from . import guard
+from .config import Policy
+from .containment import describe, must_propagate
 from .errors import MaterializationError
 from .logs import get_logger
-from .model import Origin, Problem, resolve_ref
+from .model import Origin, Problem, describe_ref, resolve_ref
 from .plan import OpPlan, Plan
 from .torch_state import destroy_library, device_keyset, lookup_op
 
@@ -104,7 +108,7 @@ def gc_paused() -> Iterator[None]:
 
 def _failure(origin: Origin, what: str, exc: BaseException, op: str | None,
              key: str | None, source: str | None) -> Problem:
-    message = f"{origin}: {what} failed: {type(exc).__name__}: {exc}"
+    message = f"{origin}: {what} failed: {describe(exc)}"
     error = MaterializationError(message, origin=origin, op=op, key=key)
     error.__cause__ = exc  # torch's own exception, for the traceback
     return Problem(
@@ -154,13 +158,42 @@ def _register_backend_select(lib: Any, plan: OpPlan) -> None:
     lib.impl(plan.op.name_with_overload, backend_select, "BackendSelect", with_keyset=True)
 
 
-def materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Materialized:
-    """Register ``plan`` with torch; a failing distribution is rolled back whole."""
+def materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
+                policy: Policy | None = None) -> Materialized:
+    """Register ``plan`` with torch; a failing distribution is rolled back whole.
+
+    Kernel modules are imported here, each the first time under
+    :func:`opregistry.guard.run`: what one raises, or registers with torch by
+    itself outside the plan (undone unless ``policy`` allows it), fails its
+    distribution.
+    """
     with gc_paused():
-        return _materialize(plan, materializers)
+        return _materialize(plan, materializers, policy or Policy())
 
 
-def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Materialized:
+def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
+              warnings: list[Problem]) -> tuple[Any, Problem | None]:
+    """The callable ``ref`` names, imported contained; or the problem that fails its distribution."""
+    module = ref.partition(":")[0] if isinstance(ref, str) else None
+    loaded = sys.modules.get(module) if module else None
+    # a module imported already runs no code of its own: no watch needed (the common case)
+    fresh = module is not None and (loaded is None or getattr(
+        getattr(loaded, "__spec__", None), "_initializing", False))
+    outcome = guard.run(resolve_ref, ref, origin=kernel.origin, what=f"importing {module or ref}",
+                        protected=watched if fresh else None, policy=policy,
+                        owns=guard.owned_by(module) if module else None)
+    errors = [p for p in outcome.problems if p.severity == "error"]
+    warnings.extend(p for p in outcome.problems if p.severity != "error")
+    if outcome.error is not None:
+        # the line that raised in the kernel module, else the kernel's declaration
+        return None, _failure(kernel.origin, f"importing {describe_ref(ref)} for {kernel.op}",
+                              outcome.error, kernel.op, kernel.key,
+                              guard.raised_at(outcome.error) or kernel.source)
+    return outcome.result, (errors[0] if errors else None)
+
+
+def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
+                 policy: Policy) -> Materialized:
     owned: dict[str, dict[str, str]] = defaultdict(dict)
     origins: dict[str, Origin] = {}
     for ns in plan.namespaces:
@@ -182,6 +215,10 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Ma
             origins.setdefault(k.kernel.origin.distribution, k.kernel.origin)
 
     libs = {d: _DistLibraries(origins[d], owned.get(d, {})) for d in sorted(origins)}
+    # what kernel modules must not touch by themselves: the plan's namespaces and
+    # those of the torch ops it adds kernels to (guard adds torch's reserved ones)
+    watched = frozenset(ns.name for ns in plan.namespaces) | frozenset(
+        k.kernel.namespace for k in plan.external_kernels)
     result = Materialized()
     failed: dict[str, Problem] = {}
 
@@ -203,12 +240,14 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Ma
             continue
         for op, k in kernels_by_dist[dist]:
             kernel = k.kernel
-            try:
-                fn = resolve_ref(kernel.fn)
-                setup = resolve_ref(kernel.setup_context) if kernel.setup_context else None
-            except Exception as exc:
-                failed[dist] = _failure(kernel.origin, f"importing {kernel.fn!s} for {kernel.op}",
-                                        exc, kernel.op, kernel.key, kernel.source)
+            fn, problem = _imported(kernel.fn, kernel, watched, policy, result.problems)
+            if problem is None and kernel.setup_context is not None:
+                setup, problem = _imported(kernel.setup_context, kernel, watched, policy,
+                                           result.problems)
+            else:
+                setup = None
+            if problem is not None:
+                failed[dist] = problem
                 break
             try:
                 done = materializers[k.backend](
@@ -217,7 +256,9 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]]) -> Ma
                 if not done:
                     raise MaterializationError(
                         f"backend {k.backend} did not register it (returned {done!r})")
-            except Exception as exc:
+            except BaseException as exc:  # noqa: BLE001 - a backend's code, contained
+                if must_propagate(exc):
+                    raise
                 what = f"registering the {kernel.key} kernel of {kernel.op} (backend {k.backend})"
                 failed[dist] = _failure(kernel.origin, what, exc, kernel.op, kernel.key,
                                         kernel.source)

@@ -9,6 +9,7 @@ spawned processes, on every rank.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from typing import Callable, Iterable, Iterator
@@ -17,6 +18,7 @@ import attrs
 
 from .collect import Collected, collect
 from .config import Policy, Settings
+from .containment import interrupts_watched
 from .discovery import discover
 from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
@@ -47,7 +49,7 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
 
 def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None]
                          ) -> tuple[Collected, Plan]:
-    with gc_paused():
+    with gc_paused(), interrupts_watched():
         return _collect_and_resolve_unpaused(settings, torch_state)
 
 
@@ -154,6 +156,51 @@ class Registry:
     def op(self, qualname: str) -> OpPlan | None:
         return self.loaded.op(qualname)
 
+    def drift(self) -> tuple[Problem, ...]:
+        """Every planned kernel torch no longer dispatches to, as ``kernel-replaced`` problems.
+
+        After :func:`load`, other code may replace a kernel opregistry
+        registered (a plain ``Library.impl``), and torch itself registers
+        in-tree overrides of some aten kernels at the end of ``import torch``
+        (torch 2.12+), which can shadow a kernel opregistry added to an aten
+        op.  Asks torch's dispatcher, per op and key, where the kernel it
+        holds was registered; ``opregistry doctor --live`` reports the result.
+        """
+        from . import materializer, torch_state
+
+        ours = os.path.abspath(materializer.__file__) + ":"
+        torch_root = torch_state.torch_dir()
+        active: dict[str, list[KernelPlan]] = {}
+        for k in self.kernels:
+            if k.status == "active" and (k.kernel.op in self.op_names
+                                         or k in self.plan.external_kernels):
+                active.setdefault(k.kernel.op, []).append(k)
+        problems = []
+        for op, kernels in sorted(active.items()):
+            found = torch_state.kernel_registrations(op)
+            for k in kernels:
+                where = found.get(k.kernel.key)
+                if where is not None and where.startswith(ours):
+                    continue
+                origin = k.kernel.origin
+                if where is None:
+                    what, hint = "no longer has it (unregistered)", "reload the registry"
+                elif where.startswith(torch_root):
+                    what = f"dispatches to torch's own kernel, registered at {where}"
+                    hint = ("torch shadows this kernel with one of its own; check whether "
+                            "torch's kernel suffices, or ask torch how to switch it off")
+                else:
+                    what = f"dispatches to a kernel registered outside opregistry, at {where}"
+                    hint = ("find the code at that line: replace kernels through opregistry "
+                            "(override=True, OPREGISTRY_ALLOW_OVERRIDE), not Library.impl")
+                problems.append(Problem(
+                    code="kernel-replaced",
+                    message=f"the {k.kernel.key} kernel of {op} from {origin} is no longer the "
+                            f"one torch dispatches to: torch {what}",
+                    hint=hint, others=(origin,) if origin else (), op=op, key=k.kernel.key,
+                    source=where))
+        return tuple(problems)
+
     def unload(self) -> None:
         """Unregister everything this registry registered."""
         global _registry
@@ -209,7 +256,8 @@ def _load(settings: Settings) -> Registry:
     collected, resolved = _collect_and_resolve(settings, _snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
-    materialized = materialize(resolved, collected.materializers)
+    with interrupts_watched():
+        materialized = materialize(resolved, collected.materializers, settings.policy)
     if settings.strict and materialized.problems:
         materialized.destroy()
         raise ResolutionError(materialized.problems)

@@ -10,6 +10,7 @@ not (two arguments with one name) and says why.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Iterable
 
@@ -64,8 +65,11 @@ SCHEMA_KEYWORDS: frozenset[str] = frozenset(
     }
 )
 _ALIAS = re.compile(r"\(\s*([a-z][A-Za-z0-9_]*)\s*(!?)\s*\)")
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf)\Z")
-_INT = re.compile(r"[+-]?\d+\Z")
+# torch's lexer takes a leading '-' but no '+', and neither inf nor nan
+_NUMBER = re.compile(r"-?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?)\Z")
+_INT = re.compile(r"-?\d+\Z")
+#: c10's limit on the arguments of one schema ("this PyTorch build only supports 64")
+MAX_ARGUMENTS = 64
 _STRING = re.compile(r"""('[^'\\]*'|"[^"\\]*")\Z""")
 
 
@@ -217,7 +221,7 @@ class _Parser:
 
     # -- low level -------------------------------------------------------
     def error(self, what: str) -> SchemaError:
-        return SchemaError(f"invalid schema {self.text!r}: {what} (at column {self.pos + 1})")
+        return SchemaError(f"invalid schema {_shorten(self.text)!r}: {what} (at column {self.pos + 1})")
 
     def skip(self) -> None:
         while self.pos < len(self.text) and self.text[self.pos] in " \t":
@@ -389,8 +393,12 @@ def _check_default(value: str, typ: Type, name: str, parser: _Parser) -> None:
 def _check_scalar_default(value: str, base: str, bad) -> None:  # type: ignore[no-untyped-def]
     if base in ("int", "SymInt"):
         ok = bool(_INT.match(value))
+        if ok and not -(2**63) <= int(value) < 2**63:
+            raise bad("out of the range of a 64-bit integer, which torch stores it in")
     elif base in ("float", "SymFloat", "Scalar"):
         ok = bool(_NUMBER.match(value))
+        if ok and math.isinf(float(value)):
+            raise bad("too large for a double, which torch stores it in")
     elif base in ("bool", "SymBool"):
         ok = value in ("True", "False")
     elif base == "str":
@@ -398,7 +406,12 @@ def _check_scalar_default(value: str, base: str, bad) -> None:  # type: ignore[n
     else:
         raise bad(f"opregistry supports defaults for {base} arguments only as None")
     if not ok:
-        raise bad(f"not a valid {base} literal")
+        why = f"not a valid {base} literal"
+        if value.lstrip("+-") in ("inf", "nan"):
+            why = "torch's schema language has no literal for inf or nan; default to None instead"
+        elif value.startswith("+"):
+            why = "torch's schema language does not take a leading '+'"
+        raise bad(why)
 
 
 def _parse(text: str, *, named: bool) -> Schema:
@@ -425,11 +438,16 @@ def _parse(text: str, *, named: bool) -> Schema:
 
 
 def _check_semantics(schema: Schema, text: str) -> None:
+    if len(schema.arguments) > MAX_ARGUMENTS:
+        raise SchemaError(
+            f"invalid schema {_shorten(text)!r}: {len(schema.arguments)} arguments, and torch "
+            f"supports at most {MAX_ARGUMENTS} (Library.define would fail, and leave the op's "
+            f"name in the dispatcher); pass a list (Tensor[]) or fewer arguments")
     seen: set[str] = set()
     for arg in schema.arguments:
         if arg.name in seen:
             raise SchemaError(
-                f"invalid schema {text!r}: argument {arg.name!r} appears twice "
+                f"invalid schema {_shorten(text)!r}: argument {arg.name!r} appears twice "
                 f"(torch accepts this and later binds the wrong value; rename one)"
             )
         seen.add(arg.name)
@@ -440,7 +458,7 @@ def _check_semantics(schema: Schema, text: str) -> None:
             continue
         if a.name in arg_aliases:
             raise SchemaError(
-                f"invalid schema {text!r}: alias set '{a.name}' is used by two arguments; "
+                f"invalid schema {_shorten(text)!r}: alias set '{a.name}' is used by two arguments; "
                 f"give each argument its own"
             )
         arg_aliases[a.name] = a.is_write
@@ -450,12 +468,12 @@ def _check_semantics(schema: Schema, text: str) -> None:
             continue
         if a.name not in arg_aliases:
             raise SchemaError(
-                f"invalid schema {text!r}: a return is annotated '({a.name}"
+                f"invalid schema {_shorten(text)!r}: a return is annotated '({a.name}"
                 f"{'!' if a.is_write else ''})' but no argument carries alias set '{a.name}'"
             )
         if a.is_write != arg_aliases[a.name]:
             raise SchemaError(
-                f"invalid schema {text!r}: alias set '{a.name}' is written ('!') on one "
+                f"invalid schema {_shorten(text)!r}: alias set '{a.name}' is written ('!') on one "
                 f"side and not on the other; annotate the argument and the return alike"
             )
 
@@ -541,3 +559,11 @@ def check_tags(schema: Schema, tags: Iterable[str], op: str) -> None:
         others = [a.name for a in args[1:] if a.is_write]
         if others:
             raise bad("inplace", f"may only mutate its first argument, not {others}")
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    """``text`` with its middle elided beyond ``limit`` characters (messages stay readable)."""
+    if len(text) <= limit:
+        return text
+    keep = (limit - 5) // 2
+    return f"{text[:keep]} ... {text[-keep:]}"

@@ -12,12 +12,16 @@ plugin keeps its own private calls in its ``_torch_private.py``.)
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import contextlib
+import os
+import sys
+from typing import Any, Iterable, Iterator
 
 from .plan import TorchState
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
-           "python_kernels", "destroy_library", "library_alive", "device_keyset", "lookup_op"]
+           "python_kernels", "destroy_library", "library_alive", "device_keyset", "lookup_op",
+           "Watch", "watch_registrations", "library_registrations", "torch_dir"]
 
 
 def registered_ops() -> list[str]:
@@ -118,3 +122,98 @@ def snapshot(mine: Iterable[str] = ()) -> TorchState:
     namespaces = frozenset(op.split("::", 1)[0] for op in ops)
     tags = frozenset(name for name in dir(torch.Tag) if not name.startswith("_")) - {"name", "value"}
     return TorchState(ops=ops, namespaces=namespaces, has_kernel=has_kernel, tags=tags)
+
+
+def torch_dir() -> str:
+    """The directory of the imported torch package, with a trailing separator."""
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+class Watch:
+    """What third-party code registered with torch from Python while it was watched.
+
+    ``libraries`` holds each ``torch.library.Library`` created in the window with
+    the ``file:line`` of the code that caused it -- ``None`` when torch created
+    it while importing one of its own modules (a plugin importing
+    ``torch._inductor``: torch's business, not the plugin's).  ``foreign``
+    holds kernels registered in the window through a ``Library`` created
+    before it, as ``(library, "ns/name.overload/KEY", file:line)``.
+    """
+
+    def __init__(self) -> None:
+        self.libraries: list[tuple[Any, str | None]] = []
+        self.foreign: list[tuple[Any, str, str | None]] = []
+
+
+def _creator(frame: Any, torch_root: str) -> str | None:
+    """``file:line`` of the first frame outside torch, or ``None`` if torch's own import made it."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(torch_root):
+            frame = frame.f_back
+            continue
+        if "importlib" in filename:  # a torch module registering at its own import
+            return None
+        return f"{filename}:{frame.f_lineno}"
+    return None
+
+
+@contextlib.contextmanager
+def watch_registrations() -> Iterator[Watch]:
+    """Record the ``Library`` objects created, and the kernels registered, inside the block.
+
+    ``torch._C._dispatch_library`` (what ``Library.__init__`` calls) and
+    ``Library.impl`` are wrapped for the duration (process-wide, so another
+    thread registering meanwhile is recorded too;
+    opregistry's own registrations never happen inside a watched block).
+    Registrations made from C++ (``torch.ops.load_library``) are not seen.
+    """
+    import torch
+    import torch.library as torch_library
+
+    watch = Watch()
+    root = torch_dir()
+    cls = torch_library.Library
+    original_make, original_impl = torch._C._dispatch_library, cls.impl
+    created: set[int] = set()
+
+    def recording_make(*args: Any, **kwargs: Any) -> Any:
+        # called by Library.__init__, which read its caller's frame already:
+        # torch records the real creation site, not this function
+        handle = original_make(*args, **kwargs)
+        init = sys._getframe(1)
+        library = init.f_locals.get("self")
+        if isinstance(library, cls):
+            created.add(id(library))
+            watch.libraries.append((library, _creator(init.f_back, root)))
+        return handle
+
+    def recording_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = set(getattr(self, "_op_impls", ()))
+        try:
+            return original_impl(self, *args, **kwargs)
+        finally:
+            if id(self) not in created:
+                where = _creator(sys._getframe(1), root)
+                for entry in sorted(set(getattr(self, "_op_impls", ())) - before):
+                    watch.foreign.append((self, entry, where))
+
+    torch._C._dispatch_library = recording_make
+    cls.impl = recording_impl  # type: ignore[method-assign]
+    try:
+        yield watch
+    finally:
+        torch._C._dispatch_library = original_make
+        cls.impl = original_impl  # type: ignore[method-assign]
+
+
+def library_registrations(library: Any) -> tuple[str, frozenset[str], frozenset[str]]:
+    """``(namespace, ops defined, kernels)`` of a ``Library``.
+
+    Ops as ``ns::name[.overload]``; kernels as ``"ns/name.overload/KEY"``, what
+    ``Library.impl`` records.
+    """
+    return (library.ns, frozenset(getattr(library, "_op_defs", ())),
+            frozenset(getattr(library, "_op_impls", ())))

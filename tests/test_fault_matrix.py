@@ -73,6 +73,8 @@ class Fault:
     says: str = ""
     #: ops the plugin registers with torch itself, outside opregistry (not ours to undo)
     foreign: tuple[str, ...] = ()
+    #: found only when registering: ``doctor`` needs ``--live``
+    live: bool = False
 
 
 class Env:
@@ -88,14 +90,20 @@ class Env:
         return f"{dist.replace('-', '_')}_{self.ns}"
 
     def op_dist(self, dist: str, body: str, *, namespace: str | None = None, kind: str = "DEF",
-                version: str = "1.0") -> str:
-        """A distribution with one entry point naming an ``OpLibrary``; body from line 3."""
+                version: str = "1.0", modules: dict[str, str] | None = None) -> str:
+        """A distribution with one entry point naming an ``OpLibrary``; body from line 3.
+
+        ``modules`` adds modules of the distribution's own (a faulty kernel module);
+        ``NS`` in their source stands for the case's namespace.
+        """
         namespace = self.ns if namespace is None else namespace
         module = self.module_name(dist) + (f"_{version.replace('.', '_')}" if version != "1.0" else "")
         source = (f"from opregistry import OpLibrary\nlib = OpLibrary({namespace!r}, {kind!r})\n"
                   + body.replace("KMOD", self.kmod).replace("NS", self.ns))
+        extra = {name.replace("NS", self.ns): text.replace("NS", self.ns)
+                 for name, text in (modules or {}).items()}
         return self.dists.make(dist, version=version, ops={"ops": f"{module}:lib"},
-                               modules={module: source, self.kmod: KERNELS})
+                               modules={module: source, self.kmod: KERNELS, **extra})
 
     def raw_dist(self, dist: str, source: str, attr: str = "") -> str:
         """A distribution whose entry point names a plain module (hooks as functions)."""
@@ -342,7 +350,7 @@ def rollback_takes_dependents(env: Env) -> Fault:
 
 
 def registers_with_torch_at_import(env: Env) -> Fault:
-    """The plugin itself makes a Library(ns, "DEF") at import, and also DEFs ns through us."""
+    """The plugin itself makes a Library(ns, "DEF") at import: undone, the plugin left out."""
     d = env.op_dist("sneaky", define("foo") + "import torch\n"
                     "_mine = torch.library.Library(NS_REPR, 'DEF')\n"
                     "_mine.define('held(Tensor x) -> Tensor')\n".replace("NS_REPR", repr(env.ns)))
@@ -355,11 +363,12 @@ def registers_with_torch_at_import(env: Env) -> Fault:
     env.request.addfinalizer(destroy)
 
     def unchanged() -> None:
-        # what the plugin registered itself is its own business: still there
-        assert env.op("held") in all_ops()
+        # undone: torch has no schema for it any more (torch keeps the bare name)
+        assert not torch._C._dispatch_has_kernel(env.op("held")) or \
+            "schema: (none)" in torch._C._dispatch_dump(env.op("held"))
 
-    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, LIBRARY_LINE), unchanged=unchanged,
-                 foreign=(env.op("held"),))
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 unchanged=unchanged, says="undid it", foreign=(env.op("held"),))
 
 
 def plugin_calls_load_at_import(env: Env) -> Fault:
@@ -406,8 +415,14 @@ def autograd_on_mutable_op(env: Env) -> Fault:
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
 
 
+def add_works() -> None:
+    """``torch.add`` adds (a plugin that replaced it was undone)."""
+    a = torch.arange(3.0)
+    assert torch.equal(torch.add(a, a), a * 2), "aten::add is still replaced"
+
+
 def replaces_torch_kernel_at_import(env: Env) -> Fault:
-    """The plugin replaces aten::add's CPU kernel itself, bypassing opregistry's policy."""
+    """The plugin replaces aten::add's CPU kernel itself at import: undone, left out."""
     d = env.op_dist("sneaky", define("foo") + "import torch\n"
                     "_mine = torch.library.Library('aten', 'IMPL')\n"
                     "_mine.impl('add.Tensor', lambda a, b, alpha=1: a.sub(b), 'CPU')\n")
@@ -420,7 +435,83 @@ def replaces_torch_kernel_at_import(env: Env) -> Fault:
     env.request.addfinalizer(destroy)
     # torch records where the Library was made, not each impl call
     return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 says="undid it", unchanged=add_works)
+
+
+def replaces_torch_kernel_through_older_library(env: Env) -> Fault:
+    """Through a Library made before opregistry imported it: reported, cannot be undone."""
+    helper = f"{env.ns}_older_lib"
+    env.dists.root.joinpath(f"{helper}.py").write_text(
+        "import torch\n_mine = torch.library.Library('aten', 'IMPL')\n")
+    import importlib
+
+    importlib.invalidate_caches()
+    older = importlib.import_module(helper)  # imported before opregistry watches anything
+    env.dists.modules.append(helper)
+    env.request.addfinalizer(older._mine._destroy)
+    d = env.op_dist("sneaky", define("foo") + f"from {helper} import _mine\n"
+                    "_mine.impl('mul.Tensor', lambda a, b: a.sub(b), 'CPU')\n")
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
                  says="cannot undo it")
+
+
+def kernel_module_exits(env: Env) -> Fault:
+    """A kernel module calls sys.exit(3) at import: left out, import torch goes on."""
+    d = env.op_dist("exits", define("foo", kernels="{'cpu': 'NS_exits:k'}"),
+                    modules={"NS_exits": "import sys\nsys.exit(3)\ndef k(x):\n    return x\n"})
+    return Fault({d}, absent=(env.op("foo"),), source=f"{env.ns}_exits.py:2", says="SystemExit",
+                 live=True)
+
+
+def kernel_module_raises_base_exception(env: Env) -> Fault:
+    """A custom BaseException from a kernel module: its distribution only, not the registry."""
+    d = env.op_dist("boom", define("foo", kernels="{'cpu': 'NS_boom:k'}"),
+                    modules={"NS_boom": "class Boom(BaseException):\n    pass\n"
+                                        "raise Boom('no')\n"})
+    return Fault({d}, absent=(env.op("foo"),), source=f"{env.ns}_boom.py:3", says="Boom: no",
+                 live=True)
+
+
+def declaration_raises_keyboard_interrupt(env: Env) -> Fault:
+    """KeyboardInterrupt raised by plugin code (no Ctrl-C pressed) is the plugin's failure."""
+    d = env.op_dist("interrupts", define("foo") + "raise KeyboardInterrupt\n")
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 1),
+                 says="KeyboardInterrupt")
+
+
+def kernel_module_replaces_torch_kernel(env: Env) -> Fault:
+    """A kernel module replaces aten::mul's CPU kernel when imported: undone, left out."""
+    d = env.op_dist("sneakyk", define("foo", kernels="{'cpu': 'NS_sneakyk:k'}"),
+                    modules={"NS_sneakyk": "import torch\n"
+                             "_mine = torch.library.Library('aten', 'IMPL')\n"
+                             "_mine.impl('mul.Tensor', lambda a, b: a.add(b), 'CPU')\n"
+                             "def k(x):\n    return x\n"})
+
+    def unchanged() -> None:
+        a = torch.arange(3.0)
+        assert torch.equal(torch.mul(a, a), a * a.clone()), "aten::mul is still replaced"
+        assert torch.equal(torch.mul(a, 2.0), torch.tensor([0.0, 2.0, 4.0]))
+
+    return Fault({d}, absent=(env.op("foo"),), source=f"{env.ns}_sneakyk.py:2",
+                 says="undid it", unchanged=unchanged, live=True)
+
+
+def kernel_module_replaces_another_distributions_kernel(env: Env) -> Fault:
+    """A kernel module replaces the CPU kernel of another distribution's op: undone, left out."""
+    victim = env.op_dist("victim", define("vop"), namespace=f"{env.ns}v")
+    d = env.op_dist("hijack", define("foo", kernels="{'cpu': 'NS_hijack:k'}"),
+                    modules={"NS_hijack": "import torch\n"
+                             "_mine = torch.library.Library('NSv', 'IMPL')\n"
+                             "_mine.impl('vop', lambda x: x * 100, 'CPU')\n"
+                             "def k(x):\n    return x\n"})
+
+    def unchanged() -> None:
+        vop = getattr(torch.ops, f"{env.ns}v").vop
+        assert torch.equal(vop(torch.arange(3.0)), torch.arange(3.0)), "the victim's kernel is back"
+
+    assert victim
+    return Fault({d}, absent=(env.op("foo"),), source=f"{env.ns}_hijack.py:2",
+                 says="undid it", unchanged=unchanged, live=True)
 
 
 def out_tag_without_mutable_argument(env: Env) -> Fault:
@@ -513,9 +604,21 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "kernel-ref-not-callable": ("materialize-failed", kernel_ref_not_callable),
     "torch-rejects-halfway": ("materialize-failed", torch_rejects_halfway),
     "rollback-takes-dependents": ("materialize-dependency-failed", rollback_takes_dependents),
-    "registers-with-torch-at-import": ("namespace-held-by-torch", registers_with_torch_at_import),
+    "registers-with-torch-at-import": ("plugin-registered-outside-plan",
+                                       registers_with_torch_at_import),
+    "replaces-torch-kernel-through-older-library": ("plugin-replaced-torch-kernel",
+                                                    replaces_torch_kernel_through_older_library),
+    "kernel-module-exits": ("materialize-failed", kernel_module_exits),
+    "kernel-module-raises-base-exception": ("materialize-failed",
+                                            kernel_module_raises_base_exception),
+    "declaration-raises-keyboard-interrupt": ("plugin-import-error",
+                                              declaration_raises_keyboard_interrupt),
+    "kernel-module-replaces-torch-kernel": ("plugin-registered-outside-plan",
+                                            kernel_module_replaces_torch_kernel),
+    "kernel-module-replaces-another-distributions-kernel": (
+        "plugin-registered-outside-plan", kernel_module_replaces_another_distributions_kernel),
     "plugin-calls-load-at-import": ("plugin-import-error", plugin_calls_load_at_import),
-    "replaces-torch-kernel-at-import": ("plugin-replaced-torch-kernel",
+    "replaces-torch-kernel-at-import": ("plugin-registered-outside-plan",
                                         replaces_torch_kernel_at_import),
     "hookimpl-returns-wrong-type": ("plugin-invalid", hookimpl_returns_wrong_type),
     "unknown-hook-name": ("plugin-invalid", unknown_hook_name),
@@ -643,7 +746,7 @@ def test_reported_by_doctor(env: Env, case: str, capsys: pytest.CaptureFixture[s
     code, fault = build(env, case)
     monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join(scope(env)))
     # registration failures and namespaces held by torch need torch: doctor --live
-    live = code.startswith("materialize") or code == "namespace-held-by-torch"
+    live = code.startswith("materialize") or code == "namespace-held-by-torch" or fault.live
     rc = main(["doctor", "--json", *(["--live"] if live else [])])
     report = json.loads(capsys.readouterr().out)
     assert rc != 0

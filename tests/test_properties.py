@@ -176,14 +176,16 @@ def test_entry_point_order_of_real_distributions(dists: DistFactory, ns: str,
 # -- fuzzing ----------------------------------------------------------------------
 
 IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,6}", fullmatch=True)
-NAME = st.one_of(IDENT, st.sampled_from(("x", "self", "out", "1x", "a-b", "", "ñ", "def", "None")))
+NAME = st.one_of(IDENT, st.sampled_from(("x", "self", "out", "1x", "a-b", "", "ñ", "def", "None",
+                                         "n" * 300)))
 BASE = st.sampled_from(("Tensor", "int", "SymInt", "float", "bool", "str", "Scalar", "ScalarType",
                         "Device", "Layout", "MemoryFormat", "Generator", "complex", "Tensr", "Any",
                         "int64", "Dimname", "SymFloat", "SymBool"))
 ALIAS = st.sampled_from(("", "", "", "(a)", "(a!)", "(b!)", "(a )", "(!)"))
 DEFAULT = st.sampled_from(("", "", "", "=None", "=1", "=-2", "=1.5", "=True", "=False", "='s'",
                            "=\"s\"", "=[1, 2]", "=[]", "=inf", "=1e3", "=cpu", "=contiguous_format",
-                           "=0.", "=[1.0]"))
+                           "=0.", "=[1.0]", "=nan", "=-inf", "=+1", "=9223372036854775808",
+                           "=-9223372036854775809", "=1e400", "='a\\nb'", "=\"it's\"", "=[inf]"))
 
 
 @st.composite
@@ -196,7 +198,10 @@ def argument(draw: Any) -> str:
 
 @st.composite
 def signature(draw: Any) -> str:
-    args = draw(st.lists(argument(), max_size=4))
+    # now and then past torch's limit of 64 arguments
+    args = draw(st.one_of(st.lists(argument(), max_size=4),
+                          st.lists(st.just("Tensor t"), min_size=63, max_size=66).map(
+                              lambda ts: [f"{t}{i}" for i, t in enumerate(ts)])))
     if args and draw(st.booleans()):
         args.insert(draw(st.integers(0, len(args))), "*")
     ret = draw(st.one_of(

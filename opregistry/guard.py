@@ -1,0 +1,179 @@
+"""Running code opregistry did not write: every exception contained, every unplanned change to torch caught.
+
+:func:`run` is the one way the pipeline runs third-party code (a plugin's
+import, a hook, a kernel module's import, a backend hook).  It returns the
+result or the exception -- any ``BaseException`` but a real Ctrl-C (see
+:mod:`opregistry.containment`) -- and, when torch is imported, what the code
+registered with torch by itself.  A registration the plan does not contain
+is **undone** (its ``Library`` destroyed: torch restores the kernel it
+replaced) and reported as an error of the distribution, unless the override
+policy names the op or namespace.  Which registrations are unplanned:
+
+* any kernel or definition for an op of a *protected* namespace -- torch's
+  own (``aten``...), or one opregistry registers (the plan's);
+* any new op definition made from the distribution's own files (a ``DEF``
+  outside the plan).
+
+Registrations torch makes while importing its own modules (a plugin that
+imports ``torch._inductor``) are torch's business and left alone.  C++
+registrations (``torch.ops.load_library``) are not seen: docs/reliability.md
+says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, Callable, Iterable
+
+from attrs import frozen
+
+from .config import Policy
+from .containment import must_propagate
+from .keys import RESERVED_NAMESPACES
+from .model import Origin, Problem, source_of
+
+__all__ = ["Guarded", "run", "owned_by", "raised_at"]
+
+#: frames in these places are machinery, not the line a plugin author must fix
+_MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<attrs generated",
+              contextlib.__file__)
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``exc`` in the plugin's own code.
+
+    importlib's frames and opregistry's own (a :class:`DeclarationError`
+    raised by a record's validator) are skipped: the author needs the line
+    of *their* ``lib.define(...)`` or ``sys.exit()``, not of our check.
+    """
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    own = [f for f in frames if not f.filename.startswith(_MACHINERY)]
+    frames = own or frames
+    return source_of(frames[-1]) if frames else None
+
+
+@frozen
+class Guarded:
+    """The outcome of third-party code: its result, or the exception it raised, and what it did to torch."""
+
+    result: Any
+    error: BaseException | None
+    #: errors (and warnings for registrations the policy allows) for unplanned registrations
+    problems: tuple[Problem, ...] = ()
+
+
+def owned_by(module: str) -> Callable[[str], bool]:
+    """Whether a ``file:line`` lies in the top-level package of ``module`` (known after its import)."""
+    def owns(where: str) -> bool:
+        top = sys.modules.get(module.partition(".")[0])
+        paths = list(getattr(top, "__path__", None) or [])
+        file = getattr(top, "__file__", None)
+        if not paths and file:
+            return where.startswith(file + ":")
+        return any(where.startswith(os.path.join(os.path.abspath(p), "")) for p in paths)
+
+    return owns
+
+
+def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
+        protected: Iterable[str] | None = None, policy: Policy | None = None,
+        owns: Callable[[str], bool] | None = None) -> Guarded:
+    """Call ``fn(*args)``, third-party code, contained.
+
+    :param origin: the distribution whose code this is (named in problems).
+    :param what: what the code was doing, for messages ("importing x.kernels").
+    :param protected: namespaces whose ops third-party code must not touch
+        (besides torch's reserved ones); ``None`` switches the watch on torch off.
+    :param policy: the override policy; a registration it allows is kept, with a warning.
+    :param owns: whether a ``file:line`` belongs to the distribution (for new ``DEF``s).
+    """
+    watching = protected is not None and "torch" in sys.modules
+    result: Any = None
+    error: BaseException | None = None
+    watch = None
+    with contextlib.ExitStack() as stack:
+        if watching:
+            from .torch_state import watch_registrations
+
+            watch = stack.enter_context(watch_registrations())
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
+            if must_propagate(exc):
+                raise
+            error = exc
+    problems: tuple[Problem, ...] = ()
+    if watch is not None:
+        problems = _unplanned(watch, origin, what,
+                              frozenset(protected or ()) | RESERVED_NAMESPACES,
+                              policy or Policy(), owns or (lambda where: False))
+    return Guarded(result, error, problems)
+
+
+def _unplanned(watch: Any, origin: Origin, what: str, protected: frozenset[str],
+               policy: Policy, owns: Callable[[str], bool]) -> tuple[Problem, ...]:
+    from .torch_state import destroy_library, library_registrations
+
+    problems = []
+    for library, creator in watch.libraries:
+        if creator is None:
+            continue  # torch importing one of its own modules
+        namespace, defined, kernels = library_registrations(library)
+        touched = sorted(defined | {_op(k) for k in kernels})
+        if not touched and getattr(library, "_registration_handles", None):
+            touched = [f"{namespace}::*"]  # fake / vmap / autograd through torch's registries
+        hits = [op for op in touched if op.partition("::")[0] in protected]
+        new_defs = sorted(defined) if owns(creator) else []
+        if not hits and not new_defs:
+            continue
+        found = hits or new_defs
+        if all(policy.allows(op) for op in found):
+            problems.append(_problem(origin, what, found, creator, allowed=True))
+            continue
+        destroy_library(library)
+        problems.append(_problem(origin, what, found, creator, allowed=False))
+    foreign = sorted({_op(entry) for _, entry, _ in watch.foreign
+                      if _op(entry).partition("::")[0] in protected})
+    if foreign:
+        where = next((w for _, e, w in watch.foreign if w), None)
+        problems.append(Problem(
+            code="plugin-replaced-torch-kernel",
+            message=f"{origin} registered kernels for {', '.join(foreign)} while {what}, "
+                    f"outside opregistry, through a torch.library.Library it created earlier; "
+                    f"it bypasses the override policy, and opregistry cannot undo it: it stays "
+                    f"in effect",
+            hint=f"block it (OPREGISTRY_BLOCK={origin.distribution}) or uninstall it; a package "
+                 f"that means to replace a kernel declares it (OpLibrary(ns, 'IMPL'), "
+                 f"override=True) and the user allows it with OPREGISTRY_ALLOW_OVERRIDE",
+            culprits=(origin,), op=foreign[0], source=where))
+    return tuple(problems)
+
+
+def _op(entry: str) -> str:
+    """``"aten/add.Tensor/CPU"`` -> ``"aten::add.Tensor"``."""
+    namespace, _, rest = entry.partition("/")
+    return f"{namespace}::{rest.rpartition('/')[0]}"
+
+
+def _problem(origin: Origin, what: str, ops: list[str], where: str, *, allowed: bool) -> Problem:
+    shown = ", ".join(ops[:5]) + (f" and {len(ops) - 5} more" if len(ops) > 5 else "")
+    if allowed:
+        return Problem(
+            code="plugin-registered-outside-plan", severity="warning",
+            message=f"{origin} registered {shown} with torch itself while {what}, outside "
+                    f"opregistry; the override policy allows it, so it stays in effect",
+            hint="declare the registration instead (OpLibrary), or remove it from "
+                 "OPREGISTRY_ALLOW_OVERRIDE", others=(origin,), op=ops[0], source=where)
+    return Problem(
+        code="plugin-registered-outside-plan",
+        message=f"{origin} registered {shown} with torch itself while {what}, outside "
+                f"opregistry's plan; opregistry undid it and left {origin.distribution} out",
+        hint=f"declare ops and kernels through opregistry (OpLibrary) instead of "
+             f"torch.library at import; if replacing them is intended, allow it with "
+             f"OPREGISTRY_ALLOW_OVERRIDE={ops[0].partition('::')[0]}, or block "
+             f"{origin.distribution} (OPREGISTRY_BLOCK)",
+        culprits=(origin,), op=ops[0], source=where)

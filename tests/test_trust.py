@@ -1,0 +1,226 @@
+"""Third-party code contained everywhere it runs, and every unplanned change to torch caught.
+
+The per-plugin fault cases are in tests/test_fault_matrix.py; these are the
+ones that need a subprocess (``import torch``, a real Ctrl-C), the CLI, torch's
+own refusals, or the registry after load.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import opregistry
+from opregistry import torch_state
+from opregistry.errors import SchemaError
+from opregistry.schema import MAX_ARGUMENTS, parse_signature
+
+from .conftest import BACKENDS, DistFactory, load, op_dist
+
+
+def run_python(code: str, dists: DistFactory, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter that sees ``dists`` (and only them, plus the backends)."""
+    environ = {**os.environ, "PYTHONPATH": str(dists.root),
+               "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, *dists.names]), **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=environ, timeout=300)
+
+
+def ok_dist(dists: DistFactory, ns: str) -> str:
+    return op_dist(dists, "fine", f"{ns}ok",
+                   "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:clone'})\n")
+
+
+def test_kernel_module_exiting_does_not_end_import_torch(dists: DistFactory, ns: str) -> None:
+    """sys.exit(3) in a kernel module: import torch goes on, the others' ops work, it is reported."""
+    ok_dist(dists, ns)
+    op_dist(dists, "exits", ns, "lib.define('g(Tensor x) -> Tensor', kernels={'cpu': 'exits_mod:k'})\n")
+    (dists.root / "exits_mod.py").write_text("import sys\nsys.exit(3)\n")
+    proc = run_python(f"""
+        import torch, opregistry
+        print(torch.ops.{ns}ok.f(torch.ones(2)).tolist())
+        print([p.code for p in opregistry.get_registry().errors])
+        print(hasattr(torch.ops.{ns}, "g"))
+    """, dists)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "[1.0, 1.0]"
+    assert "materialize-failed" in lines[1] and lines[2] == "False"
+
+
+def test_custom_base_exception_fails_one_distribution_not_the_registry(dists: DistFactory,
+                                                                         ns: str) -> None:
+    """A BaseException subclass from a kernel module costs its distribution only."""
+    ok_dist(dists, ns)
+    op_dist(dists, "boom", ns, "lib.define('g(Tensor x) -> Tensor', kernels={'cpu': 'boom_mod:k'})\n")
+    (dists.root / "boom_mod.py").write_text("class Boom(BaseException):\n    pass\nraise Boom()\n")
+    proc = run_python(f"""
+        import torch, opregistry
+        print(torch.ops.{ns}ok.f(torch.ones(1)).tolist())
+    """, dists)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[1.0]"
+    assert "autoload failed" not in proc.stderr
+
+
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "type('Custom', (BaseException,), {})"])
+def test_doctor_reports_base_exceptions_of_declaration_modules(dists: DistFactory, ns: str,
+                                                                raised: str) -> None:
+    """doctor never ends in a traceback because of a plugin: the problem is reported, exit 1."""
+    op_dist(dists, "rude", ns, f"raise {raised}()\n")
+    proc = run_python("import sys; from opregistry.cli import main; sys.exit(main(['doctor']))",
+                      dists)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "plugin-import-error" in proc.stdout and "rude==1.0" in proc.stdout
+
+
+def test_a_real_ctrl_c_still_stops_the_process(dists: DistFactory, ns: str) -> None:
+    """SIGINT while a plugin is imported is the user's: the process stops (not contained)."""
+    op_dist(dists, "slow", ns, textwrap.dedent("""
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        """))
+    proc = run_python("""
+        import opregistry
+        opregistry.plan()
+        print("went on")
+    """, dists)
+    assert "went on" not in proc.stdout
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
+
+
+def test_plan_restores_the_sigint_handler() -> None:
+    """The interrupt watcher puts back the handler it found."""
+    before = signal.getsignal(signal.SIGINT)
+    opregistry.plan(plugins=[])
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_drift_reports_a_kernel_replaced_after_load(dists: DistFactory, ns: str) -> None:
+    """Replacing a planned kernel with Library.impl after load is reported per op and key."""
+    op_dist(dists, "owner", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:clone'},"
+                                " fake='KMOD:fake')\n")
+    registry = load(dists)
+    assert registry.drift() == ()
+    intruder = torch.library.Library(ns, "IMPL")
+    try:
+        intruder.impl("f", lambda x: x * 0, "CPU")
+        [problem] = registry.drift()
+        assert (problem.code, problem.op, problem.key) == ("kernel-replaced", f"{ns}::f", "CPU")
+        assert "owner==1.0" in problem.message and __file__ in (problem.source or "")
+    finally:
+        intruder._destroy()
+    assert registry.drift() == ()
+
+
+def test_hook_returning_a_record_subclass_is_refused(dists: DistFactory, ns: str) -> None:
+    """A subclass of a record could run its own code inside the resolver: refused."""
+    module = f"sub_{ns}"
+    dists.make("subclasser", ops={"ops": module}, modules={module: textwrap.dedent(f"""
+        from opregistry import Namespace
+        class Sneaky(Namespace):
+            pass
+        def opregistry_namespaces():
+            return [Sneaky(name={ns!r})]
+        """)})
+    [problem] = [p for p in opregistry.plan(plugins=dists.names).errors]
+    assert problem.code == "plugin-invalid" and "Sneaky" in problem.message
+
+
+# -- the resolver refuses what torch refuses ------------------------------------------
+
+REFUSED_BY_TORCH = [
+    "(float x=inf) -> Tensor",
+    "(float x=-inf) -> Tensor",
+    "(float x=nan) -> Tensor",
+    "(Scalar x=inf) -> Tensor",
+    "(int x=+3) -> Tensor",
+    "(float x=+1.5) -> Tensor",
+    "(int x=9223372036854775808) -> Tensor",
+    "(int x=-9223372036854775809) -> Tensor",
+    "(float x=1e400) -> Tensor",
+    "(" + ", ".join(f"Tensor x{i}" for i in range(MAX_ARGUMENTS + 1)) + ") -> Tensor",
+]
+ACCEPTED_BY_TORCH = [
+    "(int x=-9223372036854775808) -> Tensor",
+    "(int x=9223372036854775807) -> Tensor",
+    "(float x=1e300) -> Tensor",
+    "(float x=-1.5) -> Tensor",
+    "(" + ", ".join(f"Tensor x{i}" for i in range(MAX_ARGUMENTS)) + ") -> Tensor",
+    "(Tensor " + "x" * 300 + ") -> Tensor",
+]
+
+
+@pytest.mark.parametrize("signature", REFUSED_BY_TORCH, ids=lambda s: s[:30])
+def test_resolver_refuses_what_torch_refuses(signature: str, ns: str) -> None:
+    """Each of these is refused by torch's Library.define, and by the resolver first."""
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        with pytest.raises(Exception):
+            lib.define(f"probe{signature}")
+    finally:
+        lib._destroy()
+    with pytest.raises(SchemaError):
+        parse_signature(signature)
+
+
+@pytest.mark.parametrize("signature", ACCEPTED_BY_TORCH, ids=lambda s: s[:30])
+def test_resolver_accepts_what_torch_accepts_at_the_edges(signature: str, ns: str) -> None:
+    """The limits are torch's, not tighter: these define in torch and pass the resolver."""
+    parse_signature(signature)
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define(f"probe{signature}")
+    finally:
+        lib._destroy()
+
+
+def test_messages_about_huge_schemas_stay_short() -> None:
+    """A 100,000-character schema gives an error of a few hundred characters."""
+    with pytest.raises(SchemaError) as info:
+        parse_signature("(Tensor x, " + "Tensor y " * 10_000 + ") -> Tensor")
+    assert len(str(info.value)) < 600
+
+
+# -- canaries: the torch internals the watch relies on --------------------------------
+
+
+def test_library_init_reads_its_callers_frame_and_makes_a_dispatch_library() -> None:
+    """guard's watch wraps torch._C._dispatch_library and reads Library.__init__'s ``self``."""
+    source = inspect.getsource(torch.library.Library.__init__)
+    assert "torch._C._dispatch_library(" in source and "sys._getframe(1)" in source
+    assert list(inspect.signature(torch.library.Library.__init__).parameters)[:3] == [
+        "self", "ns", "kind"]
+    assert callable(torch._C._dispatch_library)
+
+
+def test_watch_records_libraries_with_their_creator(ns: str) -> None:
+    """A Library made inside the watch is recorded with this file's line; undoing restores."""
+    with torch_state.watch_registrations() as watch:
+        lib = torch.library.Library("aten", "IMPL"); line = inspect.currentframe().f_lineno  # noqa: E702
+        lib.impl("mul.Tensor", lambda a, b: a.add(b), "CPU")
+    [(recorded, where)] = watch.libraries
+    assert recorded is lib and where == f"{__file__}:{line}"
+    namespace, defined, kernels = torch_state.library_registrations(lib)
+    assert (namespace, defined, kernels) == ("aten", frozenset(), frozenset({"aten/mul.Tensor/CPU"}))
+    registered_at = torch_state.kernel_registrations("aten::mul.Tensor")["CPU"]
+    assert registered_at == f"{__file__}:{line}", "torch records the real creator, not the watch"
+    torch_state.destroy_library(lib)
+    a = torch.arange(3.0)
+    assert torch.equal(torch.mul(a, a), torch.tensor([0.0, 1.0, 4.0]))
+    assert torch._C._dispatch_library is not None and torch.library.Library.impl.__name__ == "impl"
+
+
+def test_installed_registry_has_no_drift(installed: opregistry.Registry) -> None:
+    """What import torch registered is what torch dispatches to (nothing shadowed on this torch)."""
+    assert installed.op_names, "the example packages are installed"
+    assert installed.drift() == ()

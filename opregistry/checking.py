@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import attrs
 from attrs import frozen
 
+from . import guard
 from . import keys as _keys
-from .model import resolve_ref
+from .containment import must_propagate
+from .model import Origin, resolve_ref
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -211,12 +213,14 @@ def _check_op(registry: Registry, op: OpPlan, machine: dict[str, str],
         say(f"{prefix}: FAIL (not registered)")
         return [record(device="-", check="registered", status="fail",
                        message=f"not registered: {problem or 'see opregistry doctor'}")]
-    try:
-        samples = samples_of(op)
-    except Exception as exc:
+    # the sample module and function are the op author's code: contained
+    outcome = guard.run(samples_of, op, origin=op.op.origin or Origin(distribution="?", version="?"),
+                        what="producing sample inputs")
+    if outcome.error is not None:
         say(f"{prefix}: FAIL (sample inputs)")
         return [record(device="-", check="samples", status="fail",
-                       message=f"{op.op.samples}: {_first_line(exc)}")]
+                       message=f"{op.op.samples}: {_first_line(outcome.error)}")]
+    samples = outcome.result
     if not samples:
         say(f"{prefix}: skipped (no samples)")
         return [record(device="-", check="samples", status="skip",
@@ -234,7 +238,14 @@ def _check_op(registry: Registry, op: OpPlan, machine: dict[str, str],
         found: list[CheckResult] = []
         for i, (args, kwargs) in enumerate(samples):
             args, kwargs = _to_device(args, machine[device]), _to_device(kwargs, machine[device])
-            report = torch.library.opcheck(overload, args, kwargs, raise_exception=False)
+            try:  # the kernels run here: a SystemExit in one must not end the check
+                report = torch.library.opcheck(overload, args, kwargs, raise_exception=False)
+            except BaseException as exc:  # noqa: BLE001 - see opregistry.containment
+                if must_propagate(exc):
+                    raise
+                found.append(record(device=device, check=OPCHECK_UTILS[0], status="fail",
+                                    sample=i, message=_first_line(exc)))
+                continue
             for util in OPCHECK_UTILS:
                 if report.get(util) is not None:
                     status, message = _outcome(report[util])
@@ -243,7 +254,9 @@ def _check_op(registry: Registry, op: OpPlan, machine: dict[str, str],
             if has_autograd:
                 try:
                     why_not = _gradcheck(overload, args, kwargs)
-                except Exception as exc:
+                except BaseException as exc:  # noqa: BLE001 - see opregistry.containment
+                    if must_propagate(exc):
+                        raise
                     status, message = "fail", _first_line(exc)
                 else:
                     status, message = ("skip", why_not) if why_not else ("ok", "")

@@ -224,3 +224,19 @@ def test_installed_registry_has_no_drift(installed: opregistry.Registry) -> None
     """What import torch registered is what torch dispatches to (nothing shadowed on this torch)."""
     assert installed.op_names, "the example packages are installed"
     assert installed.drift() == ()
+
+
+def test_check_contains_a_sample_function_that_exits(dists: DistFactory, ns: str) -> None:
+    """`opregistry check` reports a sample function calling sys.exit as a failure, and goes on."""
+    from opregistry.checking import run_checks
+
+    samples = f"samples_{ns}"
+    (dists.root / f"{samples}.py").write_text("import sys\ndef bad():\n    sys.exit(4)\n")
+    op_dist(dists, "exiting-samples", ns,
+            f"lib.define('f(Tensor x) -> Tensor', kernels={{'cpu': 'KMOD:clone'}}, "
+            f"fake='KMOD:fake', samples='{samples}:bad')\n")
+    results, unknown = run_checks(load(dists), [ns])
+    assert not unknown
+    [result] = results
+    assert (result.check, result.status) == ("samples", "fail")
+    assert "SystemExit" in result.message

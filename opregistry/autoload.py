@@ -24,8 +24,12 @@ def autoload() -> None:
     if not autoload_enabled():
         return
     try:
-        from .registry import load
+        from .registry import load, loading
 
+        if loading():
+            # a plugin opregistry is importing imported torch: the load (or plan) in
+            # progress goes on and registers what it found; nothing to do here
+            return
         load(strict=False)
     except BaseException as exc:  # noqa: BLE001 - must never break `import torch`
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):

@@ -321,7 +321,7 @@ class OpLibrary:
 
         namespace = getattr(torch.ops, op.namespace)
         if not hasattr(namespace, op.name):
-            load()
+            load()  # loads the registry, or completes the packages it deferred
         packet = getattr(namespace, op.name)
         return getattr(packet, op.overload or "default")
 

@@ -24,7 +24,8 @@ from .errors import DeclarationError, PluginLoadError
 from .logs import get_logger
 from .model import Discovered, Origin, Plugin, Problem, Skipped, source_of
 
-__all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "discover", "entry_points", "load_problem"]
+__all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "DEFERRED", "discover", "entry_points",
+           "load_problem"]
 
 BACKENDS_GROUP = "opregistry.backends"
 OPS_GROUP = "opregistry.ops"
@@ -92,6 +93,19 @@ def _origin(ep: Any, group: str, cache: dict[int, tuple[str, str]] | None = None
         entry_point=ep.name,
         value=ep.value,
     )
+
+
+#: why a deferred entry point was not loaded (see :class:`~opregistry.model.Skipped`)
+DEFERRED = ("its module was still being imported (it imports torch before declaring its ops); "
+            "it is loaded when the import has finished: at the first call of one of its ops, "
+            "or opregistry.load()")
+
+
+def _still_importing(module: str) -> bool:
+    """Whether ``module`` is in the middle of its own import (it imported torch, say)."""
+    found = sys.modules.get(module)
+    return found is not None and bool(getattr(getattr(found, "__spec__", None),
+                                              "_initializing", False))
 
 
 def load_problem(origin: Origin, exc: BaseException) -> Problem:
@@ -231,6 +245,11 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
                     culprits=(origin,),
                 ))
             skipped.append(Skipped(origin, f"entry point name {ep.name!r} is used twice"))
+            continue
+        if _still_importing(ep.module):
+            # it imported torch (whose autoload brought us here) before defining its ops:
+            # what it declares does not exist yet; the registry completes it later
+            skipped.append(Skipped(origin, DEFERRED, deferred=True))
             continue
         # a plugin's failure is its own, never ours: SystemExit (a module that parses
         # sys.argv at import) and any BaseException but a real Ctrl-C included

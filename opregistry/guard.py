@@ -50,9 +50,10 @@ def raised_at(exc: BaseException) -> str | None:
     """
     import traceback
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
-    own = [f for f in frames if not f.filename.startswith(_MACHINERY)]
-    frames = own or frames
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename and not f.filename.startswith(_MACHINERY)]
+    # none of the plugin's own (a module that does not exist): no line to point at,
+    # rather than one of opregistry's, which the user cannot fix
     return source_of(frames[-1]) if frames else None
 
 

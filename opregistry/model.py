@@ -340,14 +340,21 @@ class Plugin:
 
 @frozen
 class Skipped:
-    """An entry point that was found but not loaded, and why."""
+    """An entry point that was found but not loaded, and why.
+
+    ``deferred`` marks one whose module was still being imported -- a
+    decorator-style op package that imports torch before it defines its ops,
+    imported before torch: :meth:`opregistry.Registry.complete` loads it once
+    the import has finished.
+    """
 
     origin: Origin
     reason: str
+    deferred: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"distribution": self.origin.dist, "entry_point": self.origin.entry_point_spec,
-                "reason": self.reason}
+                "reason": self.reason, "deferred": self.deferred}
 
 
 @frozen

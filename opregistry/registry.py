@@ -28,7 +28,7 @@ from .model import Problem
 from .plan import KernelPlan, OpPlan, Plan, TorchState
 from .resolver import resolve
 
-__all__ = ["Registry", "load", "plan", "get_registry", "current_plan", "verify_lock"]
+__all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock"]
 
 log = get_logger()
 
@@ -156,6 +156,59 @@ class Registry:
     def op(self, qualname: str) -> OpPlan | None:
         return self.loaded.op(qualname)
 
+    def complete(self) -> tuple[Problem, ...]:
+        """Load the deferred distributions whose import has finished; return their problems.
+
+        A decorator-style op package imported before torch imports torch before
+        it declares its ops, so torch's autoload meets it half-imported and
+        defers it (:attr:`~opregistry.model.Skipped.deferred`).  Its first op
+        call (or :func:`load`) comes here: the registry is resolved again with
+        it, and -- when that changes nothing already registered -- its ops and
+        kernels are registered; otherwise it is left out with a problem.
+        """
+        from .discovery import _still_importing
+        from .materializer import materialize
+
+        with _lock:
+            deferred = [s.origin for s in self.plan.skipped if s.deferred]
+            if not deferred or any(_still_importing(o.value.partition(":")[0])
+                                   for o in deferred):
+                return ()
+            with _importing_plugins("load"):
+                collected, full = _collect_and_resolve(self.settings, _snapshot)
+            late = {o.distribution for o in deferred}
+            problems = [p for p in full.problems
+                        if p.severity == "error" and {o.distribution for o in p.culprits} & late]
+            settled = {o.distribution for o in self.plan.distributions}
+            if not problems and _share(full, settled) != _share(self.plan, settled):
+                problems.append(Problem(
+                    code="deferred-changes-registry",
+                    message=f"{', '.join(sorted(late))} finished importing after the registry "
+                            f"loaded, and adding it now would change what is registered "
+                            f"already (a kernel for an op of another distribution, or a "
+                            f"conflict): it is left out",
+                    hint="import torch before it, or call opregistry.load(reload=True)",
+                    culprits=tuple(o for o in deferred)))
+            if problems:
+                self.loaded = attrs.evolve(self.loaded, problems=self.loaded.problems
+                                           + tuple(problems))
+                self.plan = attrs.evolve(self.plan, skipped=tuple(
+                    attrs.evolve(s, deferred=False) for s in self.plan.skipped))
+                return tuple(problems)
+            added = materialize(_part(full, late), collected.materializers, self.settings.policy)
+            self._materialized.libraries.update(added.libraries)
+            self._materialized.ops.extend(added.ops)
+            self._materialized.failed.update(added.failed)
+            self._materialized.problems.extend(added.problems)
+            self.plan = full
+            failed = set(self._materialized.failed)
+            self.loaded = attrs.evolve(
+                full, ops=tuple(op for op in full.ops if op.op.origin is None
+                                or op.op.origin.distribution not in failed),
+                problems=full.problems + tuple(self._materialized.problems))
+            self.op_names = self.op_names | frozenset(added.ops)
+            return tuple(added.problems)
+
     def drift(self) -> tuple[Problem, ...]:
         """Every planned kernel torch no longer dispatches to, as ``kernel-replaced`` problems.
 
@@ -216,6 +269,33 @@ class Registry:
                 f"{len(self.errors)} errors>")
 
 
+def _share(plan: Plan, distributions: set[str]) -> list[dict[str, object]]:
+    """What ``plan`` registers for ``distributions``: their ops and every kernel on them."""
+    return [op.to_dict() for op in plan.ops
+            if op.op.origin is not None and op.op.origin.distribution in distributions]
+
+
+def _part(plan: Plan, distributions: set[str]) -> Plan:
+    """``plan`` restricted to what ``distributions`` define (their namespaces, ops, kernels)."""
+    namespaces = []
+    for ns in plan.namespaces:
+        owner = ns.owner if ns.owner and ns.owner.distribution in distributions else None
+        fragments = tuple(f for f in ns.fragments if f.distribution in distributions)
+        if owner or fragments:
+            namespaces.append(attrs.evolve(ns, owner=owner, fragments=fragments))
+    return attrs.evolve(
+        plan, namespaces=tuple(namespaces),
+        ops=tuple(op for op in plan.ops
+                  if op.op.origin is not None and op.op.origin.distribution in distributions),
+        external_kernels=tuple(k for k in plan.external_kernels if k.kernel.origin is not None
+                               and k.kernel.origin.distribution in distributions))
+
+
+def loading() -> bool:
+    """Whether opregistry is importing plugins right now (in :func:`load` or :func:`plan`)."""
+    return _loading
+
+
 def get_registry() -> Registry | None:
     """The registry :func:`load` returned, or ``None`` if nothing is loaded."""
     return _registry
@@ -242,6 +322,7 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
     global _registry
     with _lock:
         if _registry is not None and not reload:
+            _registry.complete()
             return _registry
         with _importing_plugins("load"):
             if _registry is not None:

@@ -240,3 +240,50 @@ def test_check_contains_a_sample_function_that_exits(dists: DistFactory, ns: str
     [result] = results
     assert (result.check, result.status) == ("samples", "fail")
     assert "SystemExit" in result.message
+
+
+def test_missing_module_points_at_no_line_of_opregistry(dists: DistFactory) -> None:
+    """A missing module has no line of the user's to point at: never one of opregistry's own."""
+    dists.make("ghost", ops={"ops": "no_such_module_anywhere:lib"})
+    [problem] = opregistry.plan(plugins=dists.names).errors
+    assert problem.code == "plugin-missing-module"
+    assert problem.source is None or "/opregistry/" not in problem.source
+
+
+DECORATOR_STYLE = """
+import torch
+from opregistry import OpLibrary
+
+lib = OpLibrary(NS)
+
+
+@lib.op(mutates_args=())
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+"""
+
+
+def test_decorator_package_imported_before_torch_works(dists: DistFactory, ns: str) -> None:
+    """Importing a decorator-style package first (it imports torch) defers it, then completes it."""
+    ok_dist(dists, ns)
+    _, module = dists.module_dist("decorated", ns, DECORATOR_STYLE)
+    proc = run_python(f"""
+        from {module} import double
+        import torch, opregistry
+        print(torch.ops.{ns}ok.f(torch.ones(1)).tolist())   # the others loaded at import torch
+        print(double(torch.ones(2)).tolist())               # completed at its first call
+        print(torch.ops.{ns}.double(torch.ones(1)).tolist())
+        print([p.code for p in opregistry.get_registry().errors])
+    """, dists)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[1.0]", "[2.0, 2.0]", "[2.0]", "[]"]
+
+
+def test_list_with_a_decorator_package_prints_no_false_error(dists: DistFactory, ns: str) -> None:
+    """`opregistry list` imports the package, which imports torch: no autoload error is printed."""
+    dists.module_dist("decorated", ns, DECORATOR_STYLE)
+    proc = run_python("import sys; from opregistry.cli import main; sys.exit(main(['list']))",
+                      dists)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "autoload failed" not in proc.stderr and "error" not in proc.stderr.lower()
+    assert f"{ns}::double" in proc.stdout

@@ -74,8 +74,12 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
             break
         excluded.update(culprits)
 
+    # what planned ops lack: reported, never a reason to leave a distribution out
+    # (an op without an active kernel is an error of its own, not of its package)
+    errors_before = len(ctx.problems)
     report_gaps(ctx, ops)
-    warnings = [p for p in ctx.problems if p.severity != "error"]
+    gaps = ctx.problems[errors_before:]
+    warnings = [p for p in ctx.problems[:errors_before] if p.severity != "error"]
     served = {b.name for b in owners.values()}
     return Plan(
         backends=tuple(BackendPlan(backend=b, available=decl.available.get(b.name, True))
@@ -85,7 +89,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         ops=tuple(ops[q] for q in sorted(ops)),
         external_kernels=external,
         problems=tuple(sorted(errors.values(), key=lambda p: (p.code, p.message)))
-        + tuple(warnings),
+        + tuple(warnings) + tuple(gaps),
         distributions=tuple(sorted(decl.distributions)),
         excluded=tuple(sorted(o for o in decl.distributions if o.distribution in excluded)),
         skipped=tuple(sorted(decl.skipped, key=lambda s: s.origin)),

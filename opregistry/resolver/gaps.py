@@ -16,27 +16,53 @@ __all__ = ["report_gaps"]
 
 def report_gaps(ctx: Context, ops: dict[str, OpPlan]) -> None:
     for qualname, plan in ops.items():
-        active = {k.kernel.key for k in plan.kernels if k.status == "active"}
-        declared = {k.kernel.key for k in plan.kernels}
+        statuses = {k.kernel.key: k.status for k in plan.kernels if k.status != "overridden"}
         origin = plan.op.origin
-        devices = {k for k in declared if k in _keys.DEVICE_KEYS}
-        if not devices & active:
-            ctx.warn("op-no-active-kernel",
-                     f"{qualname} ({origin}) has no active device kernel "
-                     f"(declared: {', '.join(sorted(devices)) or 'none'})",
-                     "install the backend its kernels need, or add a kernel",
-                     op=qualname, culprits=(origin,) if origin else ())
-        if "Meta" not in declared:
+        devices = {key: status for key, status in statuses.items() if key in _keys.DEVICE_KEYS}
+        if "active" not in devices.values():
+            _no_active_kernel(ctx, qualname, plan, devices)
+        if "Meta" not in statuses:
             ctx.warn("op-no-fake",
                      f"{qualname} ({origin}) has no fake kernel: torch.compile and "
                      f"torch.export will fail on it",
                      "add one with register_fake / fake=", op=qualname,
                      others=(origin,) if origin else ())
-        elif "Meta" not in active:
+        elif statuses["Meta"] != "active":
             ctx.warn("op-fake-inactive",
                      f"{qualname} ({origin}) declares a fake kernel but it is not active",
                      _keys.provider_hint("Meta"), op=qualname)
-        if "FuncTorchBatched" not in declared:
+        # an op without autograd is fine (torch says so when grad is needed); one that
+        # declares it and gets none computes gradients of None silently: a warning
+        if statuses.get("Autograd") in ("inactive", "unavailable"):
+            ctx.warn("op-autograd-inactive",
+                     f"{qualname} ({origin}) declares an autograd formula but it is not "
+                     f"active: backward leaves .grad as None",
+                     _keys.provider_hint("Autograd"), op=qualname,
+                     others=(origin,) if origin else ())
+        if "FuncTorchBatched" not in statuses:
             ctx.warn("op-no-vmap", f"{qualname} ({origin}) has no vmap rule",
                      "add one with register_vmap / vmap= to use it under torch.vmap",
                      severity="info", op=qualname)
+
+
+def _no_active_kernel(ctx: Context, qualname: str, plan: OpPlan,
+                      devices: dict[str, str]) -> None:
+    """No device kernel is active: an error when installing a backend would fix it."""
+    origin = plan.op.origin
+    inactive = sorted(key for key, status in devices.items() if status == "inactive")
+    declared = ", ".join(sorted(devices)) or "none"
+    if inactive:
+        # the op is defined and callable, but every call fails in torch's dispatcher
+        ctx.warn("op-no-active-kernel",
+                 f"{qualname} ({origin}) has no active device kernel: its "
+                 f"{', '.join(inactive)} kernel(s) need a backend that is not installed, so "
+                 f"every call fails (declared: {declared})",
+                 "install a backend for it: "
+                 + ", or ".join(_keys.provider_hint(key) for key in inactive),
+                 severity="error", op=qualname, culprits=(origin,) if origin else ())
+    else:
+        ctx.warn("op-no-active-kernel",
+                 f"{qualname} ({origin}) has no active device kernel on this machine "
+                 f"(declared: {declared})",
+                 "run it where its device is present, or add a kernel for a device here",
+                 op=qualname, culprits=(origin,) if origin else ())

@@ -25,6 +25,7 @@ __all__ = [
     "Return",
     "Schema",
     "SCHEMA_KEYWORDS",
+    "MAX_ARGUMENTS",
     "parse_schema",
     "parse_signature",
     "check_mutates_args",

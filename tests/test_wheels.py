@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 from packaging.metadata import Metadata
-from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
@@ -164,7 +163,7 @@ def test_wheel_metadata(built: Path, name: str) -> None:
     """License file, URLs, classifiers, keywords, readme, torch range, bounded extras."""
     text, files = _metadata_text(_wheel(built, name))
     assert problems(name, text, files) == []
-    assert f"Version: 0.1.0\n" in text
+    assert "Version: 0.1.0\n" in text
 
 
 @pytest.mark.slow

@@ -86,5 +86,5 @@ def describe(exc: BaseException) -> str:
         text = "<exception whose str() failed>"
     name = type(exc).__name__
     if isinstance(exc, SystemExit):
-        return f"SystemExit({exc.code!r}): the plugin called sys.exit()"
+        return f"SystemExit: {exc.code} (the plugin called sys.exit())"
     return f"{name}: {text}" if text else name

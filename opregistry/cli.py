@@ -5,6 +5,8 @@ Commands follow the conventions of the packaging world (``pip list``,
 for tools, exit status 0 when the registry is healthy, 1 when something is
 wrong, 2 for a usage error.
 
+This module parses arguments and renders text; what a command shows comes
+from :mod:`opregistry.report`, whose dicts are also what ``--json`` prints.
 ``list``, ``show``, ``plugins``, ``doctor``, ``lock`` and ``verify`` read
 declarations only and never import torch: they stop after the resolver.
 ``check`` and the ``--live`` views import torch, because what they show
@@ -16,23 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
+from . import report
 from .lockfile import DEFAULT_LOCKFILE
+from .report import STATUSES
 
 if TYPE_CHECKING:
     from .plan import Plan
 
 __all__ = ["main", "build_parser"]
 
-STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict")
-
 #: Exit status: healthy / problems found / bad usage (argparse's own).
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
-
-#: Dispatch keys shown as the "fake / autograd / vmap" features of an op.
-FEATURE_KEYS = {"fake": "Meta", "autograd": "Autograd", "vmap": "FuncTorchBatched"}
 
 
 def _configure_logging(verbose: int) -> None:
@@ -118,49 +116,6 @@ def _live_registry(imports: Sequence[str] = ()) -> Any:
 # -- list ----------------------------------------------------------------------
 
 
-def _refused_kernels(plan: Plan) -> dict[str, list[dict[str, Any]]]:
-    """Kernels the resolver refused (conflict, override denied, ...), per op, as listing rows.
-
-    The plan leaves them out with their distribution; the listing still shows
-    them under the op, with status ``conflict``, so the table answers "why is
-    my kernel not there" where the user looks for it.
-    """
-    rows: dict[str, list[dict[str, Any]]] = {}
-    planned = {op.op.qualname for op in plan.ops}
-    for p in plan.errors:
-        if p.op and p.key and p.op in planned:
-            rows.setdefault(p.op, []).append({
-                "op": p.op, "key": p.key, "status": "conflict", "kernel": None,
-                "setup_context": None, "backend": None,
-                "reason": f"[{p.code}] see opregistry doctor", "override": False,
-                "overrides": None, "distribution": ", ".join(o.dist for o in p.culprits) or None,
-            })
-    return rows
-
-
-def _filter(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
-    data = plan.to_dict()
-    refused = _refused_kernels(plan)
-    for op in data["ops"]:
-        op["kernels"] += refused.get(op["name"], [])
-    namespaces = set(args.namespace or ())
-    if namespaces:
-        data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
-        data["ops"] = [o for o in data["ops"] if o["name"].split("::")[0] in namespaces]
-    for op in data["ops"]:
-        kernels = op["kernels"]
-        if args.backend:
-            kernels = [k for k in kernels if k["backend"] in args.backend]
-        if args.status:
-            kernels = [k for k in kernels if k["status"] in args.status]
-        op["kernels"] = kernels
-    if args.backend or args.status:
-        data["ops"] = [o for o in data["ops"] if o["kernels"]]
-    if args.backend:
-        data["backends"] = [b for b in data["backends"] if b["name"] in args.backend]
-    return data
-
-
 def _kernel_note(kernel: dict[str, Any]) -> str:
     """What the NOTE column says about a kernel row: whose kernel it replaces, or why its status."""
     return f"overrides {kernel['overrides']}" if kernel["overrides"] else kernel["reason"]
@@ -204,30 +159,6 @@ def _print_list(data: dict[str, Any], out: TextIO) -> None:
     _print_problems(data["problems"], out)
 
 
-def _live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
-    """The dispatcher's ops of ``namespace`` next to what opregistry declared for them."""
-    from . import torch_state
-
-    declared = {op.op.qualname: op for op in plan.ops if op.op.namespace == namespace}
-    live = {name for name in torch_state.registered_ops() if name.split("::", 1)[0] == namespace}
-    rows = []
-    for name in sorted(live | set(declared)):
-        op = declared.get(name)
-        registrations = torch_state.kernel_registrations(name) if name in live else {}
-        rows.append({
-            "op": name,
-            "declared": op is not None,
-            "in_dispatcher": name in live,
-            "declared_schema": op.op.full_schema if op else None,
-            "dispatcher_schema": torch_state.op_schema(name) if name in live else None,
-            "declared_keys": sorted(k.kernel.key for k in op.kernels
-                                    if k.status == "active") if op else [],
-            "dispatcher_keys": registrations,
-            "distribution": op.op.origin.dist if op and op.op.origin else None,
-        })
-    return rows
-
-
 def _live_note(row: dict[str, Any]) -> str:
     if not row["declared"]:
         return "registered outside opregistry"
@@ -258,10 +189,11 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     # made now would count opregistry's own namespaces, grown by fragments
     # registered outside it since, as held by torch.
     resolved = _live_registry().plan if args.live else _plan()
-    data = _filter(resolved, args)
+    data = report.list_report(resolved, namespaces=args.namespace or (),
+                              backends=args.backend or (), statuses=args.status or ())
     if args.live:
         namespaces = args.namespace or [n["name"] for n in data["namespaces"]]
-        data["live"] = {ns: _live_namespace(ns, resolved) for ns in namespaces}
+        data["live"] = {ns: report.live_namespace(ns, resolved) for ns in namespaces}
     if args.json:
         _dump(data, out)
     else:
@@ -272,33 +204,6 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- show ----------------------------------------------------------------------
-
-
-def _matching_ops(plan: Plan, name: str) -> list[Any]:
-    exact = [op for op in plan.ops if op.op.qualname == name]
-    if exact:
-        return exact
-    return [op for op in plan.ops if f"{op.op.namespace}::{op.op.name}" == name]
-
-
-def _op_details(plan: Plan, op: Any) -> dict[str, Any]:
-    from .model import describe_ref
-
-    data = op.to_dict()
-    base = f"{op.op.namespace}::{op.op.name}"
-    data["overloads"] = sorted(o.op.overload or "default" for o in plan.ops
-                               if f"{o.op.namespace}::{o.op.name}" == base)
-    data["doc"] = op.op.doc
-    data["entry_point"] = str(op.op.origin) if op.op.origin else None
-    features = {}
-    for feature, key in FEATURE_KEYS.items():
-        k = op.kernel(key)
-        features[feature] = None if k is None else {
-            "kernel": describe_ref(k.kernel.fn), "status": k.status,
-            "distribution": k.kernel.origin.dist if k.kernel.origin else None}
-    data["features"] = features
-    data["problems"] = [p.to_dict() for p in plan.problems if p.op == op.op.qualname]
-    return data
 
 
 def _print_show(data: dict[str, Any], out: TextIO) -> None:
@@ -343,11 +248,11 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                          f"NAMESPACE::OP (e.g. mylib::foo), see 'opregistry list'\n")
         return EXIT_USAGE
     resolved = _live_registry().plan if args.live else _plan()
-    ops = _matching_ops(resolved, args.op)
-    external = [k for k in resolved.external_kernels if k.kernel.op == args.op]
-    if not ops and external:
+    shown = report.show_report(resolved, args.op)
+    details, external = shown["ops"], shown["external_kernels"]
+    if not details and external:
         # a torch op (aten::add.Tensor) that installed packages add kernels to, under policy
-        data = {"name": args.op, "owner": "torch", "kernels": [k.to_dict() for k in external]}
+        data = {"name": args.op, "owner": "torch", "kernels": external}
         if args.json:
             _dump(data, out)
         else:
@@ -356,7 +261,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                      _kernel_note(k)) for k in data["kernels"]],
                    out, header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE"))
         return EXIT_OK
-    if not ops:
+    if not details:
         problems = [p for p in resolved.problems if p.op and p.op.split(".")[0] == args.op.split(".")[0]]
         namespace = args.op.split("::", 1)[0]
         known = [op.op.qualname for op in resolved.ops if op.op.namespace == namespace]
@@ -368,9 +273,9 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         elif not problems:
             sys.stderr.write("  see 'opregistry list' for every op\n")
         return EXIT_PROBLEMS
-    details = [_op_details(resolved, op) for op in ops]
     if args.live:
-        live = {row["op"]: row for row in _live_namespace(ops[0].op.namespace, resolved)}
+        namespace = details[0]["name"].split("::")[0]
+        live = {row["op"]: row for row in report.live_namespace(namespace, resolved)}
         for d in details:
             d["live"] = live.get(d["name"])
     if args.json:
@@ -385,82 +290,6 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- plugins -------------------------------------------------------------------
-
-
-def _hooks_by_entry_point() -> dict[tuple[str, str, str], list[str]]:
-    """``(group, name, value)`` -> the ``opregistry_*`` hooks its object implements.
-
-    Like ``datasette plugins``: which hooks each plugin implements.  The
-    entry points were loaded by discovery already, so loading them again
-    only looks the objects up in ``sys.modules``.
-    """
-    from .collect import HOOK_GROUPS
-    from .discovery import entry_points
-
-    hooks = {}
-    for group, ep in entry_points():
-        try:
-            obj = ep.load()
-        except Exception:  # reported by discovery already, as a problem of its distribution
-            continue
-        hooks[(group, ep.name, ep.value)] = sorted(
-            name for name in HOOK_GROUPS if callable(getattr(obj, name, None)))
-    return hooks
-
-
-def _plugins(plan: Plan) -> list[dict[str, Any]]:
-    from .discovery import BACKENDS_GROUP
-
-    hooks = _hooks_by_entry_point()
-    # what each entry point contributes, grouped once: not a pass over every op per distribution
-    ops_of: dict[Any, list[str]] = {}
-    for op in plan.ops:
-        ops_of.setdefault(op.op.origin, []).append(op.op.qualname)
-    kernels_of = Counter(k.kernel.origin for k in plan.kernels())
-    namespaces_of: dict[Any, set[str]] = {}
-    for n in plan.namespaces:
-        namespaces_of.setdefault(n.owner, set()).add(f"{n.name} (DEF)")
-        for fragment in n.fragments:
-            namespaces_of.setdefault(fragment, set()).add(f"{n.name} (FRAGMENT)")
-
-    excluded = {o.distribution for o in plan.excluded}
-    problems_of: dict[str, list[str]] = {}
-    for p in plan.problems:
-        if p.severity == "error":
-            for o in p.culprits:
-                problems_of.setdefault(o.distribution, []).append(f"[{p.code}] {p.message}")
-    rows = []
-    for o in plan.distributions:
-        left_out = o.distribution in excluded
-        contributes: dict[str, Any] = {}
-        if o.group == BACKENDS_GROUP:
-            contributes["backends"] = [
-                {"name": b.backend.name, "keys": list(b.backend.keys),
-                 "device_type": b.backend.device_type, "available": b.available}
-                for b in plan.backends if b.backend.origin == o]
-        else:
-            contributes["namespaces"] = sorted(namespaces_of.get(o, ()))
-            contributes["ops"] = ops_of.get(o, [])
-            contributes["kernels"] = kernels_of[o]
-        rows.append({
-            "distribution": o.distribution, "version": o.version, "group": o.group,
-            "entry_point": o.entry_point_spec,
-            "status": "left out" if left_out else "loaded",
-            "reason": "; ".join(problems_of.get(o.distribution, [])) if left_out else "",
-            "contributes": contributes,
-            "hooks": hooks.get((o.group, o.entry_point, o.value), []),
-        })
-    failed = {(o.distribution, o.entry_point) for p in plan.problems for o in p.culprits
-              if p.code.startswith("plugin-")}
-    for s in plan.skipped:
-        o = s.origin
-        rows.append({
-            "distribution": o.distribution, "version": o.version, "group": o.group,
-            "entry_point": o.entry_point_spec,
-            "status": "failed" if (o.distribution, o.entry_point) in failed else "skipped",
-            "reason": s.reason, "contributes": {}, "hooks": [],
-        })
-    return sorted(rows, key=lambda r: (r["group"], r["distribution"], r["entry_point"]))
 
 
 def _contribution(row: dict[str, Any]) -> str:
@@ -481,7 +310,7 @@ def _contribution(row: dict[str, Any]) -> str:
 def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
     from .discovery import BACKENDS_GROUP, OPS_GROUP
 
-    rows = _plugins(_plan())
+    rows = report.plugins_report(_plan())["plugins"]
     if args.json:
         _dump(rows, out)
     else:
@@ -500,27 +329,6 @@ def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
 # -- doctor --------------------------------------------------------------------
 
 
-def _findings(plan: Plan, problems: Sequence[Any], include_info: bool) -> list[dict[str, Any]]:
-    found = [p.to_dict() for p in problems if include_info or p.severity != "info"]
-    # Allowed overrides are not errors, but someone's kernel is being replaced:
-    # the user should know, and know how to undo it.
-    for k in plan.kernels():
-        if k.overrides and k.status != "overridden":
-            origin = k.kernel.origin
-            found.append({
-                "code": "kernel-overrides", "severity": "warning",
-                "message": f"{origin} replaces the {k.kernel.key} kernel of {k.kernel.op} "
-                           f"registered by {k.overrides} (allowed by policy)",
-                "hint": "if this is not intended, remove the op or its namespace from "
-                        "OPREGISTRY_ALLOW_OVERRIDE, or block "
-                        f"{origin.distribution if origin else 'the distribution'}",
-                "distributions": [origin.dist] if origin else [], "entry_points": [],
-                "others": [k.overrides], "op": k.kernel.op, "key": k.kernel.key,
-                "namespace": None, "source": k.kernel.source,
-            })
-    return found
-
-
 def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
     if args.live:
         registry = _live_registry(args.imports or ())
@@ -528,17 +336,11 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
     else:
         plan = _plan()
         problems = plan.problems
-    findings = _findings(plan, problems, args.all)
-    errors = [f for f in findings if f["severity"] == "error"]
-    summary = {
-        "errors": len(errors),
-        "warnings": sum(1 for f in findings if f["severity"] == "warning"),
-        "distributions": len({o.distribution for o in plan.distributions}),
-        "ops": len(plan.ops),
-        "live": bool(args.live),
-    }
+    data = report.doctor_report(plan, problems, include_info=args.all, live=bool(args.live))
+    summary, findings = data["summary"], data["problems"]
+    errors = summary["errors"]
     if args.json:
-        _dump({"summary": summary, "problems": findings}, out)
+        _dump(data, out)
         return EXIT_PROBLEMS if errors else EXIT_OK
     out.write(f"opregistry doctor: {summary['errors']} error(s), {summary['warnings']} "
               f"warning(s) in {summary['distributions']} distribution(s), {summary['ops']} op(s)\n")

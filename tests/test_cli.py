@@ -399,9 +399,15 @@ def test_cli_reference_is_the_real_help():
             f"{real_help(command)}")
 
 
+def doc_block(lang: str, contains: str) -> str:
+    """The one ``lang`` block of docs/cli.md that contains ``contains``."""
+    [block] = [b for b in doc_blocks(lang) if contains in b]
+    return block
+
+
 def test_cli_doc_lockfile_example_runs(tmp_path):
     """The verify_lock example of docs/cli.md runs and prints what the page says."""
-    [example, _] = doc_blocks("python")
+    example = doc_block("python", "verify_lock")
     proc = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr
@@ -409,6 +415,28 @@ def test_cli_doc_lockfile_example_runs(tmp_path):
     assert lines[0].startswith("registry sha256:")
     assert "distribution opregistry-vmap==0.1.0: in the lockfile, missing from this environment" in lines
     assert (tmp_path / "opregistry.lock").exists()
+
+
+def test_cli_doc_report_example_runs(tmp_path):
+    """The opregistry.report example of docs/cli.md prints the lines the page shows."""
+    code = doc_block("python", "from opregistry import report")
+    expected = doc_block("text", "fake kernel:")
+    env = {**os.environ, "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, "tutorial-ops"])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == expected.splitlines()
+
+
+def test_report_functions_are_what_json_prints(capsys):
+    """`list`, `plugins` and `doctor --json` print the report module's dicts, nothing else."""
+    from opregistry import plan, report
+
+    current = plan()
+    for argv, data in ((["list"], report.list_report(current)),
+                       (["plugins"], report.plugins_report(current)["plugins"]),
+                       (["doctor"], report.doctor_report(current))):
+        assert cli_json(capsys, *argv)[1] == json.loads(json.dumps(data, default=str))
 
 
 def is_part_of(excerpt: object, whole: object) -> bool:
@@ -421,7 +449,7 @@ def is_part_of(excerpt: object, whole: object) -> bool:
 
 def test_cli_doc_lockfile_excerpt_is_real(capsys):
     """The JSON excerpt in docs/cli.md is part of what `opregistry lock -o -` writes here."""
-    [excerpt] = [json.loads(b) for b in doc_blocks("json")]
+    excerpt = json.loads(doc_block("json", "lock_version"))
     assert main(["lock", "-o", "-"]) == 0
     locked = json.loads(capsys.readouterr().out)
     assert is_part_of(excerpt, locked)
@@ -431,7 +459,7 @@ def test_cli_doc_lockfile_excerpt_is_real(capsys):
 @pytest.mark.slow
 def test_cli_doc_torchrun_example_runs(tmp_path):
     """check_ranks.py of docs/cli.md under torchrun, 2 ranks on the loopback: both agree."""
-    [_, script] = doc_blocks("python")
+    script = doc_block("python", "verify_consistent")
     (tmp_path / "check_ranks.py").write_text(script)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo",
            "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, "tutorial-ops"])}

@@ -11,42 +11,128 @@ plugins``, what a command shows is available from Python too::
 
     data = report.list_report(opregistry.plan(), namespaces=["mylib"])
 
-Every report is built from the records' own ``to_dict``.  Nothing here
-imports torch except :func:`live_namespace`, which reads torch's dispatcher.
+Every report is built from the records' own ``to_dict`` and carries
+``format_version`` (:data:`FORMAT_VERSION`).  One shape stands for a
+distribution everywhere (see :func:`distribution`): the records'
+``"name==version"`` strings are replaced by it, from the records' origins,
+never by parsing.  Nothing here imports torch except :func:`live_namespace`,
+which reads torch's dispatcher.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
+
+from attrs import field, frozen
 
 from .keys import FEATURES
 from .model import Origin, Problem, describe_ref
 
 if TYPE_CHECKING:
-    from .plan import KernelPlan, OpPlan, Plan
+    from .checking import CheckResult
+    from .plan import KernelPlan, OpPlan, Plan, RefusedKernel
 
 __all__ = [
+    "FORMAT_VERSION",
     "STATUSES",
+    "Match",
+    "distribution",
+    "entry_point_distribution",
+    "problem_dict",
     "override_problems",
     "find_ops",
+    "find_target",
     "list_report",
     "show_report",
     "plugins_report",
     "doctor_report",
+    "check_report",
+    "verify_report",
     "live_namespace",
 ]
+
+#: The version of the JSON every command prints; raised when a key changes
+#: meaning or goes away (new keys do not raise it).
+FORMAT_VERSION = 1
 
 #: Kernel statuses, as listings show them (``conflict``: refused by the resolver).
 STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict")
 
 
-def _op(plan: Plan, op: OpPlan) -> dict[str, Any]:
-    return op.to_dict()
+# -- distributions -----------------------------------------------------------------
+
+
+def distribution(origin: Origin | None) -> dict[str, Any] | None:
+    """A distribution as every report shows it: ``{"name": ..., "version": ...}``."""
+    if origin is None:
+        return None
+    return {"name": origin.distribution, "version": origin.version}
+
+
+def entry_point_distribution(origin: Origin | None) -> dict[str, Any] | None:
+    """:func:`distribution` and the entry point it came through.
+
+    ``{"name", "version", "group", "entry_point"}``, ``entry_point`` spelled
+    as in ``entry_points.txt`` (``"ops = mylib.registry:lib"``).  Used where
+    the entry point is the subject: plugins, skipped entry points, problems.
+    """
+    if origin is None:
+        return None
+    return {**distribution(origin),  # type: ignore[dict-item]
+            "group": origin.group, "entry_point": origin.entry_point_spec}
+
+
+def _replaced(plan: Plan, k: KernelPlan) -> tuple[Origin, ...]:
+    """Whose kernels ``k`` replaces: the overridden kernels of its (op, key); none for torch's."""
+    op = plan.op(k.kernel.op)
+    if op is None:
+        return ()
+    return tuple(o.kernel.origin for o in op.kernels if o.kernel.key == k.kernel.key
+                 and o.status == "overridden" and o.kernel.origin is not None)
+
+
+def _overrides(plan: Plan, k: KernelPlan) -> dict[str, Any] | None:
+    """What ``k`` replaces, as a distribution record: the overridden kernel's, or torch."""
+    if not k.overrides:
+        return None
+    replaced = _replaced(plan, k)
+    if replaced:
+        return distribution(replaced[0])
+    from .lockfile import _torch_version  # metadata only: torch is not imported
+
+    return {"name": "torch", "version": _torch_version()}
+
+
+def _kernel(plan: Plan, k: KernelPlan) -> dict[str, Any]:
+    data = k.to_dict()
+    data["distribution"] = distribution(k.kernel.origin)
+    data["overrides"] = _overrides(plan, k)
+    return data
+
+
+def _refused(refused: RefusedKernel) -> list[dict[str, Any]]:
+    """One listing row per distribution whose kernel was refused."""
+    data = refused.to_dict()
+    return [{**data, "distribution": distribution(o)} for o in refused.problem.culprits] or [
+        {**data, "distribution": None}]
 
 
 def problem_dict(problem: Problem) -> dict[str, Any]:
-    return problem.to_dict()
+    """``Problem.to_dict`` with its distributions as records (entry points included)."""
+    data = problem.to_dict()
+    del data["entry_points"]  # each record in "distributions" carries its entry point
+    data["distributions"] = [entry_point_distribution(o) for o in problem.culprits]
+    data["others"] = [distribution(o) for o in problem.others]
+    return data
+
+
+def _op(plan: Plan, op: OpPlan) -> dict[str, Any]:
+    data = op.to_dict()
+    data["distribution"] = distribution(op.op.origin)
+    data["kernels"] = [_kernel(plan, k) for k in op.kernels]
+    return data
 
 
 # -- list ----------------------------------------------------------------------------
@@ -65,9 +151,25 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
     data = plan.to_dict()
     refused: dict[str, list[dict[str, Any]]] = {}
     for r in plan.refused_kernels():
-        refused.setdefault(r.op, []).append(r.to_dict())
+        refused.setdefault(r.op, []).extend(_refused(r))
+    data["backends"] = [{**b.to_dict(), "distribution": distribution(b.backend.origin)}
+                        for b in plan.backends]
+    for b in data["backends"]:
+        del b["version"]  # in the distribution record
+    data["namespaces"] = [{**n.to_dict(), "owner": distribution(n.owner),
+                           "fragments": [distribution(f) for f in n.fragments]}
+                          for n in plan.namespaces]
+    data["ops"] = [_op(plan, op) for op in plan.ops]
     for op in data["ops"]:
         op["kernels"] += refused.get(op["name"], [])
+    data["external_kernels"] = [_kernel(plan, k) for k in plan.external_kernels]
+    data["distributions"] = [entry_point_distribution(o) for o in plan.distributions]
+    data["excluded"] = [distribution(o) for o in sorted(set(plan.excluded))]
+    data["skipped"] = [{**s.to_dict(), "distribution": entry_point_distribution(s.origin)}
+                       for s in plan.skipped]
+    for s in data["skipped"]:
+        del s["entry_point"]  # in the distribution record
+    data["problems"] = [problem_dict(p) for p in plan.problems]
     if namespaces:
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
         data["ops"] = [o for o in data["ops"] if o["name"].split("::")[0] in namespaces]
@@ -79,7 +181,7 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
         data["ops"] = [o for o in data["ops"] if o["kernels"]]
     if backends:
         data["backends"] = [b for b in data["backends"] if b["name"] in backends]
-    return data
+    return {"format_version": FORMAT_VERSION, **data}
 
 
 def live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
@@ -103,7 +205,7 @@ def live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
             "declared_keys": sorted(k.kernel.key for k in op.kernels
                                     if k.status == "active") if op else [],
             "dispatcher_keys": torch_state.kernel_registrations(name) if name in live else {},
-            "distribution": op.op.origin.dist if op and op.op.origin else None,
+            "distribution": distribution(op.op.origin) if op else None,
         })
     return rows
 
@@ -111,12 +213,114 @@ def live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
 # -- naming ops ----------------------------------------------------------------------
 
 
-def find_ops(plan: Plan, name: str) -> list[OpPlan]:
-    """The ops ``name`` (``ns::op`` or ``ns::op.overload``) designates: one, or every overload."""
-    exact = [op for op in plan.ops if op.op.qualname == name]
-    if exact:
-        return exact
-    return [op for op in plan.ops if op.op.base_qualname == name]
+@frozen(kw_only=True)
+class Match:
+    """What a name typed on the command line designates in a plan.
+
+    ``kind`` is ``"ops"`` (one op packet: ``ops`` holds it, or the one
+    overload named), ``"namespace"``, ``"external"`` (a torch op that
+    packages add kernels to), ``"left-out"`` (declared, but left out by
+    ``problems``), ``"ambiguous"`` (``candidates`` lists the choices) or
+    ``"unknown"`` (``candidates`` holds the close matches, for "did you mean").
+    """
+
+    kind: Literal["ops", "namespace", "external", "left-out", "ambiguous", "unknown"]
+    name: str
+    ops: tuple[OpPlan, ...] = ()
+    candidates: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = field(default=())
+
+
+def _spellings(text: str) -> list[tuple[str, str, str | None]]:
+    """``(namespace or "", op, overload or None)`` readings of an op name as typed.
+
+    ``ns::op[.overload]``, ``ns.op[.overload]``, ``torch.ops.ns.op[.overload]``
+    and a bare ``op[.overload]`` (any namespace); ``default`` names the
+    overload torch calls ``default``.
+    """
+    if text.startswith("torch.ops."):
+        text = text[len("torch.ops."):]
+        if "::" in text:
+            return []
+    if "::" in text:
+        ns, _, rest = text.partition("::")
+        op, _, overload = rest.partition(".")
+        return [(ns, op, overload if "." in rest else None)]
+    parts = text.split(".")
+    readings: list[tuple[str, str, str | None]] = []
+    if len(parts) == 1:
+        readings.append(("", parts[0], None))
+    if len(parts) == 2:
+        readings += [(parts[0], parts[1], None), ("", parts[0], parts[1])]
+    if len(parts) == 3:
+        readings.append((parts[0], parts[1], parts[2]))
+    return readings
+
+
+def _matches(op: OpPlan, ns: str, name: str, overload: str | None) -> bool:
+    if (ns and op.op.namespace != ns) or op.op.name != name:
+        return False
+    return overload is None or (op.op.overload or "default") == overload
+
+
+def find_ops(plan: Plan, text: str) -> Match:
+    """The op (or op packet) ``text`` names in ``plan``, as ``show`` and ``check`` read it.
+
+    A name without an overload is the op's default overload, or every
+    overload when it has no default; a name that fits ops of several
+    namespaces is ``ambiguous``.
+    """
+    readings = _spellings(text)
+    hits: dict[str, OpPlan] = {}
+    for ns, name, overload in readings:
+        for op in plan.ops:
+            if _matches(op, ns, name, overload):
+                hits[op.op.qualname] = op
+    packets = sorted({op.op.base_qualname for op in hits.values()})
+    if len(packets) == 1:
+        default = [op for op in hits.values() if not op.op.overload]
+        if default and all(overload is None for _, _, overload in readings):
+            return Match(kind="ops", name=text, ops=tuple(default))  # ns::op is its default
+        return Match(kind="ops", name=text, ops=tuple(hits[q] for q in sorted(hits)))
+    if len(packets) > 1:
+        return Match(kind="ambiguous", name=text, candidates=tuple(packets))
+    qualname = text[len("torch.ops."):] if text.startswith("torch.ops.") else text
+    if "::" not in qualname and len(readings) == 1 and readings[0][0]:
+        ns, name, overload = readings[0]
+        qualname = f"{ns}::{name}" + (f".{overload}" if overload else "")
+    external = [k for k in plan.external_kernels if k.kernel.op == qualname]
+    if external:
+        return Match(kind="external", name=qualname)
+    # declared, but left out: the problem says why (exit 1, not "unknown")
+    namespaces = {ns for ns, _, _ in readings if ns}
+    ops = {f"{ns}::{name}" for ns, name, _ in readings if ns}
+    problems = tuple(p for p in plan.errors
+                     if (p.op and p.op.split(".")[0] in ops) or (p.namespace in namespaces))
+    if problems:
+        return Match(kind="left-out", name=qualname, problems=problems)
+    return Match(kind="unknown", name=text, candidates=tuple(_close(plan, text)))
+
+
+def find_target(plan: Plan, text: str) -> Match:
+    """What a ``check`` target names: a namespace (a bare word that is one), else :func:`find_ops`."""
+    if "::" not in text and "." not in text and any(op.op.namespace == text for op in plan.ops):
+        return Match(kind="namespace", name=text,
+                     ops=tuple(op for op in plan.ops if op.op.namespace == text))
+    return find_ops(plan, text)
+
+
+def _close(plan: Plan, text: str, n: int = 3) -> list[str]:
+    """Op names close to ``text`` ("did you mean"), compared by op name within a namespace."""
+    readings = _spellings(text) or [("", text, None)]
+    found: list[str] = []
+    for ns, name, _ in readings:
+        by_name: dict[str, list[str]] = {}
+        for op in plan.ops:
+            if not ns or op.op.namespace == ns:
+                by_name.setdefault(op.op.name, []).append(op.op.base_qualname)
+        for near in difflib.get_close_matches(name, sorted(by_name), n=n, cutoff=0.7):
+            found += [q for q in sorted(set(by_name[near])) if q not in found]
+    return found[:n]
 
 
 # -- show ----------------------------------------------------------------------------
@@ -127,30 +331,37 @@ def _op_details(plan: Plan, op: OpPlan) -> dict[str, Any]:
     data["overloads"] = sorted(o.op.overload or "default" for o in plan.ops
                                if o.op.base_qualname == op.op.base_qualname)
     data["doc"] = op.op.doc
-    data["entry_point"] = str(op.op.origin) if op.op.origin else None
+    data["origin"] = entry_point_distribution(op.op.origin)
     features: dict[str, Any] = {}
     for key, feature in FEATURES.items():
         k = op.kernel(key)
         features[feature] = None if k is None else {
             "kernel": describe_ref(k.kernel.fn), "status": k.status,
-            "distribution": k.kernel.origin.dist if k.kernel.origin else None}
+            "distribution": distribution(k.kernel.origin)}
     data["features"] = features
     data["problems"] = [problem_dict(p) for p in plan.problems if p.op == op.op.qualname]
     return data
 
 
 def show_report(plan: Plan, name: str) -> dict[str, Any]:
-    """``opregistry show NAME``: the op(s) ``name`` designates, in full.
+    """``opregistry show NAME --json``: the op(s) ``name`` designates, in full.
 
-    ``ops`` holds one entry per overload named (every overload of the op
-    when ``name`` has none); ``external_kernels`` the kernels packages add,
-    under policy, to a torch op such as ``aten::add.Tensor``.  Both are
-    empty when ``name`` names nothing.
+    ``ops`` holds one entry per overload ``name`` designates (see
+    :func:`find_ops`); ``external_kernels`` the kernels packages add, under
+    policy, to a torch op such as ``aten::add.Tensor``.  Raises
+    :class:`LookupError` when ``name`` names nothing, an op left out, or
+    several ops.
     """
-    ops = find_ops(plan, name)
-    return {"ops": [_op_details(plan, op) for op in ops],
-            "external_kernels": [] if ops else [k.to_dict() for k in plan.external_kernels
-                                                 if k.kernel.op == name]}
+    match = find_ops(plan, name)
+    if match.kind == "external":
+        return {"format_version": FORMAT_VERSION, "ops": [],
+                "external_kernels": [_kernel(plan, k) for k in plan.external_kernels
+                                     if k.kernel.op == match.name]}
+    if match.kind != "ops":
+        raise LookupError(f"{name!r}: {match.kind}" + (
+            f" ({', '.join(match.candidates)})" if match.candidates else ""))
+    return {"format_version": FORMAT_VERSION, "ops": [_op_details(plan, op) for op in match.ops],
+            "external_kernels": []}
 
 
 # -- plugins -------------------------------------------------------------------------
@@ -192,8 +403,7 @@ def plugins_report(plan: Plan) -> dict[str, Any]:
             contributes["ops"] = ops_of.get(o, [])
             contributes["kernels"] = kernels_of[o]
         rows.append({
-            "distribution": o.distribution, "version": o.version, "group": o.group,
-            "entry_point": o.entry_point_spec,
+            "distribution": entry_point_distribution(o),
             "status": "left out" if left_out else "loaded",
             "reason": "; ".join(problems_of.get(o.distribution, [])) if left_out else "",
             "contributes": contributes,
@@ -204,25 +414,16 @@ def plugins_report(plan: Plan) -> dict[str, Any]:
     for s in plan.skipped:
         o = s.origin
         rows.append({
-            "distribution": o.distribution, "version": o.version, "group": o.group,
-            "entry_point": o.entry_point_spec,
+            "distribution": entry_point_distribution(o),
             "status": "failed" if (o.distribution, o.entry_point) in failed else "skipped",
             "reason": s.reason, "contributes": {}, "hooks": [],
         })
-    rows.sort(key=lambda r: (r["group"], r["distribution"], r["entry_point"]))
-    return {"plugins": rows}
+    rows.sort(key=lambda r: (r["distribution"]["group"], r["distribution"]["name"],
+                             r["distribution"]["entry_point"]))
+    return {"format_version": FORMAT_VERSION, "plugins": rows}
 
 
 # -- doctor --------------------------------------------------------------------------
-
-
-def _replaced(plan: Plan, k: KernelPlan) -> tuple[Origin, ...]:
-    """Whose kernels ``k`` replaces: the overridden kernels of its (op, key); none for torch's."""
-    op = plan.op(k.kernel.op)
-    if op is None:
-        return ()
-    return tuple(o.kernel.origin for o in op.kernels if o.kernel.key == k.kernel.key
-                 and o.status == "overridden" and o.kernel.origin is not None)
 
 
 def override_problems(plan: Plan) -> list[Problem]:
@@ -267,5 +468,27 @@ def doctor_report(plan: Plan, problems: Sequence[Problem] | None = None, *,
         "ops": len(plan.ops),
         "live": live,
     }
-    return {"summary": summary,
+    return {"format_version": FORMAT_VERSION, "summary": summary,
             "problems": [problem_dict(p) for p in found]}
+
+
+# -- check / verify ------------------------------------------------------------------
+
+
+def check_report(plan: Plan, results: Sequence[CheckResult]) -> dict[str, Any]:
+    """``opregistry check --json``: whether every check passed, and each result."""
+    rows = []
+    for r in results:
+        op = plan.op(r.op)
+        rows.append({**r.to_dict(),
+                     "distribution": distribution(op.op.origin) if op else None})
+    return {"format_version": FORMAT_VERSION, "ok": not any(r.status == "fail" for r in results),
+            "results": rows}
+
+
+def verify_report(lockfile: str, *, fingerprint: str | None = None,
+                  differences: Sequence[str] = (), error: str | None = None) -> dict[str, Any]:
+    """``opregistry verify --json``: ``ok`` when this environment resolves the locked registry."""
+    return {"format_version": FORMAT_VERSION, "ok": not differences and error is None,
+            "lockfile": lockfile, "fingerprint": fingerprint, "differences": list(differences),
+            "error": error}

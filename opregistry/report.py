@@ -105,8 +105,9 @@ def _overrides(plan: Plan, k: KernelPlan) -> dict[str, Any] | None:
     return {"name": "torch", "version": _torch_version()}
 
 
-def _kernel(plan: Plan, k: KernelPlan) -> dict[str, Any]:
-    data = k.to_dict()
+def _kernel(plan: Plan, k: KernelPlan, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``k.to_dict()`` (or ``data``, made by it already) with its distributions as records."""
+    data = k.to_dict() if data is None else data
     data["distribution"] = distribution(k.kernel.origin)
     data["overrides"] = _overrides(plan, k)
     return data
@@ -131,7 +132,8 @@ def problem_dict(problem: Problem) -> dict[str, Any]:
 def _op(plan: Plan, op: OpPlan) -> dict[str, Any]:
     data = op.to_dict()
     data["distribution"] = distribution(op.op.origin)
-    data["kernels"] = [_kernel(plan, k) for k in op.kernels]
+    for row, k in zip(data["kernels"], op.kernels):
+        _kernel(plan, k, row)
     return data
 
 
@@ -148,28 +150,35 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
     still have one.
     """
     namespaces, backends, statuses = set(namespaces), set(backends), set(statuses)
-    data = plan.to_dict()
     refused: dict[str, list[dict[str, Any]]] = {}
     for r in plan.refused_kernels():
         refused.setdefault(r.op, []).extend(_refused(r))
-    data["backends"] = [{**b.to_dict(), "distribution": distribution(b.backend.origin)}
-                        for b in plan.backends]
-    for b in data["backends"]:
-        del b["version"]  # in the distribution record
-    data["namespaces"] = [{**n.to_dict(), "owner": distribution(n.owner),
-                           "fragments": [distribution(f) for f in n.fragments]}
-                          for n in plan.namespaces]
-    data["ops"] = [_op(plan, op) for op in plan.ops]
-    for op in data["ops"]:
-        op["kernels"] += refused.get(op["name"], [])
-    data["external_kernels"] = [_kernel(plan, k) for k in plan.external_kernels]
-    data["distributions"] = [entry_point_distribution(o) for o in plan.distributions]
-    data["excluded"] = [distribution(o) for o in sorted(set(plan.excluded))]
-    data["skipped"] = [{**s.to_dict(), "distribution": entry_point_distribution(s.origin)}
-                       for s in plan.skipped]
-    for s in data["skipped"]:
-        del s["entry_point"]  # in the distribution record
-    data["problems"] = [problem_dict(p) for p in plan.problems]
+    backend_rows = []
+    for b in plan.backends:
+        row = b.to_dict()
+        del row["version"]  # in the distribution record
+        backend_rows.append({**row, "distribution": distribution(b.backend.origin)})
+    ops = [_op(plan, op) for op in plan.ops]
+    for op_row in ops:
+        op_row["kernels"] += refused.get(op_row["name"], [])
+    skipped = []
+    for entry in plan.skipped:
+        row = entry.to_dict()
+        del row["entry_point"]  # in the distribution record
+        skipped.append({**row, "distribution": entry_point_distribution(entry.origin)})
+    data: dict[str, Any] = {
+        "backends": backend_rows,
+        "namespaces": [{**n.to_dict(), "owner": distribution(n.owner),
+                        "fragments": [distribution(f) for f in n.fragments]}
+                       for n in plan.namespaces],
+        "ops": ops,
+        "external_kernels": [_kernel(plan, k) for k in plan.external_kernels],
+        "distributions": [entry_point_distribution(o) for o in plan.distributions],
+        "excluded": [distribution(o) for o in
+                     sorted({o.dist: o for o in plan.excluded}.values(), key=lambda o: o.dist)],
+        "skipped": skipped,
+        "problems": [problem_dict(p) for p in plan.problems],
+    }
     if namespaces:
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
         data["ops"] = [o for o in data["ops"] if o["name"].split("::")[0] in namespaces]

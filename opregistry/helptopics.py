@@ -49,11 +49,14 @@ def page(topic: str) -> str:
 
 
 def summary(topic: str) -> str:
-    """The topic's heading."""
-    for line in text(topic).splitlines():
-        if line.startswith("#"):
-            return line.lstrip("#").strip().strip("`")
-    return ""
+    """The topic's heading; for a command's section, with what the command does."""
+    lines = text(topic).splitlines()
+    heading = next((ln.lstrip("#").strip().strip("`") for ln in lines if ln.startswith("#")), "")
+    if " " in heading:
+        return heading
+    body = " ".join(ln for ln in lines if ln and not ln.startswith(("#", "<!--")))
+    first = body.split(". ")[0].replace("`", "")
+    return first if len(first) <= 70 else first[:67].rsplit(" ", 1)[0] + "..."
 
 
 def _anchor(heading: str) -> str:

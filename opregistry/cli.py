@@ -2,9 +2,10 @@
 
 Commands follow the conventions of the packaging world (``pip list``,
 ``pip show``, ``datasette plugins``): a plain table by default, ``--json``
-for tools, exit status 0 when the registry is healthy, 1 when something is
-wrong, 2 for a usage error.
+for tools, and one exit status table for every command (:data:`EXIT_CODES`).
 
+This module parses arguments and renders text; what a command shows comes
+from :mod:`opregistry.report`, whose dicts are also what ``--json`` prints.
 ``list``, ``show``, ``plugins``, ``doctor``, ``lock`` and ``verify`` read
 declarations only and never import torch: they stop after the resolver.
 ``check`` and the ``--live`` views import torch, because what they show
@@ -14,25 +15,34 @@ lives in torch's dispatcher.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
 import sys
-from collections import Counter
+import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
+from . import report
 from .lockfile import DEFAULT_LOCKFILE
+from .report import STATUSES
 
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "EXIT_CODES", "DOCS_URL"]
 
-STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict")
-
-#: Exit status: healthy / problems found / bad usage (argparse's own).
+#: Exit status of every command (docs/cli.md shows this table; a test compares).
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+EXIT_CODES = {
+    EXIT_OK: "healthy: no error, every check passed, the lockfile matches",
+    EXIT_PROBLEMS: "problems found: an error in the registry, an op or plugin left out, "
+                   "a failed check, a difference from the lockfile",
+    EXIT_USAGE: "usage error: an unknown command, option or help topic; an op or check "
+                "target that names nothing, or several ops",
+}
 
-#: Dispatch keys shown as the "fake / autograd / vmap" features of an op.
-FEATURE_KEYS = {"fake": "Meta", "autograd": "Autograd", "vmap": "FuncTorchBatched"}
+#: Where the documentation lives; hints name a page there or ``opregistry help TOPIC``.
+DOCS_URL = "https://opregistry.github.io/opregistry/"
 
 
 def _configure_logging(verbose: int) -> None:
@@ -53,29 +63,126 @@ def _configure_logging(verbose: int) -> None:
     logger.propagate = False
 
 
-def _table(rows: list[Sequence[Any]], out: TextIO, indent: str = "  ", *,
-           header: Sequence[str] = (), empty: str = "") -> None:
-    """``rows`` in aligned columns under ``header``; the ``empty`` line when there are none."""
-    if not rows:
-        if empty:
-            out.write(f"{indent}{empty}\n")
-        return
-    if header:
-        rows = [header, *rows]
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [str(c).ljust(w) for c, w in zip(row, widths)]
-        out.write(indent + "  ".join(cells).rstrip() + "\n")
+# -- text output -----------------------------------------------------------------------
+
+
+def _isatty(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _width(args: argparse.Namespace, out: TextIO) -> int | None:
+    """Columns to fit text into: ``None`` (no limit) with --wide or into a pipe or file.
+
+    ``COLUMNS`` wins, as for every tool that reads the terminal width; a
+    pipe gets whole lines, so that ``opregistry list | grep`` finds them.
+    """
+    if getattr(args, "wide", False):
+        return None
+    if os.environ.get("COLUMNS", "").isdigit():
+        return max(int(os.environ["COLUMNS"]), 40)
+    if _isatty(out):
+        import shutil
+
+        return max(shutil.get_terminal_size().columns, 40)
+    return None
+
+
+def _color(stream: Any) -> bool:
+    """Colour only on a terminal, never with ``NO_COLOR`` set (no-color.org) or TERM=dumb."""
+    return _isatty(stream) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+_PAINT = {"ERROR": "31;1", "FAIL": "31;1", "FAILED": "31;1", "WARNING": "33", "ok": "32"}
+
+
+def _elide(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
+class Text:
+    """Where a command writes: the stream, the width to fit, whether to paint."""
+
+    def __init__(self, out: TextIO, width: int | None, color: bool) -> None:
+        self.out, self.width, self.color = out, width, color
+
+    def paint(self, word: str) -> str:
+        code = _PAINT.get(word.strip())
+        return f"\x1b[{code}m{word}\x1b[0m" if code and self.color else word
+
+    def line(self, text: str = "", *, wrap: str | None = None) -> None:
+        """One line, fitted: elided with ``...``, or wrapped with ``wrap`` as indent."""
+        if self.width is not None and len(text) > self.width:
+            if wrap is not None:
+                for part in textwrap.wrap(text, self.width, subsequent_indent=wrap,
+                                          break_on_hyphens=False, drop_whitespace=True):
+                    self.out.write(part + "\n")
+                return
+            text = _elide(text, self.width)
+        self.out.write(text + "\n")
+
+    def widths(self, rows: Sequence[Sequence[Any]], header: Sequence[str] = ()) -> list[int]:
+        rows = [header, *rows] if header else list(rows)
+        return [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))] if rows else []
+
+    def fit(self, widths: Sequence[int], indent: str, header: Sequence[str] = ()) -> list[int]:
+        """``widths`` narrowed, widest column first, until a row fits the terminal."""
+        widths = list(widths)
+        if self.width is None or not widths:
+            return widths
+        overflow = len(indent) + sum(widths) + 2 * (len(widths) - 1) - self.width
+        while overflow > 0:
+            floor = [max(12, len(header[i]) if header else 0) for i in range(len(widths))]
+            last = len(widths) - 1  # the last column is the notes: it gives way first
+            i = last if widths[last] > max(floor[last], 24) else max(
+                range(len(widths)), key=lambda j: widths[j] - floor[j])
+            if widths[i] <= floor[i]:
+                break  # nothing left to narrow: the row is elided at the end
+            cut = min(overflow, widths[i] - floor[i])
+            widths[i] -= cut
+            overflow -= cut
+        return widths
+
+    def row(self, cells: Sequence[Any], widths: Sequence[int], indent: str = "  ") -> None:
+        padded = [_elide(str(c), w).ljust(w) for c, w in zip(cells, widths)]
+        text = (indent + "  ".join(padded)).rstrip()
+        if self.width is not None and len(text) > self.width:
+            text = _elide(text, self.width)
+        if self.color:  # painted after fitting: escape codes take no columns
+            text = " ".join(self.paint(w) if w in _PAINT else w for w in text.split(" "))
+        self.out.write(text + "\n")
+
+    def table(self, rows: Sequence[Sequence[Any]], indent: str = "  ", *,
+              header: Sequence[str] = (), empty: str = "",
+              widths: Sequence[int] | None = None) -> None:
+        """``rows`` in aligned columns under ``header``; the ``empty`` line when there are none."""
+        if not rows:
+            if empty:
+                self.line(f"{indent}{empty}")
+            return
+        widths = self.fit(widths or self.widths(rows, header), indent, header)
+        for r in ([header] if header else []) + list(rows):
+            self.row(r, widths, indent)
 
 
 def _dump(data: Any, out: TextIO) -> None:
     # Indented JSON for a person at a terminal; compact JSON for a pipe, because
     # only json.dumps without indent uses the C encoder (5-10x faster on the
     # megabytes `list --json` prints for thousands of ops; see docs/performance.md).
-    isatty = getattr(out, "isatty", None)
-    pretty = bool(isatty and isatty())
-    out.write(json.dumps(data, indent=2 if pretty else None, default=str))
+    out.write(json.dumps(data, indent=2 if _isatty(out) else None, default=str))
     out.write("\n")
+
+
+def _dist(record: dict[str, Any] | None) -> str:
+    """A distribution record as pip spells it: ``name==version``."""
+    if not record:
+        return "-"
+    return f"{record['name']}=={record['version']}" if record.get("version") else record["name"]
+
+
+def _usage_error(command: str, message: str) -> int:
+    sys.stderr.write(f"opregistry {command}: {message}\n")
+    return EXIT_USAGE
 
 
 def _plan() -> Plan:
@@ -92,7 +199,6 @@ def _live_registry(imports: Sequence[str] = ()) -> Any:
     dispatcher (their ``TORCH_LIBRARY`` namespaces included).
     """
     import importlib
-    import os
 
     if "torch" not in sys.modules:
         saved = os.environ.get("OPREGISTRY_AUTOLOAD")
@@ -115,117 +221,82 @@ def _live_registry(imports: Sequence[str] = ()) -> Any:
     return load()
 
 
-# -- list ----------------------------------------------------------------------
-
-
-def _refused_kernels(plan: Plan) -> dict[str, list[dict[str, Any]]]:
-    """Kernels the resolver refused (conflict, override denied, ...), per op, as listing rows.
-
-    The plan leaves them out with their distribution; the listing still shows
-    them under the op, with status ``conflict``, so the table answers "why is
-    my kernel not there" where the user looks for it.
-    """
-    rows: dict[str, list[dict[str, Any]]] = {}
-    planned = {op.op.qualname for op in plan.ops}
-    for p in plan.errors:
-        if p.op and p.key and p.op in planned:
-            rows.setdefault(p.op, []).append({
-                "op": p.op, "key": p.key, "status": "conflict", "kernel": None,
-                "setup_context": None, "backend": None,
-                "reason": f"[{p.code}] see opregistry doctor", "override": False,
-                "overrides": None, "distribution": ", ".join(o.dist for o in p.culprits) or None,
-            })
-    return rows
-
-
-def _filter(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
-    data = plan.to_dict()
-    refused = _refused_kernels(plan)
-    for op in data["ops"]:
-        op["kernels"] += refused.get(op["name"], [])
-    namespaces = set(args.namespace or ())
-    if namespaces:
-        data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
-        data["ops"] = [o for o in data["ops"] if o["name"].split("::")[0] in namespaces]
-    for op in data["ops"]:
-        kernels = op["kernels"]
-        if args.backend:
-            kernels = [k for k in kernels if k["backend"] in args.backend]
-        if args.status:
-            kernels = [k for k in kernels if k["status"] in args.status]
-        op["kernels"] = kernels
-    if args.backend or args.status:
-        data["ops"] = [o for o in data["ops"] if o["kernels"]]
-    if args.backend:
-        data["backends"] = [b for b in data["backends"] if b["name"] in args.backend]
-    return data
-
-
 def _kernel_note(kernel: dict[str, Any]) -> str:
     """What the NOTE column says about a kernel row: whose kernel it replaces, or why its status."""
-    return f"overrides {kernel['overrides']}" if kernel["overrides"] else kernel["reason"]
+    return f"overrides {_dist(kernel['overrides'])}" if kernel["overrides"] else kernel["reason"]
 
 
-def _print_problems(problems: list[dict[str, Any]], out: TextIO) -> None:
+def _print_problems(problems: list[dict[str, Any]], t: Text) -> None:
     problems = [p for p in problems if p["severity"] != "info"]
     if problems:
-        out.write("\nProblems (details: opregistry doctor)\n")
+        t.line("\nProblems (details: opregistry doctor)")
         for p in problems:
-            out.write(f"  {p['severity'].upper()} [{p['code']}] {p['message']}\n")
+            t.line(f"  {t.paint(p['severity'].upper())} [{p['code']}] {p['message']}",
+                   wrap="      ")
             if p["hint"]:
-                out.write(f"      -> {p['hint']}\n")
+                t.line(f"      -> {p['hint']}", wrap="         ")
 
 
-def _print_list(data: dict[str, Any], out: TextIO) -> None:
-    out.write("Backends\n")
-    _table([(b["name"], ",".join(b["keys"]), b["device_type"] or "-",
-             f"{b['distribution']}=={b['version']}", "yes",
-             "yes" if b["available"] else "no (not on this machine)") for b in data["backends"]],
-           out, header=("NAME", "KEYS", "DEVICE", "DISTRIBUTION", "INSTALLED", "AVAILABLE"),
-           empty="(none installed)")
-    out.write("\nNamespaces\n")
-    _table([(n["name"], n["owner"] or "-", ", ".join(n["fragments"]) or "-",
-             "yes" if n["closed"] else "no") for n in data["namespaces"]],
-           out, header=("NAME", "OWNER", "FRAGMENTS", "CLOSED"), empty="(none)")
-    out.write("\nOps\n")
+def _did_you_mean(candidates: Sequence[str]) -> str:
+    if not candidates:
+        return ""
+    return " did you mean " + " or ".join(repr(c) for c in candidates) + "?"
+
+
+def _explain_match(command: str, match: report.Match) -> int:
+    """The message and exit status for a name that designates no op (or several)."""
+    if match.kind == "ambiguous":
+        return _usage_error(command, f"{match.name!r} is ambiguous; it names "
+                            f"{', '.join(match.candidates)}: write one as NAMESPACE::OP")
+    if match.kind == "left-out":
+        sys.stderr.write(f"opregistry {command}: {match.name} is not in the registry: "
+                         f"it was left out.\n")
+        for p in match.problems:
+            sys.stderr.write(f"  {p}\n")
+        return EXIT_PROBLEMS
+    what = "op or namespace" if command == "check" else "op"
+    return _usage_error(command, f"no {what} {match.name} in the registry;"
+                        f"{_did_you_mean(match.candidates) or ' see opregistry list'} "
+                        f"(names: 'opregistry help names')")
+
+
+# -- list ------------------------------------------------------------------------------
+
+
+def _op_line(op: dict[str, Any]) -> str:
+    tags = f"  tags: {', '.join(op['tags'])}" if op["tags"] else ""
+    schema = op["schema"].replace(op["name"].split("::")[1], op["name"], 1)
+    return f"  {schema}  [{_dist(op['distribution'])}]{tags}"
+
+
+def _print_list(data: dict[str, Any], t: Text) -> None:
+    t.line("Backends")
+    t.table([(b["name"], ",".join(b["keys"]), b["device_type"] or "-",
+              _dist(b["distribution"]), "yes",
+              "yes" if b["available"] else "no (not on this machine)") for b in data["backends"]],
+            header=("NAME", "KEYS", "DEVICE", "DISTRIBUTION", "INSTALLED", "AVAILABLE"),
+            empty="(none installed)")
+    t.line("\nNamespaces")
+    t.table([(n["name"], _dist(n["owner"]), ", ".join(map(_dist, n["fragments"])) or "-",
+              "yes" if n["closed"] else "no") for n in data["namespaces"]],
+            header=("NAME", "OWNER", "FRAGMENTS", "CLOSED"), empty="(none)")
+    t.line("\nOps")
     if not data["ops"]:
-        out.write("  (none)\n")
+        t.line("  (none)")
+    rows = {op["name"]: [(k["key"], k["status"], k["kernel"] or "-",
+                          _dist(k["distribution"]) if k["distribution"] != op["distribution"]
+                          else "", _kernel_note(k)) for k in op["kernels"]]
+            for op in data["ops"]}
+    # one set of column widths for the whole section: kernels line up from op to op
+    widths = t.widths([r for op_rows in rows.values() for r in op_rows])
     for op in data["ops"]:
-        tags = f"  tags: {', '.join(op['tags'])}" if op["tags"] else ""
-        out.write(f"  {op['schema'].replace(op['name'].split('::')[1], op['name'], 1)}"
-                  f"  [{op['distribution']}]{tags}\n")
-        _table([(k["key"], k["status"], k["kernel"] or "-",
-                 k["distribution"] if k["distribution"] != op["distribution"] else "",
-                 _kernel_note(k)) for k in op["kernels"]], out, indent="      ")
+        t.line(_op_line(op), wrap="      ")
+        t.table(rows[op["name"]], indent="      ", widths=widths)
     if data.get("external_kernels"):
-        out.write("\nKernels for torch's own ops (allowed by policy)\n")
-        _table([(k["op"], k["key"], k["status"], k["kernel"], k["distribution"])
-                for k in data["external_kernels"]], out)
-    _print_problems(data["problems"], out)
-
-
-def _live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
-    """The dispatcher's ops of ``namespace`` next to what opregistry declared for them."""
-    from . import torch_state
-
-    declared = {op.op.qualname: op for op in plan.ops if op.op.namespace == namespace}
-    live = {name for name in torch_state.registered_ops() if name.split("::", 1)[0] == namespace}
-    rows = []
-    for name in sorted(live | set(declared)):
-        op = declared.get(name)
-        registrations = torch_state.kernel_registrations(name) if name in live else {}
-        rows.append({
-            "op": name,
-            "declared": op is not None,
-            "in_dispatcher": name in live,
-            "declared_schema": op.op.full_schema if op else None,
-            "dispatcher_schema": torch_state.op_schema(name) if name in live else None,
-            "declared_keys": sorted(k.kernel.key for k in op.kernels
-                                    if k.status == "active") if op else [],
-            "dispatcher_keys": registrations,
-            "distribution": op.op.origin.dist if op and op.op.origin else None,
-        })
-    return rows
+        t.line("\nKernels for torch's own ops (allowed by policy)")
+        t.table([(k["op"], k["key"], k["status"], k["kernel"], _dist(k["distribution"]))
+                 for k in data["external_kernels"]])
+    _print_problems(data["problems"], t)
 
 
 def _live_note(row: dict[str, Any]) -> str:
@@ -243,69 +314,49 @@ def _live_note(row: dict[str, Any]) -> str:
     return "; ".join(notes) or "matches"
 
 
-def _print_live(live: dict[str, list[dict[str, Any]]], out: TextIO) -> None:
-    out.write("\nLive dispatcher (torch) vs declared (opregistry)\n")
-    for namespace, rows in live.items():
-        out.write(f"  namespace {namespace}\n")
-        _table([(r["op"], ",".join(r["declared_keys"]) or "-",
-                 ",".join(sorted(r["dispatcher_keys"])) or "-", _live_note(r)) for r in rows],
-               out, indent="      ", header=("OP", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE"),
-               empty="(no ops in the dispatcher, none declared)")
+def _print_live(live: dict[str, list[dict[str, Any]]], t: Text) -> None:
+    t.line("\nLive dispatcher (torch) vs declared (opregistry)")
+    header = ("OP", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE")
+    rows = {ns: [(r["op"], ",".join(r["declared_keys"]) or "-",
+                  ",".join(sorted(r["dispatcher_keys"])) or "-", _live_note(r)) for r in rs]
+            for ns, rs in live.items()}
+    widths = t.widths([r for rs in rows.values() for r in rs], header)
+    for namespace, ns_rows in rows.items():
+        t.line(f"  namespace {namespace}")
+        t.table(ns_rows, indent="      ", header=header, widths=widths,
+                empty="(no ops in the dispatcher, none declared)")
 
 
-def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_list(args: argparse.Namespace, t: Text) -> int:
     # --live compares with the plan the loaded registry was resolved to: a plan
     # made now would count opregistry's own namespaces, grown by fragments
     # registered outside it since, as held by torch.
     resolved = _live_registry().plan if args.live else _plan()
-    data = _filter(resolved, args)
+    data = report.list_report(resolved, namespaces=args.namespace or (),
+                              backends=args.backend or (), statuses=args.status or ())
     if args.live:
         namespaces = args.namespace or [n["name"] for n in data["namespaces"]]
-        data["live"] = {ns: _live_namespace(ns, resolved) for ns in namespaces}
+        data["live"] = {ns: report.live_namespace(ns, resolved) for ns in namespaces}
     if args.json:
-        _dump(data, out)
+        _dump(data, t.out)
     else:
-        _print_list(data, out)
+        _print_list(data, t)
         if args.live:
-            _print_live(data["live"], out)
+            _print_live(data["live"], t)
     return EXIT_PROBLEMS if resolved.errors else EXIT_OK
 
 
-# -- show ----------------------------------------------------------------------
+# -- show ------------------------------------------------------------------------------
 
 
-def _matching_ops(plan: Plan, name: str) -> list[Any]:
-    exact = [op for op in plan.ops if op.op.qualname == name]
-    if exact:
-        return exact
-    return [op for op in plan.ops if f"{op.op.namespace}::{op.op.name}" == name]
-
-
-def _op_details(plan: Plan, op: Any) -> dict[str, Any]:
-    from .model import describe_ref
-
-    data = op.to_dict()
-    base = f"{op.op.namespace}::{op.op.name}"
-    data["overloads"] = sorted(o.op.overload or "default" for o in plan.ops
-                               if f"{o.op.namespace}::{o.op.name}" == base)
-    data["doc"] = op.op.doc
-    data["entry_point"] = str(op.op.origin) if op.op.origin else None
-    features = {}
-    for feature, key in FEATURE_KEYS.items():
-        k = op.kernel(key)
-        features[feature] = None if k is None else {
-            "kernel": describe_ref(k.kernel.fn), "status": k.status,
-            "distribution": k.kernel.origin.dist if k.kernel.origin else None}
-    data["features"] = features
-    data["problems"] = [p.to_dict() for p in plan.problems if p.op == op.op.qualname]
-    return data
-
-
-def _print_show(data: dict[str, Any], out: TextIO) -> None:
+def _print_show(data: dict[str, Any], t: Text) -> None:
     name = data["name"]
-    out.write(f"{data['schema'].replace(name.split('::')[1], name, 1)}\n")
+    t.line(data["schema"].replace(name.split("::")[1], name, 1), wrap="    ")
+    origin = data["origin"]
+    where = _dist(origin) + (f" (entry point '{origin['entry_point']}' in {origin['group']})"
+                             if origin and origin["entry_point"] else "")
     rows: list[Sequence[Any]] = [
-        ("distribution:", data["entry_point"] or "-"),
+        ("distribution:", where),
         ("defined at:", data["source"] or "-"),
         ("overloads:", ", ".join(data["overloads"])),
         ("mutates:", ", ".join(data["mutates_args"]) or "nothing (functional)"),
@@ -315,152 +366,56 @@ def _print_show(data: dict[str, Any], out: TextIO) -> None:
         rows.append(("doc:", data["doc"]))
     for feature, info in data["features"].items():
         rows.append((f"{feature}:", "no" if info is None else
-                     f"yes, {info['status']} ({info['kernel']} from {info['distribution']})"))
+                     f"yes, {info['status']} ({info['kernel']} from {_dist(info['distribution'])})"))
     rows.append(("samples:", data["samples"] or "none declared (opregistry check skips it)"))
-    _table(rows, out)
-    out.write("\nKernels\n")
-    _table([(k["key"], k["status"], k["kernel"], k["distribution"] or "-", k["backend"] or "-",
-             _kernel_note(k)) for k in data["kernels"]],
-           out, header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE"),
-           empty="(none)")
-    _print_problems(data["problems"], out)
+    t.table(rows)
+    t.line("\nKernels")
+    t.table([(k["key"], k["status"], k["kernel"] or "-", _dist(k["distribution"]),
+              k["backend"] or "-", _kernel_note(k)) for k in data["kernels"]],
+            header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE"), empty="(none)")
+    _print_problems(data["problems"], t)
     live = data.get("live")
     if live is not None:
-        out.write("\nLive dispatcher (torch)\n")
+        t.line("\nLive dispatcher (torch)")
         if not live["in_dispatcher"]:
-            out.write("  not in the dispatcher (see opregistry doctor --live)\n")
+            t.line("  not in the dispatcher (see opregistry doctor --live)")
             return
-        out.write(f"  schema: {live['dispatcher_schema']}\n")
-        _table([(key, where, "yes" if key in live["declared_keys"] else "no")
-                for key, where in sorted(live["dispatcher_keys"].items())],
-               out, header=("KEY", "REGISTERED AT", "DECLARED"))
-        out.write(f"  {_live_note(live)}\n")
+        t.line(f"  schema: {live['dispatcher_schema']}", wrap="    ")
+        t.table([(key, where, "yes" if key in live["declared_keys"] else "no")
+                 for key, where in sorted(live["dispatcher_keys"].items())],
+                header=("KEY", "REGISTERED AT", "DECLARED"))
+        t.line(f"  {_live_note(live)}")
 
 
-def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    if "::" not in args.op:
-        sys.stderr.write(f"opregistry show: {args.op!r} is not an op name; write it as "
-                         f"NAMESPACE::OP (e.g. mylib::foo), see 'opregistry list'\n")
-        return EXIT_USAGE
+def cmd_show(args: argparse.Namespace, t: Text) -> int:
     resolved = _live_registry().plan if args.live else _plan()
-    ops = _matching_ops(resolved, args.op)
-    external = [k for k in resolved.external_kernels if k.kernel.op == args.op]
-    if not ops and external:
-        # a torch op (aten::add.Tensor) that installed packages add kernels to, under policy
-        data = {"name": args.op, "owner": "torch", "kernels": [k.to_dict() for k in external]}
-        if args.json:
-            _dump(data, out)
-        else:
-            out.write(f"{args.op}  [defined by torch; kernels added under OPREGISTRY_ALLOW_OVERRIDE]\n")
-            _table([(k["key"], k["status"], k["kernel"], k["distribution"] or "-",
-                     _kernel_note(k)) for k in data["kernels"]],
-                   out, header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE"))
-        return EXIT_OK
-    if not ops:
-        problems = [p for p in resolved.problems if p.op and p.op.split(".")[0] == args.op.split(".")[0]]
-        namespace = args.op.split("::", 1)[0]
-        known = [op.op.qualname for op in resolved.ops if op.op.namespace == namespace]
-        sys.stderr.write(f"opregistry show: no op {args.op} in the registry.\n")
-        for p in problems:
-            sys.stderr.write(f"  it was left out: {p}\n")
-        if known:
-            sys.stderr.write(f"  ops of namespace {namespace}: {', '.join(known)}\n")
-        elif not problems:
-            sys.stderr.write("  see 'opregistry list' for every op\n")
-        return EXIT_PROBLEMS
-    details = [_op_details(resolved, op) for op in ops]
-    if args.live:
-        live = {row["op"]: row for row in _live_namespace(ops[0].op.namespace, resolved)}
-        for d in details:
+    match = report.find_ops(resolved, args.op)
+    if match.kind not in ("ops", "external"):
+        return _explain_match("show", match)
+    data = report.show_report(resolved, args.op)
+    if args.live and data["ops"]:
+        namespace = data["ops"][0]["name"].split("::")[0]
+        live = {row["op"]: row for row in report.live_namespace(namespace, resolved)}
+        for d in data["ops"]:
             d["live"] = live.get(d["name"])
     if args.json:
-        _dump(details[0] if len(details) == 1 else details, out)
+        _dump(data, t.out)
+    elif data["external_kernels"]:
+        # a torch op (aten::add.Tensor) that installed packages add kernels to, under policy
+        t.line(f"{match.name}  [defined by torch; kernels added under OPREGISTRY_ALLOW_OVERRIDE]")
+        t.table([(k["key"], k["status"], k["kernel"], _dist(k["distribution"]), _kernel_note(k))
+                 for k in data["external_kernels"]],
+                header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE"))
     else:
-        for i, d in enumerate(details):
+        for i, d in enumerate(data["ops"]):
             if i:
-                out.write("\n")
-            _print_show(d, out)
-    return EXIT_PROBLEMS if any(p["severity"] == "error" for d in details for p in d["problems"]) \
-        else EXIT_OK
+                t.line()
+            _print_show(d, t)
+    errors = any(p["severity"] == "error" for d in data["ops"] for p in d["problems"])
+    return EXIT_PROBLEMS if errors else EXIT_OK
 
 
-# -- plugins -------------------------------------------------------------------
-
-
-def _hooks_by_entry_point() -> dict[tuple[str, str, str], list[str]]:
-    """``(group, name, value)`` -> the ``opregistry_*`` hooks its object implements.
-
-    Like ``datasette plugins``: which hooks each plugin implements.  The
-    entry points were loaded by discovery already, so loading them again
-    only looks the objects up in ``sys.modules``.
-    """
-    from .collect import HOOK_GROUPS
-    from .discovery import entry_points
-
-    hooks = {}
-    for group, ep in entry_points():
-        try:
-            obj = ep.load()
-        except Exception:  # reported by discovery already, as a problem of its distribution
-            continue
-        hooks[(group, ep.name, ep.value)] = sorted(
-            name for name in HOOK_GROUPS if callable(getattr(obj, name, None)))
-    return hooks
-
-
-def _plugins(plan: Plan) -> list[dict[str, Any]]:
-    from .discovery import BACKENDS_GROUP
-
-    hooks = _hooks_by_entry_point()
-    # what each entry point contributes, grouped once: not a pass over every op per distribution
-    ops_of: dict[Any, list[str]] = {}
-    for op in plan.ops:
-        ops_of.setdefault(op.op.origin, []).append(op.op.qualname)
-    kernels_of = Counter(k.kernel.origin for k in plan.kernels())
-    namespaces_of: dict[Any, set[str]] = {}
-    for n in plan.namespaces:
-        namespaces_of.setdefault(n.owner, set()).add(f"{n.name} (DEF)")
-        for fragment in n.fragments:
-            namespaces_of.setdefault(fragment, set()).add(f"{n.name} (FRAGMENT)")
-
-    excluded = {o.distribution for o in plan.excluded}
-    problems_of: dict[str, list[str]] = {}
-    for p in plan.problems:
-        if p.severity == "error":
-            for o in p.culprits:
-                problems_of.setdefault(o.distribution, []).append(f"[{p.code}] {p.message}")
-    rows = []
-    for o in plan.distributions:
-        left_out = o.distribution in excluded
-        contributes: dict[str, Any] = {}
-        if o.group == BACKENDS_GROUP:
-            contributes["backends"] = [
-                {"name": b.backend.name, "keys": list(b.backend.keys),
-                 "device_type": b.backend.device_type, "available": b.available}
-                for b in plan.backends if b.backend.origin == o]
-        else:
-            contributes["namespaces"] = sorted(namespaces_of.get(o, ()))
-            contributes["ops"] = ops_of.get(o, [])
-            contributes["kernels"] = kernels_of[o]
-        rows.append({
-            "distribution": o.distribution, "version": o.version, "group": o.group,
-            "entry_point": o.entry_point_spec,
-            "status": "left out" if left_out else "loaded",
-            "reason": "; ".join(problems_of.get(o.distribution, [])) if left_out else "",
-            "contributes": contributes,
-            "hooks": hooks.get((o.group, o.entry_point, o.value), []),
-        })
-    failed = {(o.distribution, o.entry_point) for p in plan.problems for o in p.culprits
-              if p.code.startswith("plugin-")}
-    for s in plan.skipped:
-        o = s.origin
-        rows.append({
-            "distribution": o.distribution, "version": o.version, "group": o.group,
-            "entry_point": o.entry_point_spec,
-            "status": "failed" if (o.distribution, o.entry_point) in failed else "skipped",
-            "reason": s.reason, "contributes": {}, "hooks": [],
-        })
-    return sorted(rows, key=lambda r: (r["group"], r["distribution"], r["entry_point"]))
+# -- plugins ---------------------------------------------------------------------------
 
 
 def _contribution(row: dict[str, Any]) -> str:
@@ -478,89 +433,68 @@ def _contribution(row: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_plugins(args: argparse.Namespace, t: Text) -> int:
     from .discovery import BACKENDS_GROUP, OPS_GROUP
 
-    rows = _plugins(_plan())
+    data = report.plugins_report(_plan())
+    rows = data["plugins"]
     if args.json:
-        _dump(rows, out)
+        _dump(data, t.out)
     else:
+        header = ("DISTRIBUTION", "VERSION", "ENTRY POINT", "STATUS", "CONTRIBUTES / REASON")
+        cells = [(r["distribution"]["name"], r["distribution"]["version"],
+                  r["distribution"]["entry_point"], r["status"], _contribution(r)) for r in rows]
+        widths = t.widths(cells, header)
         for group, title in ((BACKENDS_GROUP, "Backends"), (OPS_GROUP, "Op packages")):
-            mine = [r for r in rows if r["group"] == group]
-            out.write(f"{title} (entry-point group {group})\n")
-            _table([(r["distribution"], r["version"], r["entry_point"], r["status"],
-                     _contribution(r)) for r in mine],
-                   out, header=("DISTRIBUTION", "VERSION", "ENTRY POINT", "STATUS",
-                                "CONTRIBUTES / REASON"), empty="(none)")
-            out.write("\n")
+            t.line(f"{title} (entry-point group {group})")
+            t.table([c for c, r in zip(cells, rows) if r["distribution"]["group"] == group],
+                    header=header, widths=widths, empty="(none)")
+            t.line()
     bad = any(r["status"] in ("failed", "left out") for r in rows)
     return EXIT_PROBLEMS if bad else EXIT_OK
 
 
-# -- doctor --------------------------------------------------------------------
+# -- doctor ----------------------------------------------------------------------------
 
 
-def _findings(plan: Plan, problems: Sequence[Any], include_info: bool) -> list[dict[str, Any]]:
-    found = [p.to_dict() for p in problems if include_info or p.severity != "info"]
-    # Allowed overrides are not errors, but someone's kernel is being replaced:
-    # the user should know, and know how to undo it.
-    for k in plan.kernels():
-        if k.overrides and k.status != "overridden":
-            origin = k.kernel.origin
-            found.append({
-                "code": "kernel-overrides", "severity": "warning",
-                "message": f"{origin} replaces the {k.kernel.key} kernel of {k.kernel.op} "
-                           f"registered by {k.overrides} (allowed by policy)",
-                "hint": "if this is not intended, remove the op or its namespace from "
-                        "OPREGISTRY_ALLOW_OVERRIDE, or block "
-                        f"{origin.distribution if origin else 'the distribution'}",
-                "distributions": [origin.dist] if origin else [], "entry_points": [],
-                "others": [k.overrides], "op": k.kernel.op, "key": k.kernel.key,
-                "namespace": None, "source": k.kernel.source,
-            })
-    return found
-
-
-def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
     if args.live:
         registry = _live_registry(args.imports or ())
         plan, problems = registry.plan, registry.problems
     else:
         plan = _plan()
         problems = plan.problems
-    findings = _findings(plan, problems, args.all)
-    errors = [f for f in findings if f["severity"] == "error"]
-    summary = {
-        "errors": len(errors),
-        "warnings": sum(1 for f in findings if f["severity"] == "warning"),
-        "distributions": len({o.distribution for o in plan.distributions}),
-        "ops": len(plan.ops),
-        "live": bool(args.live),
-    }
+    data = report.doctor_report(plan, problems, include_info=args.all, live=bool(args.live))
+    summary, findings = data["summary"], data["problems"]
+    status = EXIT_PROBLEMS if summary["errors"] else EXIT_OK
     if args.json:
-        _dump({"summary": summary, "problems": findings}, out)
-        return EXIT_PROBLEMS if errors else EXIT_OK
-    out.write(f"opregistry doctor: {summary['errors']} error(s), {summary['warnings']} "
-              f"warning(s) in {summary['distributions']} distribution(s), {summary['ops']} op(s)\n")
+        _dump(data, t.out)
+        return status
+    t.line(f"opregistry doctor: {summary['errors']} error(s), {summary['warnings']} "
+           f"warning(s) in {summary['distributions']} distribution(s), {summary['ops']} op(s)")
     order = {"error": 0, "warning": 1, "info": 2}
     for f in sorted(findings, key=lambda f: order.get(f["severity"], 3)):
-        out.write(f"\n{f['severity'].upper():7} [{f['code']}] {f['message']}\n")
+        t.line()
+        severity = t.paint(f"{f['severity'].upper():7}")
+        t.line(f"{severity} [{f['code']}] {f['message']}", wrap="        ")
         if f["source"]:
-            out.write(f"        at: {f['source']}\n")
+            t.line(f"        at: {f['source']}")
         if f["distributions"]:
-            out.write(f"        distribution(s): {', '.join(f['distributions'])}\n")
+            t.line(f"        distribution(s): {', '.join(map(_dist, f['distributions']))}",
+                   wrap="          ")
         if f["hint"]:
-            out.write(f"        fix: {f['hint']}\n")
+            t.line(f"        fix: {f['hint']}", wrap="          ")
     if not findings:
-        out.write("No problems found.\n")
+        t.line("No problems found.")
     if not args.live:
-        out.write("\nNot checked without torch: namespaces and kernels held by torch outside "
-                  "opregistry (C++ TORCH_LIBRARY), and registration itself. "
-                  "Run 'opregistry doctor --live' for those.\n")
-    return EXIT_PROBLEMS if errors else EXIT_OK
+        t.line()
+        t.line("Not checked without torch: namespaces and kernels held by torch outside "
+               "opregistry (C++ TORCH_LIBRARY), and registration itself. "
+               "Run 'opregistry doctor --live' for those.", wrap="")
+    return status
 
 
-# -- check ---------------------------------------------------------------------
+# -- check -----------------------------------------------------------------------------
 
 
 #: A check's mark in the table; over several samples the worst shows.
@@ -568,7 +502,7 @@ _MARKS = {"skip": "skip", "ok": "ok", "fail": "FAIL"}
 _WORST = list(_MARKS)
 
 
-def _print_check(results: list[Any], out: TextIO) -> None:
+def _print_check(results: list[Any], t: Text) -> None:
     from .checking import GRADCHECK, OPCHECK_UTILS
 
     columns = (*OPCHECK_UTILS, GRADCHECK)
@@ -585,50 +519,80 @@ def _print_check(results: list[Any], out: TextIO) -> None:
             table.append((op, device, cells["_note"], *([""] * (len(columns) - 1))))
         else:
             table.append((op, device, *(_MARKS[cells[c]] if c in cells else "-" for c in columns)))
-    _table(table, out, header=("OP", "DEVICE", *(c.replace("test_", "") for c in columns)))
+    t.table(table, header=("OP", "DEVICE", *(c.replace("test_", "") for c in columns)))
     notes = [r for r in results if r.status == "fail"]
     if notes:
-        out.write("\nFailures\n")
+        t.line("\nFailures")
         for r in notes:
             sample = f", sample {r.sample}" if r.sample is not None else ""
-            out.write(f"  {r.op} on {r.device}{sample}: {r.check} failed: {r.message}\n")
+            t.line(f"  {r.op} on {r.device}{sample}: {r.check} failed: {r.message}",
+                   wrap="      ")
             if r.distribution:
-                out.write(f"      from {r.distribution}\n")
+                t.line(f"      from {r.distribution}")
 
 
-def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+class _Progress:
+    """``check``'s progress on stderr: one line redrawn in place on a terminal, else nothing."""
+
+    def __init__(self, stream: TextIO, quiet: bool) -> None:
+        self.stream = stream
+        self.on = not quiet and _isatty(stream)
+        self.drawn = False
+
+    def __call__(self, text: str) -> None:
+        if not self.on:
+            return
+        import shutil
+
+        width = shutil.get_terminal_size().columns - 1
+        self.stream.write("\r" + text[:width] + "\x1b[K")
+        self.stream.flush()
+        self.drawn = True
+
+    def done(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def cmd_check(args: argparse.Namespace, t: Text) -> int:
     from .checking import run_checks
 
     registry = _live_registry()
-
-    def progress(text: str) -> None:
-        if not args.quiet:
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
-
-    results, unknown = run_checks(registry, args.targets, devices=args.device, progress=progress)
-    if unknown:
-        sys.stderr.write(f"opregistry check: no op or namespace {', '.join(unknown)} in the "
-                         f"registry; see 'opregistry list'\n")
-        return EXIT_USAGE
-    failed = [r for r in results if r.status == "fail"]
-    if args.json:
-        _dump({"ok": not failed, "results": [r.to_dict() for r in results]}, out)
-    else:
-        if not results:
-            out.write("no ops to check\n")
+    targets = []
+    for target in args.targets:
+        match = report.find_target(registry.plan, target)
+        if match.kind == "namespace":
+            targets.append(target)
+        elif match.kind == "ops":
+            targets += [op.op.qualname for op in match.ops]
         else:
-            _print_check(results, out)
-            ops = {r.op for r in results}
-            out.write(f"\n{len(ops)} op(s) checked: "
-                      + (f"{len({r.op for r in failed})} FAILED" if failed else "all passed") + "\n")
-    return EXIT_PROBLEMS if failed else EXIT_OK
+            return _explain_match("check", match)
+    progress = _Progress(sys.stderr, args.quiet)
+    try:
+        results, unknown = run_checks(registry, targets, devices=args.device, progress=progress)
+    finally:
+        progress.done()
+    if unknown:  # resolved above; kept as a guard should checking select otherwise
+        return _usage_error("check", f"no op or namespace {', '.join(unknown)} in the "
+                            f"registry; see 'opregistry list'")
+    data = report.check_report(registry.plan, results)
+    if args.json:
+        _dump(data, t.out)
+    elif not results:
+        t.line("no ops to check")
+    else:
+        _print_check(results, t)
+        failed = {r.op for r in results if r.status == "fail"}
+        t.line(f"\n{len({r.op for r in results})} op(s) checked: "
+               + (f"{len(failed)} {t.paint('FAILED')}" if failed else "all passed"))
+    return EXIT_OK if data["ok"] else EXIT_PROBLEMS
 
 
-# -- lock / verify -------------------------------------------------------------
+# -- lock / verify ---------------------------------------------------------------------
 
 
-def cmd_lock(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_lock(args: argparse.Namespace, t: Text) -> int:
     from .lockfile import write_lock
 
     resolved = _plan()
@@ -637,14 +601,14 @@ def cmd_lock(args: argparse.Namespace, out: TextIO) -> int:
                          f"nothing written. See 'opregistry doctor', or lock what resolves "
                          f"anyway with --force.\n")
         return EXIT_PROBLEMS
-    data = write_lock(resolved, out if args.output == "-" else args.output)
+    data = write_lock(resolved, t.out if args.output == "-" else args.output)
     if args.output != "-":
-        out.write(f"wrote {args.output}: {data['fingerprint']} (torch {data['torch']}, "
-                  f"{len(data['distributions'])} distributions, {len(data['ops'])} ops)\n")
+        t.line(f"wrote {args.output}: {data['fingerprint']} (torch {data['torch']}, "
+               f"{len(data['distributions'])} distributions, {len(data['ops'])} ops)")
     return EXIT_OK
 
 
-def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_verify(args: argparse.Namespace, t: Text) -> int:
     from .errors import LockMismatchError
     from .lockfile import verify_plan
 
@@ -653,30 +617,83 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
         current = verify_plan(args.lockfile, _plan())
     except LockMismatchError as exc:
         if args.json:
-            _dump({"ok": False, "lockfile": args.lockfile, "differences": list(exc.differences),
-                   "error": exc.message}, out)
+            _dump(report.verify_report(args.lockfile, differences=exc.differences,
+                                       error=exc.message), t.out)
         else:
             sys.stderr.write(f"opregistry verify: {exc.message}\n")
         return EXIT_PROBLEMS
     if args.json:
-        _dump({"ok": True, "lockfile": args.lockfile, "fingerprint": current,
-               "differences": []}, out)
+        _dump(report.verify_report(args.lockfile, fingerprint=current), t.out)
     else:
-        out.write(f"{args.lockfile}: OK, this environment resolves the locked registry "
-                  f"({current})\n")
+        t.line(f"{args.lockfile}: OK, this environment resolves the locked registry ({current})")
     return EXIT_OK
 
 
-# -- parser --------------------------------------------------------------------
+# -- help / completion -----------------------------------------------------------------
 
 
-def _add(sub: Any, name: str, func: Callable[..., int], help: str, description: str,
-         json_help: str | None = "machine-readable output") -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=description)
-    if json_help:
-        p.add_argument("--json", action="store_true", help=json_help)
-    p.set_defaults(func=func)
-    return p
+def cmd_help(args: argparse.Namespace, t: Text) -> int:
+    from . import helptopics as topics
+
+    if args.topic is None:
+        t.line("Topics (opregistry help TOPIC; commands: opregistry COMMAND --help):")
+        t.table([(name, topics.summary(name)) for name in topics.names()])
+        t.line(f"\nThe whole documentation: {DOCS_URL}")
+        return EXIT_OK
+    if args.topic in _COMMANDS:
+        try:
+            build_parser().parse_args([args.topic, "--help"])
+        except SystemExit:  # argparse's --help prints, then exits 0
+            return EXIT_OK
+    if args.topic not in topics.names():
+        close = difflib.get_close_matches(args.topic, [*topics.names(), *_COMMANDS], n=2)
+        return _usage_error("help", f"no topic {args.topic!r};{_did_you_mean(close)} "
+                            f"'opregistry help' lists them")
+    t.out.write(topics.text(args.topic))
+    t.line(f"\n(from {DOCS_URL}{topics.page(args.topic)})")
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace, t: Text) -> int:
+    from . import completion
+
+    if args.names:  # what the scripts ask for op names: no torch, read declarations
+        for name in completion.op_names(_plan()):
+            t.out.write(name + "\n")
+        return EXIT_OK
+    if args.shell is None:
+        return _usage_error("completion", "name a shell: bash, zsh or fish")
+    t.out.write(completion.script(args.shell, build_parser()))
+    return EXIT_OK
+
+
+# -- parser ----------------------------------------------------------------------------
+
+_COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "help",
+             "completion")
+
+
+def _global_options(parser: argparse.ArgumentParser, *, sub: bool) -> None:
+    """Options every command takes, before or after its name.
+
+    On a subcommand they default to SUPPRESS, so that one given before the
+    command is not reset by the subparser.
+    """
+    default = {"default": argparse.SUPPRESS} if sub else {}
+    parser.add_argument("-v", "--verbose", action="count", help="log more (repeatable)",
+                        **(default or {"default": 0}))
+    parser.add_argument("--wide", action="store_true",
+                        help="do not fit text to the terminal width", **default)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("opregistry")
+    except PackageNotFoundError:  # running from a source tree
+        mine = "unknown"
+    return f"opregistry {mine} (python {sys.version.split()[0]})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -685,21 +702,35 @@ def build_parser() -> argparse.ArgumentParser:
         prog="opregistry",
         description="See and check the PyTorch custom operators that installed packages "
         "contribute through opregistry.",
-        epilog="Exit status: 0 healthy, 1 problems found, 2 bad usage. list, show, plugins, "
+        epilog="Exit status: 0 healthy, 1 problems found, 2 usage error. list, show, plugins, "
         "doctor, lock and verify do not import torch; check and --live do. "
-        "OPREGISTRY_PLUGINS / OPREGISTRY_BLOCK scope every command.",
+        "OPREGISTRY_PLUGINS / OPREGISTRY_BLOCK scope every command. "
+        f"Topics: opregistry help. Documentation: {DOCS_URL}",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
+    parser.add_argument("--version", action="version", version=_version())
+    _global_options(parser, sub=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, sub=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = _add(sub, "list", cmd_list,
-             "backends, namespaces, ops and kernels, without importing torch",
-             "Show the resolved registry: backends (distribution, version, device type, "
-             "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
-             "per dispatch key with their status (active, inactive with the package that would "
-             "activate it, unavailable, overridden, conflict) and the distribution they came from. "
-             "Does not import torch unless --live.")
+    def add(name: str, func: Callable[..., int], help: str, description: str,
+            json_help: str | None = "machine-readable output") -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description, parents=[common])
+        if json_help:
+            p.add_argument("--json", action="store_true", help=json_help)
+        p.set_defaults(func=func)
+        return p
+
+    names_help = ("an op: NS::OP[.OVERLOAD], NS.OP, torch.ops.NS.OP, or OP alone when only "
+                  "one namespace has it")
+    p = add("list", cmd_list,
+            "backends, namespaces, ops and kernels, without importing torch",
+            "Show the resolved registry: backends (distribution, version, device type, "
+            "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
+            "per dispatch key with their status (active, inactive with the package that would "
+            "activate it, unavailable, overridden, conflict) and the distribution they came "
+            "from. Does not import torch unless --live.")
     p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
     p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")
     p.add_argument("-s", "--status", action="append", choices=STATUSES,
@@ -708,79 +739,114 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show what torch's dispatcher holds for each namespace, ops "
                    "registered outside opregistry included (imports torch)")
 
-    p = _add(sub, "show", cmd_show, "one op in full: schema, kernels, origins, samples",
-             "Show one op: schema, overloads, mutated arguments, tags, each kernel with its "
-             "origin (module:function and distribution), fake / autograd / vmap presence and "
-             "the sample inputs declared for 'opregistry check'.")
-    p.add_argument("op", metavar="NS::OP", help="the op, e.g. mylib::foo or mylib::foo.out")
+    p = add("show", cmd_show, "one op in full: schema, kernels, origins, samples",
+            "Show one op: schema, overloads, mutated arguments, tags, each kernel with its "
+            "origin (module:function and distribution), fake / autograd / vmap presence and "
+            "the sample inputs declared for 'opregistry check'. Exit 2 if OP names no op, or "
+            "ops of several namespaces (they are listed).")
+    p.add_argument("op", metavar="OP", help=names_help)
     p.add_argument("--live", action="store_true",
                    help="also show the dispatcher's schema and kernels for it (imports torch)")
 
-    _add(sub, "plugins", cmd_plugins,
-         "discovered distributions, what each contributes, and those skipped",
-         "List every distribution found in the entry-point groups opregistry.backends and "
-         "opregistry.ops: version, entry point, what it contributes (with --json: the hooks it "
-         "implements), and those skipped or left out (blocked, not allowed, failed to import, "
-         "conflicting) with the reason. Exit 1 if any failed or was left out.")
+    add("plugins", cmd_plugins,
+        "discovered distributions, what each contributes, and those skipped",
+        "List every distribution found in the entry-point groups opregistry.backends and "
+        "opregistry.ops: version, entry point, what it contributes (with --json: the hooks it "
+        "implements), and those skipped or left out (blocked, not allowed, failed to import, "
+        "conflicting) with the reason. Exit 1 if any failed or was left out.")
 
-    p = _add(sub, "doctor", cmd_doctor, "every problem, with what to do",
-             "Report every problem: conflicts, broken plugins, ops without a fake kernel "
-             "(torch.compile / torch.export will fail on them), ops without an active kernel, "
-             "kernels that override another distribution's or torch's own. Each with what to "
-             "do. Exit 1 if there is an error. Without torch; --live also checks against "
-             "torch's dispatcher.")
+    p = add("doctor", cmd_doctor, "every problem, with what to do",
+            "Report every problem: conflicts, broken plugins, ops without a fake kernel "
+            "(torch.compile / torch.export will fail on them), ops without an active kernel, "
+            "kernels that override another distribution's or torch's own. Each with what to "
+            "do. Exit 1 if there is an error. Without torch; --live also checks against "
+            "torch's dispatcher.")
     p.add_argument("--live", action="store_true",
                    help="import torch and load the registry: also finds namespaces and kernels "
                    "held by torch outside opregistry (C++ TORCH_LIBRARY) and registration failures")
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
                    help="with --live: import this module (e.g. a C++ extension) before the "
                    "registry is resolved, so that its namespaces are checked (repeatable)")
-    p.add_argument("-a", "--all", action="store_true", help="also show notes (e.g. ops without vmap)")
+    p.add_argument("-a", "--all", action="store_true",
+                   help="also show notes (e.g. ops without vmap)")
 
-    p = _add(sub, "check", cmd_check, "run opcheck and gradcheck over every op's sample inputs",
-             "Load the registry into torch and run torch.library.opcheck (test_schema, "
-             "test_autograd_registration, test_faketensor, test_aot_dispatch_dynamic) over each "
-             "op's sample inputs on every available device with an active kernel, and "
-             "torch.autograd.gradcheck where an Autograd kernel is active. Progress goes to "
-             "stderr, a table to stdout. Exit 1 on any failure. Imports torch.")
-    p.add_argument("targets", nargs="*", metavar="NS|NS::OP",
-                   help="namespaces or ops to check (default: all)")
+    p = add("check", cmd_check, "run opcheck and gradcheck over every op's sample inputs",
+            "Load the registry into torch and run torch.library.opcheck (test_schema, "
+            "test_autograd_registration, test_faketensor, test_aot_dispatch_dynamic) over each "
+            "op's sample inputs on every available device with an active kernel, and "
+            "torch.autograd.gradcheck where an Autograd kernel is active. A table goes to "
+            "stdout; progress is redrawn on stderr when it is a terminal. Exit 1 on any "
+            "failure, 2 if a target names nothing. Imports torch.")
+    p.add_argument("targets", nargs="*", metavar="TARGET",
+                   help="namespaces or ops to check, ops named as for 'show' (default: all)")
     p.add_argument("-d", "--device", action="append",
                    help="only this device type (repeatable; default: every available one)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
-    p = _add(sub, "lock", cmd_lock, "write a lockfile of the resolved registry",
-             "Write the resolved registry (torch version, distributions and versions, backends, "
-             "namespaces, ops "
-             "and schemas, kernel origins and status) with its sha256 fingerprint as JSON. "
-             "Refuses when the registry has errors, unless --force. Does not import torch.",
-             json_help=None)
+    p = add("lock", cmd_lock, "write a lockfile of the resolved registry",
+            "Write the resolved registry (torch version, distributions and versions, backends, "
+            "namespaces, ops and schemas, kernel origins and status) with its sha256 "
+            "fingerprint as JSON. Refuses when the registry has errors, unless --force. Does "
+            "not import torch.", json_help=None)
     p.add_argument("-o", "--output", default=DEFAULT_LOCKFILE, metavar="FILE",
                    help=f"where to write it; '-' for stdout (default: {DEFAULT_LOCKFILE})")
     p.add_argument("--force", action="store_true", help="lock even if the registry has errors")
 
-    p = _add(sub, "verify", cmd_verify, "compare this environment with a lockfile",
-             "Check that this environment resolves the registry recorded in LOCKFILE, and "
-             "explain every difference (other torch version, missing distribution, other "
-             "version, other schema, other kernel origin). Exit 1 on any difference. Does not import torch. The Python "
-             "equivalent is opregistry.verify_lock(path).")
+    p = add("verify", cmd_verify, "compare this environment with a lockfile",
+            "Check that this environment resolves the registry recorded in LOCKFILE, and "
+            "explain every difference (other torch version, missing distribution, other "
+            "version, other schema, other kernel origin). Exit 1 on any difference. Does not "
+            "import torch. The Python equivalent is opregistry.verify_lock(path).")
     p.add_argument("lockfile", nargs="?", default=DEFAULT_LOCKFILE, metavar="LOCKFILE",
                    help=f"the lockfile (default: {DEFAULT_LOCKFILE})")
+
+    p = add("help", cmd_help, "a help topic, from the documentation",
+            "Print a help topic (a section of the documentation, shipped with opregistry), "
+            "or list the topics. 'opregistry help COMMAND' is 'opregistry COMMAND --help'.",
+            json_help=None)
+    p.add_argument("topic", nargs="?", metavar="TOPIC", help="the topic (default: list them)")
+
+    p = add("completion", cmd_completion, "a shell completion script",
+            "Print the completion script for SHELL. bash: add 'eval \"$(opregistry completion "
+            "bash)\"' to ~/.bashrc; zsh: the same line in ~/.zshrc; fish: 'opregistry "
+            "completion fish | source' in ~/.config/fish/config.fish.", json_help=None)
+    p.add_argument("shell", nargs="?", choices=("bash", "zsh", "fish"), metavar="SHELL",
+                   help="bash, zsh or fish")
+    p.add_argument("--names", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def _mistyped_command(argv: Sequence[str]) -> str | None:
+    """The message for an unknown command, with what was probably meant."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words or words[0] in _COMMANDS or any(a in ("-h", "--help", "--version")
+                                                  for a in argv[:argv.index(words[0])]):
+        return None
+    close = difflib.get_close_matches(words[0], _COMMANDS, n=2)
+    return (f"opregistry: unknown command {words[0]!r};{_did_you_mean(close)} "
+            f"commands: {', '.join(_COMMANDS)}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
-    _configure_logging(args.verbose)
+    mistyped = _mistyped_command(argv)
+    if mistyped:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write(mistyped)
+        return EXIT_USAGE
     try:
-        return int(args.func(args, sys.stdout) or 0)
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or argparse's usage error (2)
+        return int(exc.code or 0)
+    _configure_logging(args.verbose)
+    out = Text(sys.stdout, _width(args, sys.stdout), _color(sys.stdout))
+    try:
+        return int(args.func(args, out) or 0)
     except BrokenPipeError:
         # `opregistry list | head` closed the pipe: not an error of ours.  Point
         # stdout at devnull so the interpreter's final flush does not raise again.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -38,7 +39,7 @@ def test_list_json_does_not_import_torch():
     names = {op["name"] for op in data["ops"]}
     assert {"tutorial::numpy_sin", "tutorial::muladd", "tutorial::add_out"} <= names
     backends = {b["name"]: b for b in data["backends"]}
-    assert backends["cpu"]["distribution"] == "opregistry-cpu"
+    assert backends["cpu"]["distribution"] == {"name": "opregistry-cpu", "version": "0.1.0"}
 
 
 def test_list_table_shows_origin_and_status(capsys):
@@ -73,12 +74,14 @@ def cli_json(capsys, *argv: str) -> tuple[int, object]:
     return rc, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("command", ["list", "plugins", "doctor", "lock", "verify"])
+@pytest.mark.parametrize("command", ["list", "plugins", "doctor", "lock", "verify", "show",
+                                     "help", "completion"])
 def test_command_does_not_import_torch(command, tmp_path):
-    """list, plugins, doctor, lock and verify run in a process where torch is never imported."""
+    """list, show, plugins, doctor, lock, verify, help, completion never import torch."""
     lockfile = tmp_path / "opregistry.lock"
-    argv = {"lock": ["lock", "-o", str(lockfile)], "verify": ["verify", str(lockfile)]}.get(
-        command, [command])
+    argv = {"lock": ["lock", "-o", str(lockfile)], "verify": ["verify", str(lockfile)],
+            "show": ["show", "muladd"], "help": ["help", "names"],
+            "completion": ["completion", "--names"]}.get(command, [command])
     prepare = f"main(['lock', '-o', {str(lockfile)!r}])\n" if command == "verify" else ""
     code = (
         "import sys, io, contextlib\n"
@@ -166,7 +169,7 @@ def test_doctor_finds_each_conflict(scenario, dists, ns, scoped, capsys):
     assert rc == 1
     found = [p for p in data["problems"] if p["code"] == code]
     assert found, [p["code"] for p in data["problems"]]
-    assert {d.split("==")[0] for p in found for d in p["distributions"]} == culprits
+    assert {d["name"] for p in found for d in p["distributions"]} == culprits
     assert all(p["hint"] for p in found)
     assert data["summary"]["errors"] >= 1
     # the table says the same, with what to do
@@ -187,7 +190,8 @@ def test_list_shows_refused_kernels_as_conflict(dists, ns, scoped, capsys):
     [op] = data["ops"]
     [row] = op["kernels"]
     assert (row["key"], row["status"]) == ("CPU", "conflict")
-    assert row["distribution"].startswith(f"{intruder}==1.0") and "kernel-conflict" in row["reason"]
+    assert row["distribution"] == {"name": intruder, "version": "1.0"}
+    assert "kernel-conflict" in row["reason"]
     assert main(["list", "-n", ns]) == 1
     assert re.search(r"CPU\s+conflict\s+-\s+intruder==1.0", capsys.readouterr().out)
 
@@ -204,8 +208,8 @@ def test_doctor_warns_about_missing_fake_and_allowed_override(dists, ns, scoped,
     codes = {p["code"]: p for p in data["problems"]}
     assert "torch.compile" in codes["op-no-fake"]["message"]
     override = codes["kernel-overrides"]
-    assert override["distributions"] == [f"{patch}==1.0"]
-    assert override["others"][0].startswith("owner==1.0")
+    assert [(d["name"], d["version"]) for d in override["distributions"]] == [(patch, "1.0")]
+    assert override["others"][0]["name"].startswith("owner")
     assert "OPREGISTRY_ALLOW_OVERRIDE" in override["hint"]
 
 
@@ -225,7 +229,7 @@ def test_doctor_live_finds_namespace_held_by_torch(dists, ns, scoped, capsys):
         rc, data = cli_json(capsys, "doctor", "--live", "--import", ext)
         assert rc == 1 and data["summary"]["live"] is True, data
         [problem] = [p for p in data["problems"] if p["code"] == "namespace-held-by-torch"]
-        assert problem["distributions"] == [f"{clash}==1.0"]
+        assert [d["name"] for d in problem["distributions"]] == [clash]
         assert "FRAGMENT" in problem["hint"]
     finally:
         sys.modules[ext].lib._destroy()
@@ -237,8 +241,9 @@ def test_show_one_op(dists, ns, scoped, capsys):
                 "fake='KMOD:fake', tags=['pt2_compliant_tag'], samples='KMOD:clone', doc='hi')\n"
                 "lib.define('foo.twice(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:twice'})\n")
     scoped()
-    rc, data = cli_json(capsys, "show", f"{ns}::foo")
-    assert rc == 0
+    rc, shown = cli_json(capsys, "show", f"{ns}::foo")
+    assert rc == 0 and shown["format_version"] == 1
+    [data] = shown["ops"]
     assert data["schema"] == "foo(Tensor x) -> Tensor" and data["overloads"] == ["default", "twice"]
     assert data["features"]["fake"]["kernel"] == f"{ns}_kernels:fake"
     assert data["features"]["autograd"] is None
@@ -259,22 +264,23 @@ def test_show_a_torch_op_with_a_kernel_added_under_policy(dists, ns, scoped, mon
     scoped()
     monkeypatch.setenv("OPREGISTRY_ALLOW_OVERRIDE", "aten")
     rc, data = cli_json(capsys, "show", "aten::add.Tensor")
-    assert rc == 0 and data["owner"] == "torch"
-    [kernel] = data["kernels"]
+    assert rc == 0 and data["ops"] == []
+    [kernel] = data["external_kernels"]
     assert (kernel["key"], kernel["kernel"], kernel["distribution"]) == (
-        "CPU", f"{ns}_k:sub", f"{patch}==1.0")
-    assert kernel["overrides"] == "torch"
+        "CPU", f"{ns}_k:sub", {"name": patch, "version": "1.0"})
+    assert kernel["overrides"]["name"] == "torch"
 
 
 def test_show_unknown_or_left_out_op(dists, ns, scoped, capsys):
     op_dist(dists, "dist-a", ns, define("foo"))
     op_dist(dists, "dist-b", ns, define("bar"))
     scoped()
-    assert main(["show", f"{ns}::foo"]) == 1
+    assert main(["show", f"{ns}::foo"]) == 1  # declared, but left out: a problem
     err = capsys.readouterr().err
-    assert f"no op {ns}::foo" in err
-    assert main(["show", "foo"]) == 2
-    assert "NAMESPACE::OP" in capsys.readouterr().err
+    assert f"{ns}::foo is not in the registry: it was left out" in err
+    assert "namespace-conflict" in err
+    assert main(["show", f"{ns}x::nope"]) == 2  # nobody declared it: a usage error
+    assert f"no op {ns}x::nope in the registry" in capsys.readouterr().err
 
 
 def test_plugins_shows_contributions_and_skipped(dists, ns, scoped, monkeypatch, capsys):
@@ -284,9 +290,9 @@ def test_plugins_shows_contributions_and_skipped(dists, ns, scoped, monkeypatch,
     boom = dists.make("boom", ops={"ops": f"{mod}:lib"}, modules={mod: "raise RuntimeError('kaput')\n"})
     scoped()
     monkeypatch.setenv("OPREGISTRY_BLOCK", blocked)
-    rc, rows = cli_json(capsys, "plugins")
+    rc, data = cli_json(capsys, "plugins")
     assert rc == 1  # boom failed
-    by = {r["distribution"]: r for r in rows}
+    by = {r["distribution"]["name"]: r for r in data["plugins"]}
     assert by[good]["status"] == "loaded"
     assert by[good]["contributes"]["ops"] == [f"{ns}::foo"]
     assert by[good]["contributes"]["namespaces"] == [f"{ns} (DEF)"]
@@ -370,7 +376,7 @@ def test_help_names_every_command():
 # -- docs/cli.md -----------------------------------------------------------------
 
 CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
-COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify")
+COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "help", "completion")
 
 
 def doc_blocks(lang: str) -> list[str]:
@@ -399,9 +405,15 @@ def test_cli_reference_is_the_real_help():
             f"{real_help(command)}")
 
 
+def doc_block(lang: str, contains: str) -> str:
+    """The one ``lang`` block of docs/cli.md that contains ``contains``."""
+    [block] = [b for b in doc_blocks(lang) if contains in b]
+    return block
+
+
 def test_cli_doc_lockfile_example_runs(tmp_path):
     """The verify_lock example of docs/cli.md runs and prints what the page says."""
-    [example, _] = doc_blocks("python")
+    example = doc_block("python", "verify_lock")
     proc = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr
@@ -409,6 +421,28 @@ def test_cli_doc_lockfile_example_runs(tmp_path):
     assert lines[0].startswith("registry sha256:")
     assert "distribution opregistry-vmap==0.1.0: in the lockfile, missing from this environment" in lines
     assert (tmp_path / "opregistry.lock").exists()
+
+
+def test_cli_doc_report_example_runs(tmp_path):
+    """The opregistry.report example of docs/cli.md prints the lines the page shows."""
+    code = doc_block("python", "from opregistry import report")
+    expected = doc_block("text", "fake kernel:")
+    env = {**os.environ, "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, "tutorial-ops"])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == expected.splitlines()
+
+
+def test_report_functions_are_what_json_prints(capsys):
+    """`list`, `plugins` and `doctor --json` print the report module's dicts, nothing else."""
+    from opregistry import plan, report
+
+    current = plan()
+    for argv, data in ((["list"], report.list_report(current)),
+                       (["plugins"], report.plugins_report(current)),
+                       (["doctor"], report.doctor_report(current))):
+        assert cli_json(capsys, *argv)[1] == json.loads(json.dumps(data, default=str))
 
 
 def is_part_of(excerpt: object, whole: object) -> bool:
@@ -421,7 +455,7 @@ def is_part_of(excerpt: object, whole: object) -> bool:
 
 def test_cli_doc_lockfile_excerpt_is_real(capsys):
     """The JSON excerpt in docs/cli.md is part of what `opregistry lock -o -` writes here."""
-    [excerpt] = [json.loads(b) for b in doc_blocks("json")]
+    excerpt = json.loads(doc_block("json", "lock_version"))
     assert main(["lock", "-o", "-"]) == 0
     locked = json.loads(capsys.readouterr().out)
     assert is_part_of(excerpt, locked)
@@ -431,7 +465,7 @@ def test_cli_doc_lockfile_excerpt_is_real(capsys):
 @pytest.mark.slow
 def test_cli_doc_torchrun_example_runs(tmp_path):
     """check_ranks.py of docs/cli.md under torchrun, 2 ranks on the loopback: both agree."""
-    [_, script] = doc_blocks("python")
+    script = doc_block("python", "verify_consistent")
     (tmp_path / "check_ranks.py").write_text(script)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo",
            "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, "tutorial-ops"])}
@@ -459,3 +493,320 @@ def test_list_into_a_closed_pipe_is_quiet():
     assert proc.wait(timeout=60) == 0, err
     assert first.startswith(b"Backends")
     assert "BrokenPipeError" not in err and "Traceback" not in err
+
+
+# -- issue 17: one command line, one JSON, text that fits ------------------------------------
+
+
+class Tty(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_version_and_global_options_before_or_after_the_command(capsys):
+    """--version exits 0; -v and --wide work before and after the command."""
+    proc = run("-m", "opregistry", "--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("opregistry "), proc.stderr
+    for argv in (["-v", "list", "--json"], ["list", "-v", "--json"], ["list", "--wide", "-v"],
+                 ["--wide", "doctor"]):
+        assert main(argv) == 0, argv
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv, meant", [(["lsit"], "'list'"), (["doctr", "-a"], "'doctor'"),
+                                         (["-v", "plugin"], "'plugins'")])
+def test_mistyped_command_gets_a_suggestion(argv, meant, capsys):
+    assert main(argv) == 2
+    assert f"did you mean {meant}?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spelling", ["muladd", "tutorial::muladd", "tutorial.muladd",
+                                      "torch.ops.tutorial.muladd",
+                                      "torch.ops.tutorial.muladd.default"])
+def test_show_accepts_every_spelling_of_an_op(spelling, capsys):
+    rc, data = cli_json(capsys, "show", spelling)
+    assert rc == 0
+    assert [op["name"] for op in data["ops"]] == ["tutorial::muladd"]
+
+
+def test_an_ambiguous_name_lists_its_candidates(dists, ns, scoped, capsys):
+    """`foo` defined by two namespaces: show and check refuse it, naming both; exit 2."""
+    op_dist(dists, "one", ns, define("foo"))
+    op_dist(dists, "two", f"{ns}b", define("foo"))
+    scoped()
+    assert main(["show", "foo"]) == 2
+    err = capsys.readouterr().err
+    assert f"{ns}::foo" in err and f"{ns}b::foo" in err and "ambiguous" in err
+    assert main(["check", "foo", "-q"]) == 2
+    assert f"{ns}b::foo" in capsys.readouterr().err
+    assert main(["show", f"{ns}b.foo", "--json"]) == 0  # unambiguous once qualified
+
+
+def test_unknown_op_is_a_usage_error_with_a_suggestion(capsys):
+    """show and check agree: an op nobody declared exits 2, with the closest name."""
+    for argv in (["show", "tutorial::muladd_"], ["check", "tutorial::muladd_", "-q"]):
+        assert main(argv) == 2, argv
+        assert "did you mean 'tutorial::muladd'?" in capsys.readouterr().err
+    assert main(["show", "torch.ops.tutorial.mulad"]) == 2
+    assert "did you mean 'tutorial::muladd'?" in capsys.readouterr().err
+
+
+def doc_table(heading: str) -> list[list[str]]:
+    """The rows of the first markdown table after ``heading`` in docs/cli.md."""
+    lines = CLI_DOC.read_text().split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[start + 2:end]]
+
+
+def test_exit_status_table_is_the_code_and_every_command_follows_it(tmp_path, capsys):
+    """docs/cli.md's exit status table is cli.EXIT_CODES; usage errors of every kind exit 2."""
+    from opregistry.cli import EXIT_CODES
+
+    assert {int(code): meaning for code, meaning in doc_table("### Exit status")} == EXIT_CODES
+    for argv in (["nope"], ["list", "--no-such-option"], ["list", "-s", "bogus"],
+                 ["show", "nosuch::op"], ["check", "nosuch::op", "-q"], ["help", "nosuch"],
+                 ["completion", "tcsh"], ["completion"]):
+        assert main(argv) == 2, argv
+    capsys.readouterr()
+
+
+# The JSON schema of docs/cli.md, and a validator for it
+
+
+def doc_schemas() -> dict[str, object]:
+    text = CLI_DOC.read_text()
+    found = re.findall(r"^<!-- schema: (\w+) -->\n```json\n(.*?)^```$", text, re.S | re.M)
+    return {name: json.loads(body) for name, body in found}
+
+
+def schema_errors(value: object, schema: object, types: dict, where: str = "$") -> list[str]:
+    """Where ``value`` differs from ``schema`` (the notation of docs/cli.md, JSON output)."""
+    if isinstance(schema, str):
+        nullable = schema.endswith("?")
+        kind = schema.rstrip("?")
+        if value is None:
+            return [] if nullable or kind == "any" else [f"{where}: null, expected {schema}"]
+        if kind in types:
+            return schema_errors(value, types[kind], types, where)
+        expected = {"string": str, "int": int, "bool": bool, "any": object}[kind]
+        ok = isinstance(value, expected) and not (kind == "int" and isinstance(value, bool))
+        return [] if ok else [f"{where}: {value!r} is not {kind}"]
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return [f"{where}: {type(value).__name__}, expected a list"]
+        return [e for i, v in enumerate(value) for e in schema_errors(v, schema[0], types,
+                                                                      f"{where}[{i}]")]
+    assert isinstance(schema, dict)
+    if not isinstance(value, dict):
+        return [f"{where}: {type(value).__name__}, expected an object"]
+    if "*" in schema:
+        return [e for k, v in value.items() for e in schema_errors(v, schema["*"], types,
+                                                                   f"{where}.{k}")]
+    keys = {k.rstrip("?"): k for k in schema}
+    errors = [f"{where}: unexpected key {k!r}" for k in value if k not in keys]
+    errors += [f"{where}: missing key {k!r}" for k, spelled in keys.items()
+               if k not in value and not spelled.endswith("?")]
+    return errors + [e for k, v in value.items() if k in keys
+                     for e in schema_errors(v, schema[keys[k]], types, f"{where}.{k}")]
+
+
+def test_json_schema_validator_bites():
+    """The validator refuses the old shapes: plugins as a list, a distribution as a string."""
+    schemas = doc_schemas()
+    types = schemas["types"]
+    assert schema_errors([], schemas["plugins"], types)
+    assert schema_errors({"format_version": 1, "summary": {}, "problems": []},
+                         schemas["doctor"], types)
+    kernel = {"op": "a::b", "key": "CPU", "status": "active", "kernel": "m:f",
+              "setup_context": None, "backend": "cpu", "reason": "", "override": False,
+              "overrides": None, "distribution": {"name": "a", "version": "1"}}
+    assert not schema_errors(kernel, "kernel", types)
+    assert schema_errors({**kernel, "distribution": "a==1"}, "kernel", types)
+
+
+NAME_EQ_VERSION = re.compile(r"^[A-Za-z0-9_.-]+==[A-Za-z0-9_.+!-]+$")
+
+
+def bare_distributions(value: object) -> list[str]:
+    """Every string of ``value`` that is a distribution spelled ``name==version``."""
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in bare_distributions(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in bare_distributions(v)]
+    return [value] if isinstance(value, str) and NAME_EQ_VERSION.match(value) else []
+
+
+def test_every_command_json_matches_the_documented_schema(dists, ns, scoped, monkeypatch,
+                                                          tmp_path, capsys):
+    """Real output of every --json command (overrides, refusals, a failed plugin included)."""
+    op_dist(dists, "owner", ns, define("foo"))
+    op_dist(dists, "patch", ns, f"lib.impl('{ns}::foo', 'cpu', 'KMOD:twice', override=True)\n",
+            kind="IMPL")
+    op_dist(dists, "intruder", ns, f"lib.impl('{ns}::foo', 'meta', 'KMOD:twice')\n"
+            f"lib.impl('{ns}::foo', 'meta', 'KMOD:clone')\n", kind="IMPL")
+    mod = f"boom_{ns}"
+    dists.make("boom", ops={"ops": f"{mod}:lib"}, modules={mod: "raise RuntimeError('kaput')\n"})
+    scoped()
+    monkeypatch.setenv("OPREGISTRY_ALLOW_OVERRIDE", ns)
+    schemas = doc_schemas()
+    types = schemas.pop("types")
+    lockfile = tmp_path / "reg.lock"
+    assert main(["lock", "-o", str(lockfile), "--force"]) in (0, 1)
+    capsys.readouterr()
+    outputs = {
+        "list": cli_json(capsys, "list")[1],
+        "list --live": cli_json(capsys, "list", "--live", "-n", ns)[1],
+        "show": cli_json(capsys, "show", f"{ns}::foo")[1],
+        "show --live": cli_json(capsys, "show", "--live", f"{ns}::foo")[1],
+        "plugins": cli_json(capsys, "plugins")[1],
+        "doctor": cli_json(capsys, "doctor", "-a")[1],
+        "check": cli_json(capsys, "check", ns, "-q")[1],
+        "verify": cli_json(capsys, "verify", str(lockfile))[1],
+        "verify (differs)": cli_json(capsys, "verify", str(tmp_path / "missing.lock"))[1],
+    }
+    assert outputs["list"]["ops"][0]["kernels"], "the scenario lists kernels"
+    assert any(k["overrides"] for op in outputs["list"]["ops"] for k in op["kernels"])
+    assert any(p["others"] for p in outputs["doctor"]["problems"])
+    assert {p["status"] for p in outputs["plugins"]["plugins"]} >= {"loaded", "failed"}
+    assert set(schemas) == {"list", "show", "plugins", "doctor", "check", "verify"}
+    for label, data in outputs.items():
+        assert data["format_version"] == 1, label
+        assert schema_errors(data, schemas[label.split()[0]], types) == [], label
+        assert bare_distributions(data) == [], f"{label}: a distribution as 'name==version'"
+
+
+# Text output
+
+
+def kernel_columns(text: str) -> set[tuple[int, int]]:
+    """Where the STATUS and KERNEL columns start on each kernel row of `list`."""
+    starts = set()
+    for line in text.splitlines():
+        m = re.match(r"^ {6}(\S+ +)(\S+ +)\S", line)
+        if m:
+            starts.add((6 + len(m.group(1)), 6 + len(m.group(1)) + len(m.group(2))))
+    return starts
+
+
+def test_list_columns_line_up_across_ops(capsys):
+    assert main(["list"]) == 0
+    starts = kernel_columns(capsys.readouterr().out)
+    assert len(starts) == 1, starts
+
+
+def test_text_fits_the_terminal_width_unless_wide():
+    env = {**os.environ, "COLUMNS": "70"}
+    narrow = run("-m", "opregistry", "list", env=env)
+    assert narrow.returncode == 0, narrow.stderr
+    assert max(map(len, narrow.stdout.splitlines())) <= 70
+    assert "tutorial::muladd(Tensor a, Tensor b, float c) -> Tensor" in narrow.stdout
+    wide = run("-m", "opregistry", "list", "--wide", env=env)
+    assert max(map(len, wide.stdout.splitlines())) > 70
+    env.pop("COLUMNS")
+    piped = run("-m", "opregistry", "list", env=env)  # a pipe, no COLUMNS: whole lines
+    assert piped.stdout == wide.stdout
+
+
+def test_color_on_a_terminal_only_and_never_with_no_color(dists, ns, scoped, monkeypatch):
+    op_dist(dists, "dist-a", ns, define("foo"))
+    op_dist(dists, "dist-b", ns, define("bar"))
+    scoped()
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    for env, colored in ((None, True), ("1", False)):
+        if env:
+            monkeypatch.setenv("NO_COLOR", env)
+        tty = Tty()
+        monkeypatch.setattr(sys, "stdout", tty)
+        assert main(["doctor"]) == 1
+        assert ("\x1b[" in tty.getvalue()) is colored
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.delenv("NO_COLOR")
+    assert main(["doctor"]) == 1
+    assert "\x1b[" not in sys.stdout.getvalue()
+
+
+def test_check_progress_is_redrawn_on_a_terminal_and_silent_otherwise(dists, ns, scoped,
+                                                                       monkeypatch, capsys):
+    op_dist(dists, "quiet", ns, define("foo") + define("bar"))
+    scoped()
+    assert main(["check", ns]) == 0
+    assert capsys.readouterr().err == ""  # stderr is not a terminal: no progress at all
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(["check", ns]) == 0
+    progress = tty.getvalue()
+    assert progress.count("\r") >= 3 and "\n" not in progress, repr(progress)
+    assert f"{ns}::foo" in progress and progress.endswith("\r\x1b[K")
+
+
+# help topics and completion
+
+
+def test_help_topics_are_the_docs_sections():
+    """opregistry/help/*.md is what docs/ marks as topics (regenerate: python -m opregistry.helptopics)."""
+    from opregistry import helptopics
+
+    fresh = helptopics.generate(CLI_DOC.parent)
+    shipped = {name: (Path(helptopics.__file__).parent / "help" / f"{name}.md").read_text()
+               for name in helptopics.names()}
+    assert shipped == fresh, "run: python -m opregistry.helptopics"
+    assert {"exit-codes", "names", "json", "output", "completion"} <= set(fresh)
+
+
+def test_help_command(capsys):
+    assert main(["help"]) == 0
+    listing = capsys.readouterr().out
+    assert "exit-codes" in listing and "https://opregistry.github.io/opregistry/" in listing
+    assert main(["help", "names"]) == 0
+    out = capsys.readouterr().out
+    assert "torch.ops.mylib.rms_norm" in out and "cli/#naming-an-op" in out
+    assert main(["help", "show"]) == 0
+    assert "usage: opregistry show" in capsys.readouterr().out
+    assert main(["help", "exit-code"]) == 2
+    assert "did you mean 'exit-codes'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_script_is_produced(shell, capsys):
+    assert main(["completion", shell]) == 0
+    script = capsys.readouterr().out
+    option = "-l {}" if shell == "fish" else "--{}"
+    for word in ("list", "show", "doctor", option.format("json"), option.format("namespace"),
+                 "inactive"):
+        assert word in script, (shell, word)
+    import shutil
+
+    checker = {"bash": ["bash", "-n"], "zsh": ["zsh", "-n"], "fish": ["fish", "--no-execute"]}
+    exe = shutil.which(checker[shell][0])
+    if exe is None:
+        assert shell != "bash", "bash is needed to check the bash script"
+        return
+    proc = subprocess.run([*checker[shell], "/dev/stdin"], input=script, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def complete(line: str) -> list[str]:
+    """What the bash completion script offers for ``line`` (the cursor at its end)."""
+    proc = subprocess.run([sys.executable, "-m", "opregistry", "completion", "bash"],
+                          capture_output=True, text=True, check=True)
+    words = line.split(" ")
+    driver = (proc.stdout + f"COMP_WORDS=({' '.join(repr(w) for w in words)})\n"
+              f"COMP_CWORD={len(words) - 1}\n_opregistry\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n")
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-c", driver], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_bash_completion_completes_commands_options_and_ops():
+    assert complete("opregistry li") == ["list"]
+    assert "--namespace" in complete("opregistry list --na")
+    assert complete("opregistry list -s inac") == ["inactive"]
+    assert "tutorial::muladd" in complete("opregistry show tutorial::mu")
+    assert "exit-codes" in complete("opregistry help ex")

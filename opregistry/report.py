@@ -1,0 +1,503 @@
+"""What the ``opregistry`` commands show, as plain data, for the CLI and for Python.
+
+Each ``*_report`` function takes a :class:`~opregistry.plan.Plan` (from
+:func:`opregistry.plan`, or a loaded registry's ``.plan``) and returns a
+JSON-ready dict: the object ``opregistry COMMAND --json`` prints.  The CLI
+only parses arguments and renders these dicts as text; like ``datasette
+plugins``, what a command shows is available from Python too::
+
+    import opregistry
+    from opregistry import report
+
+    data = report.list_report(opregistry.plan(), namespaces=["mylib"])
+
+Every report is built from the records' own ``to_dict`` and carries
+``format_version`` (:data:`FORMAT_VERSION`).  One shape stands for a
+distribution everywhere (see :func:`distribution`): the records'
+``"name==version"`` strings are replaced by it, from the records' origins,
+never by parsing.  Nothing here imports torch except :func:`live_namespace`,
+which reads torch's dispatcher.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
+
+from attrs import field, frozen
+
+from .keys import FEATURES
+from .model import Origin, Problem, describe_ref
+
+if TYPE_CHECKING:
+    from .checking import CheckResult
+    from .plan import KernelPlan, OpPlan, Plan, RefusedKernel
+
+__all__ = [
+    "FORMAT_VERSION",
+    "STATUSES",
+    "Match",
+    "distribution",
+    "entry_point_distribution",
+    "problem_dict",
+    "override_problems",
+    "find_ops",
+    "find_target",
+    "list_report",
+    "show_report",
+    "plugins_report",
+    "doctor_report",
+    "check_report",
+    "verify_report",
+    "live_namespace",
+]
+
+#: The version of the JSON every command prints; raised when a key changes
+#: meaning or goes away (new keys do not raise it).
+FORMAT_VERSION = 1
+
+#: Kernel statuses, as listings show them (``conflict``: refused by the resolver).
+STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict")
+
+
+# -- distributions -----------------------------------------------------------------
+
+
+def distribution(origin: Origin | None) -> dict[str, Any] | None:
+    """A distribution as every report shows it: ``{"name": ..., "version": ...}``."""
+    if origin is None:
+        return None
+    return {"name": origin.distribution, "version": origin.version}
+
+
+def entry_point_distribution(origin: Origin | None) -> dict[str, Any] | None:
+    """:func:`distribution` and the entry point it came through.
+
+    ``{"name", "version", "group", "entry_point"}``, ``entry_point`` spelled
+    as in ``entry_points.txt`` (``"ops = mylib.registry:lib"``).  Used where
+    the entry point is the subject: plugins, skipped entry points, problems.
+    """
+    if origin is None:
+        return None
+    return {**distribution(origin),  # type: ignore[dict-item]
+            "group": origin.group, "entry_point": origin.entry_point_spec}
+
+
+def _replaced(plan: Plan, k: KernelPlan) -> tuple[Origin, ...]:
+    """Whose kernels ``k`` replaces: the overridden kernels of its (op, key); none for torch's."""
+    op = plan.op(k.kernel.op)
+    if op is None:
+        return ()
+    return tuple(o.kernel.origin for o in op.kernels if o.kernel.key == k.kernel.key
+                 and o.status == "overridden" and o.kernel.origin is not None)
+
+
+def _overrides(plan: Plan, k: KernelPlan) -> dict[str, Any] | None:
+    """What ``k`` replaces, as a distribution record: the overridden kernel's, or torch."""
+    if not k.overrides:
+        return None
+    replaced = _replaced(plan, k)
+    if replaced:
+        return distribution(replaced[0])
+    from .lockfile import _torch_version  # metadata only: torch is not imported
+
+    return {"name": "torch", "version": _torch_version()}
+
+
+def _kernel(plan: Plan, k: KernelPlan, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``k.to_dict()`` (or ``data``, made by it already) with its distributions as records."""
+    data = k.to_dict() if data is None else data
+    data["distribution"] = distribution(k.kernel.origin)
+    data["overrides"] = _overrides(plan, k)
+    return data
+
+
+def _refused(refused: RefusedKernel) -> list[dict[str, Any]]:
+    """One listing row per distribution whose kernel was refused."""
+    data = refused.to_dict()
+    return [{**data, "distribution": distribution(o)} for o in refused.problem.culprits] or [
+        {**data, "distribution": None}]
+
+
+def problem_dict(problem: Problem) -> dict[str, Any]:
+    """``Problem.to_dict`` with its distributions as records (entry points included)."""
+    data = problem.to_dict()
+    del data["entry_points"]  # each record in "distributions" carries its entry point
+    data["distributions"] = [entry_point_distribution(o) for o in problem.culprits]
+    data["others"] = [distribution(o) for o in problem.others]
+    return data
+
+
+def _op(plan: Plan, op: OpPlan) -> dict[str, Any]:
+    data = op.to_dict()
+    data["distribution"] = distribution(op.op.origin)
+    for row, k in zip(data["kernels"], op.kernels):
+        _kernel(plan, k, row)
+    return data
+
+
+# -- list ----------------------------------------------------------------------------
+
+
+def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterable[str] = (),
+                statuses: Iterable[str] = ()) -> dict[str, Any]:
+    """``opregistry list --json``: backends, namespaces, ops and their kernels, problems.
+
+    Kernels the resolver refused are listed under their op with status
+    ``conflict``.  ``namespaces`` keeps those namespaces and their ops;
+    ``backends`` and ``statuses`` keep those kernels, and only the ops that
+    still have one.
+    """
+    namespaces, backends, statuses = set(namespaces), set(backends), set(statuses)
+    refused: dict[str, list[dict[str, Any]]] = {}
+    for r in plan.refused_kernels():
+        refused.setdefault(r.op, []).extend(_refused(r))
+    backend_rows = []
+    for b in plan.backends:
+        row = b.to_dict()
+        del row["version"]  # in the distribution record
+        backend_rows.append({**row, "distribution": distribution(b.backend.origin)})
+    ops = [_op(plan, op) for op in plan.ops]
+    for op_row in ops:
+        op_row["kernels"] += refused.get(op_row["name"], [])
+    skipped = []
+    for entry in plan.skipped:
+        row = entry.to_dict()
+        del row["entry_point"]  # in the distribution record
+        skipped.append({**row, "distribution": entry_point_distribution(entry.origin)})
+    data: dict[str, Any] = {
+        "backends": backend_rows,
+        "namespaces": [{**n.to_dict(), "owner": distribution(n.owner),
+                        "fragments": [distribution(f) for f in n.fragments]}
+                       for n in plan.namespaces],
+        "ops": ops,
+        "external_kernels": [_kernel(plan, k) for k in plan.external_kernels],
+        "distributions": [entry_point_distribution(o) for o in plan.distributions],
+        "excluded": [distribution(o) for o in
+                     sorted({o.dist: o for o in plan.excluded}.values(), key=lambda o: o.dist)],
+        "skipped": skipped,
+        "problems": [problem_dict(p) for p in plan.problems],
+    }
+    if namespaces:
+        data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
+        data["ops"] = [o for o in data["ops"] if o["name"].split("::")[0] in namespaces]
+    for op in data["ops"]:
+        op["kernels"] = [k for k in op["kernels"]
+                         if (not backends or k["backend"] in backends)
+                         and (not statuses or k["status"] in statuses)]
+    if backends or statuses:
+        data["ops"] = [o for o in data["ops"] if o["kernels"]]
+    if backends:
+        data["backends"] = [b for b in data["backends"] if b["name"] in backends]
+    return {"format_version": FORMAT_VERSION, **data}
+
+
+def live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
+    """The dispatcher's ops of ``namespace`` next to what ``plan`` declared for them.
+
+    Imports torch (what it shows lives in torch's dispatcher).
+    """
+    from . import torch_state
+
+    declared = {op.op.qualname: op for op in plan.ops if op.op.namespace == namespace}
+    live = {name for name in torch_state.registered_ops() if name.split("::", 1)[0] == namespace}
+    rows = []
+    for name in sorted(live | set(declared)):
+        op = declared.get(name)
+        rows.append({
+            "op": name,
+            "declared": op is not None,
+            "in_dispatcher": name in live,
+            "declared_schema": op.op.full_schema if op else None,
+            "dispatcher_schema": torch_state.op_schema(name) if name in live else None,
+            "declared_keys": sorted(k.kernel.key for k in op.kernels
+                                    if k.status == "active") if op else [],
+            "dispatcher_keys": torch_state.kernel_registrations(name) if name in live else {},
+            "distribution": distribution(op.op.origin) if op else None,
+        })
+    return rows
+
+
+# -- naming ops ----------------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class Match:
+    """What a name typed on the command line designates in a plan.
+
+    ``kind`` is ``"ops"`` (one op packet: ``ops`` holds it, or the one
+    overload named), ``"namespace"``, ``"external"`` (a torch op that
+    packages add kernels to), ``"left-out"`` (declared, but left out by
+    ``problems``), ``"ambiguous"`` (``candidates`` lists the choices) or
+    ``"unknown"`` (``candidates`` holds the close matches, for "did you mean").
+    """
+
+    kind: Literal["ops", "namespace", "external", "left-out", "ambiguous", "unknown"]
+    name: str
+    ops: tuple[OpPlan, ...] = ()
+    candidates: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = field(default=())
+
+
+def _spellings(text: str) -> list[tuple[str, str, str | None]]:
+    """``(namespace or "", op, overload or None)`` readings of an op name as typed.
+
+    ``ns::op[.overload]``, ``ns.op[.overload]``, ``torch.ops.ns.op[.overload]``
+    and a bare ``op[.overload]`` (any namespace); ``default`` names the
+    overload torch calls ``default``.
+    """
+    if text.startswith("torch.ops."):
+        text = text[len("torch.ops."):]
+        if "::" in text:
+            return []
+    if "::" in text:
+        ns, _, rest = text.partition("::")
+        op, _, overload = rest.partition(".")
+        return [(ns, op, overload if "." in rest else None)]
+    parts = text.split(".")
+    readings: list[tuple[str, str, str | None]] = []
+    if len(parts) == 1:
+        readings.append(("", parts[0], None))
+    if len(parts) == 2:
+        readings += [(parts[0], parts[1], None), ("", parts[0], parts[1])]
+    if len(parts) == 3:
+        readings.append((parts[0], parts[1], parts[2]))
+    return readings
+
+
+def _matches(op: OpPlan, ns: str, name: str, overload: str | None) -> bool:
+    if (ns and op.op.namespace != ns) or op.op.name != name:
+        return False
+    return overload is None or (op.op.overload or "default") == overload
+
+
+def find_ops(plan: Plan, text: str) -> Match:
+    """The op (or op packet) ``text`` names in ``plan``, as ``show`` and ``check`` read it.
+
+    A name without an overload is the op's default overload, or every
+    overload when it has no default; a name that fits ops of several
+    namespaces is ``ambiguous``.
+    """
+    readings = _spellings(text)
+    hits: dict[str, OpPlan] = {}
+    for ns, name, overload in readings:
+        for op in plan.ops:
+            if _matches(op, ns, name, overload):
+                hits[op.op.qualname] = op
+    packets = sorted({op.op.base_qualname for op in hits.values()})
+    if len(packets) == 1:
+        default = [op for op in hits.values() if not op.op.overload]
+        if default and all(overload is None for _, _, overload in readings):
+            return Match(kind="ops", name=text, ops=tuple(default))  # ns::op is its default
+        return Match(kind="ops", name=text, ops=tuple(hits[q] for q in sorted(hits)))
+    if len(packets) > 1:
+        return Match(kind="ambiguous", name=text, candidates=tuple(packets))
+    qualname = text[len("torch.ops."):] if text.startswith("torch.ops.") else text
+    if "::" not in qualname and len(readings) == 1 and readings[0][0]:
+        ns, name, overload = readings[0]
+        qualname = f"{ns}::{name}" + (f".{overload}" if overload else "")
+    external = [k for k in plan.external_kernels if k.kernel.op == qualname]
+    if external:
+        return Match(kind="external", name=qualname)
+    # declared, but left out: the problem says why (exit 1, not "unknown")
+    namespaces = {ns for ns, _, _ in readings if ns}
+    ops = {f"{ns}::{name}" for ns, name, _ in readings if ns}
+    problems = tuple(p for p in plan.errors
+                     if (p.op and p.op.split(".")[0] in ops) or (p.namespace in namespaces))
+    if problems:
+        return Match(kind="left-out", name=qualname, problems=problems)
+    return Match(kind="unknown", name=text, candidates=tuple(_close(plan, text)))
+
+
+def find_target(plan: Plan, text: str) -> Match:
+    """What a ``check`` target names: a namespace (a bare word that is one), else :func:`find_ops`."""
+    if "::" not in text and "." not in text and any(op.op.namespace == text for op in plan.ops):
+        return Match(kind="namespace", name=text,
+                     ops=tuple(op for op in plan.ops if op.op.namespace == text))
+    return find_ops(plan, text)
+
+
+def _close(plan: Plan, text: str, n: int = 3) -> list[str]:
+    """Op names close to ``text`` ("did you mean"), compared by op name within a namespace."""
+    readings = _spellings(text) or [("", text, None)]
+    found: list[str] = []
+    for ns, name, _ in readings:
+        by_name: dict[str, list[str]] = {}
+        for op in plan.ops:
+            if not ns or op.op.namespace == ns:
+                by_name.setdefault(op.op.name, []).append(op.op.base_qualname)
+        for near in difflib.get_close_matches(name, sorted(by_name), n=n, cutoff=0.7):
+            found += [q for q in sorted(set(by_name[near])) if q not in found]
+    return found[:n]
+
+
+# -- show ----------------------------------------------------------------------------
+
+
+def _op_details(plan: Plan, op: OpPlan) -> dict[str, Any]:
+    data = _op(plan, op)
+    data["overloads"] = sorted(o.op.overload or "default" for o in plan.ops
+                               if o.op.base_qualname == op.op.base_qualname)
+    data["doc"] = op.op.doc
+    data["origin"] = entry_point_distribution(op.op.origin)
+    features: dict[str, Any] = {}
+    for key, feature in FEATURES.items():
+        k = op.kernel(key)
+        features[feature] = None if k is None else {
+            "kernel": describe_ref(k.kernel.fn), "status": k.status,
+            "distribution": distribution(k.kernel.origin)}
+    data["features"] = features
+    data["problems"] = [problem_dict(p) for p in plan.problems if p.op == op.op.qualname]
+    return data
+
+
+def show_report(plan: Plan, name: str) -> dict[str, Any]:
+    """``opregistry show NAME --json``: the op(s) ``name`` designates, in full.
+
+    ``ops`` holds one entry per overload ``name`` designates (see
+    :func:`find_ops`); ``external_kernels`` the kernels packages add, under
+    policy, to a torch op such as ``aten::add.Tensor``.  Raises
+    :class:`LookupError` when ``name`` names nothing, an op left out, or
+    several ops.
+    """
+    match = find_ops(plan, name)
+    if match.kind == "external":
+        return {"format_version": FORMAT_VERSION, "ops": [],
+                "external_kernels": [_kernel(plan, k) for k in plan.external_kernels
+                                     if k.kernel.op == match.name]}
+    if match.kind != "ops":
+        raise LookupError(f"{name!r}: {match.kind}" + (
+            f" ({', '.join(match.candidates)})" if match.candidates else ""))
+    return {"format_version": FORMAT_VERSION, "ops": [_op_details(plan, op) for op in match.ops],
+            "external_kernels": []}
+
+
+# -- plugins -------------------------------------------------------------------------
+
+
+def plugins_report(plan: Plan) -> dict[str, Any]:
+    """``opregistry plugins --json``: every entry point found, what it contributes, or why not.
+
+    ``hooks`` are the ``opregistry_*`` hooks the plugin manager registered
+    for the plugin (:attr:`Plan.hooks`).
+    """
+    from .discovery import BACKENDS_GROUP
+
+    ops_of: dict[Origin | None, list[str]] = {}
+    for op in plan.ops:
+        ops_of.setdefault(op.op.origin, []).append(op.op.qualname)
+    kernels_of = Counter(k.kernel.origin for k in plan.kernels())
+    namespaces_of: dict[Origin | None, set[str]] = {}
+    for n in plan.namespaces:
+        namespaces_of.setdefault(n.owner, set()).add(f"{n.name} (DEF)")
+        for fragment in n.fragments:
+            namespaces_of.setdefault(fragment, set()).add(f"{n.name} (FRAGMENT)")
+    excluded = {o.distribution for o in plan.excluded}
+    problems_of: dict[str, list[str]] = {}
+    for p in plan.errors:
+        for o in p.culprits:
+            problems_of.setdefault(o.distribution, []).append(f"[{p.code}] {p.message}")
+    rows = []
+    for o in plan.distributions:
+        left_out = o.distribution in excluded
+        contributes: dict[str, Any] = {}
+        if o.group == BACKENDS_GROUP:
+            contributes["backends"] = [
+                {"name": b.backend.name, "keys": list(b.backend.keys),
+                 "device_type": b.backend.device_type, "available": b.available}
+                for b in plan.backends if b.backend.origin == o]
+        else:
+            contributes["namespaces"] = sorted(namespaces_of.get(o, ()))
+            contributes["ops"] = ops_of.get(o, [])
+            contributes["kernels"] = kernels_of[o]
+        rows.append({
+            "distribution": entry_point_distribution(o),
+            "status": "left out" if left_out else "loaded",
+            "reason": "; ".join(problems_of.get(o.distribution, [])) if left_out else "",
+            "contributes": contributes,
+            "hooks": sorted(plan.hooks.get(o, ())),
+        })
+    failed = {(o.distribution, o.entry_point) for p in plan.problems for o in p.culprits
+              if p.code.startswith("plugin-")}
+    for s in plan.skipped:
+        o = s.origin
+        rows.append({
+            "distribution": entry_point_distribution(o),
+            "status": "failed" if (o.distribution, o.entry_point) in failed else "skipped",
+            "reason": s.reason, "contributes": {}, "hooks": [],
+        })
+    rows.sort(key=lambda r: (r["distribution"]["group"], r["distribution"]["name"],
+                             r["distribution"]["entry_point"]))
+    return {"format_version": FORMAT_VERSION, "plugins": rows}
+
+
+# -- doctor --------------------------------------------------------------------------
+
+
+def override_problems(plan: Plan) -> list[Problem]:
+    """A warning for each kernel that replaces another's because the policy allows it.
+
+    Allowed overrides are not errors, but someone's kernel is being
+    replaced: the user should know, and know how to undo it.
+    """
+    found = []
+    for k in plan.kernels():
+        if not k.overrides or k.status == "overridden":
+            continue
+        origin = k.kernel.origin
+        replaced = _replaced(plan, k)
+        found.append(Problem(
+            code="kernel-overrides", severity="warning",
+            message=f"{origin} replaces the {k.kernel.key} kernel of {k.kernel.op} "
+                    f"registered by {k.overrides} (allowed by policy)",
+            hint="if this is not intended, remove the op or its namespace from "
+                 "OPREGISTRY_ALLOW_OVERRIDE, or block "
+                 f"{origin.distribution if origin else 'the distribution'}",
+            culprits=(origin,) if origin else (),
+            others=replaced,
+            op=k.kernel.op, key=k.kernel.key, source=k.kernel.source))
+    return found
+
+
+def doctor_report(plan: Plan, problems: Sequence[Problem] | None = None, *,
+                  include_info: bool = False, live: bool = False) -> dict[str, Any]:
+    """``opregistry doctor --json``: a summary and every problem (default: ``plan.problems``).
+
+    ``problems`` are a loaded registry's when it was checked against torch
+    (``live``); notes (severity ``info``) only with ``include_info``.
+    """
+    problems = plan.problems if problems is None else problems
+    found = [p for p in problems if include_info or p.severity != "info"]
+    found += override_problems(plan)
+    summary = {
+        "errors": sum(1 for p in found if p.severity == "error"),
+        "warnings": sum(1 for p in found if p.severity == "warning"),
+        "distributions": len({o.distribution for o in plan.distributions}),
+        "ops": len(plan.ops),
+        "live": live,
+    }
+    return {"format_version": FORMAT_VERSION, "summary": summary,
+            "problems": [problem_dict(p) for p in found]}
+
+
+# -- check / verify ------------------------------------------------------------------
+
+
+def check_report(plan: Plan, results: Sequence[CheckResult]) -> dict[str, Any]:
+    """``opregistry check --json``: whether every check passed, and each result."""
+    rows = []
+    for r in results:
+        op = plan.op(r.op)
+        rows.append({**r.to_dict(),
+                     "distribution": distribution(op.op.origin) if op else None})
+    return {"format_version": FORMAT_VERSION, "ok": not any(r.status == "fail" for r in results),
+            "results": rows}
+
+
+def verify_report(lockfile: str, *, fingerprint: str | None = None,
+                  differences: Sequence[str] = (), error: str | None = None) -> dict[str, Any]:
+    """``opregistry verify --json``: ``ok`` when this environment resolves the locked registry."""
+    return {"format_version": FORMAT_VERSION, "ok": not differences and error is None,
+            "lockfile": lockfile, "fingerprint": fingerprint, "differences": list(differences),
+            "error": error}

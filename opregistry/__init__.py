@@ -25,6 +25,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl, hookspec
 from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
+from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "hookspec",
     "load",
     "plan",
+    "report",
     "verify_lock",
     "__version__",
 ]

@@ -32,13 +32,15 @@ if TYPE_CHECKING:
 __all__ = ["main", "build_parser", "EXIT_CODES", "DOCS_URL"]
 
 #: Exit status of every command (docs/cli.md shows this table; a test compares).
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_CODES = {
     EXIT_OK: "healthy: no error, every check passed, the lockfile matches",
     EXIT_PROBLEMS: "problems found: an error in the registry, an op or plugin left out, "
                    "a failed check, a difference from the lockfile",
     EXIT_USAGE: "usage error: an unknown command, option or help topic; an op or check "
                 "target that names nothing, or several ops",
+    EXIT_INTERRUPTED: "interrupted: a real Ctrl-C (a KeyboardInterrupt a plugin raises "
+                      "itself is that plugin's problem, not this)",
 }
 
 #: Where the documentation lives; hints name a page there or ``opregistry help TOPIC``.
@@ -460,7 +462,8 @@ def cmd_plugins(args: argparse.Namespace, t: Text) -> int:
 def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
     if args.live:
         registry = _live_registry(args.imports or ())
-        plan, problems = registry.plan, registry.problems
+        # and every planned kernel torch no longer dispatches to
+        plan, problems = registry.plan, registry.problems + registry.drift()
     else:
         plan = _plan()
         problems = plan.problems
@@ -849,6 +852,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stdout at devnull so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        # a real Ctrl-C (one raised by plugin code is contained as its problem):
+        # stop, as shells expect, without a traceback
+        sys.stderr.write("opregistry: interrupted\n")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

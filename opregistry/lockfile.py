@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PathLike",
+    "torch_version",
     "LOCK_VERSION",
     "DEFAULT_LOCKFILE",
     "lock_data",
@@ -89,7 +90,7 @@ def _kernels(kernels: Any) -> dict[str, Any]:
     return out
 
 
-def _torch_version() -> str | None:
+def torch_version() -> str | None:
     """The installed torch's version without its local build label; ``None`` without torch.
 
     Read from the distribution's metadata: importing torch takes seconds and
@@ -114,7 +115,7 @@ def lock_data(plan: Plan) -> dict[str, Any]:
         external.setdefault(k.kernel.op, []).append(k)
     return {
         "lock_version": LOCK_VERSION,
-        "torch": _torch_version(),
+        "torch": torch_version(),
         "distributions": dict(sorted(distributions.items())),
         "excluded": sorted({o.dist for o in plan.excluded}),
         "backends": {

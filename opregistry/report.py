@@ -100,9 +100,9 @@ def _overrides(plan: Plan, k: KernelPlan) -> dict[str, Any] | None:
     replaced = _replaced(plan, k)
     if replaced:
         return distribution(replaced[0])
-    from .lockfile import _torch_version  # metadata only: torch is not imported
+    from .lockfile import torch_version  # metadata only: torch is not imported
 
-    return {"name": "torch", "version": _torch_version()}
+    return {"name": "torch", "version": torch_version()}
 
 
 def _kernel(plan: Plan, k: KernelPlan, data: dict[str, Any] | None = None) -> dict[str, Any]:

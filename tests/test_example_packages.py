@@ -48,13 +48,14 @@ def test_list_shows_owner_fragment_and_third_party_kernel():
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     [ns] = data["namespaces"]
-    assert ns["owner"] == "nnkit==0.1.0"
-    assert ns["fragments"] == ["nnkit-contrib==0.1.0"]
+    assert ns["owner"] == {"name": "nnkit", "version": "0.1.0"}
+    assert ns["fragments"] == [{"name": "nnkit-contrib", "version": "0.1.0"}]
     ops = {op["name"]: op for op in data["ops"]}
-    assert {name: op["distribution"] for name, op in ops.items()} == NNKIT_OPS
+    spelled = {name: "{name}=={version}".format(**op["distribution"]) for name, op in ops.items()}
+    assert spelled == NNKIT_OPS
     kernels = {k["key"]: k for k in ops["nnkit::nms"]["kernels"]}
-    assert kernels["CPU"]["distribution"] == "nnkit==0.1.0"
-    assert kernels["CUDA"]["distribution"] == "nnkit-contrib==0.1.0"
+    assert kernels["CPU"]["distribution"] == {"name": "nnkit", "version": "0.1.0"}
+    assert kernels["CUDA"]["distribution"] == {"name": "nnkit-contrib", "version": "0.1.0"}
     assert kernels["CUDA"]["kernel"] == "nnkit_contrib.cuda_nms:nms"
     expected = "active" if torch.cuda.is_available() else "unavailable"
     assert kernels["CUDA"]["status"] == expected

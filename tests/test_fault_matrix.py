@@ -753,7 +753,7 @@ def test_reported_by_doctor(env: Env, case: str, capsys: pytest.CaptureFixture[s
     found = [f for f in report["problems"] if f["code"] == code]
     assert found, f"doctor did not report {code}: {report}"
     expected = {f"{d}==" for d in fault.culprits}
-    assert any({x.split("==")[0] + "==" for x in f["distributions"]} == expected for f in found)
+    assert any({x["name"] + "==" for x in f["distributions"]} == expected for f in found)
     if fault.source is not None:
         assert any((f["source"] or "").endswith("/" + fault.source) for f in found)
 

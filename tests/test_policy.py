@@ -82,10 +82,12 @@ def test_aten_add_allowed_in_effect_listed_and_restored(dists, ns, capsys, monke
     assert rc == 0
     [entry] = listing["external_kernels"]
     assert (entry["op"], entry["key"], entry["status"]) == (ADD, "CPU", "active")
-    assert entry["overrides"] == "torch" and entry["distribution"] == "evil==1.0"
+    assert entry["overrides"]["name"] == "torch"
+    assert entry["distribution"] == {"name": "evil", "version": "1.0"}
     rc, report = cli_json(["doctor"], dists, capsys, monkeypatch)
     [warning] = [p for p in report["problems"] if p["code"] == "kernel-overrides"]
-    assert warning["op"] == ADD and warning["distributions"] == ["evil==1.0"]
+    assert warning["op"] == ADD
+    assert [(d["name"], d["version"]) for d in warning["distributions"]] == [("evil", "1.0")]
 
     reg = load(dists, plugins=scope(dists))
     try:
@@ -128,9 +130,9 @@ def test_override_of_another_distribution_is_listed(dists, ns, capsys, monkeypat
     assert rc == 0
     [op] = listing["ops"]
     by_status = {k["status"]: k for k in op["kernels"]}
-    assert by_status["active"]["distribution"] == "patch==1.0"
-    assert "owner==1.0" in by_status["active"]["overrides"]
-    assert by_status["overridden"]["distribution"] == "owner==1.0"
+    assert by_status["active"]["distribution"] == {"name": "patch", "version": "1.0"}
+    assert by_status["active"]["overrides"] == {"name": "owner", "version": "1.0"}
+    assert by_status["overridden"]["distribution"] == {"name": "owner", "version": "1.0"}
     reg = load(dists, plugins=scope(dists))
     assert torch.equal(getattr(torch.ops, ns).foo(torch.ones(2)), torch.full((2,), 2.0))
     reg.unload()

@@ -19,6 +19,7 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
+from .errors import ConfigError
 from .lockfile import DEFAULT_LOCKFILE
 
 if TYPE_CHECKING:
@@ -776,6 +777,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         return int(args.func(args, sys.stdout) or 0)
+    except ConfigError as exc:  # a bad variable or OPREGISTRY_CONFIG file: one line, no traceback
+        sys.stderr.write(f"opregistry: {exc}\n")
+        return EXIT_USAGE
     except BrokenPipeError:
         # `opregistry list | head` closed the pipe: not an error of ours.  Point
         # stdout at devnull so the interpreter's final flush does not raise again.

@@ -777,7 +777,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         return int(args.func(args, sys.stdout) or 0)
-    except ConfigError as exc:  # a bad variable or OPREGISTRY_CONFIG file: one line, no traceback
+    except ConfigError as exc:
+        # a bad variable or OPREGISTRY_CONFIG file: one line, no traceback, status 2;
+        # doctor, whose job is to diagnose, reports it as its one error problem (status 1)
+        if args.func is cmd_doctor:
+            from .model import Problem
+
+            problem = Problem(code="config-invalid", message=str(exc),
+                              hint="fix the variable or the file named here, or unset it")
+            if args.json:
+                _dump({"summary": {"errors": 1, "warnings": 0, "distributions": 0, "ops": 0,
+                                   "live": bool(args.live)}, "problems": [problem.to_dict()]},
+                      sys.stdout)
+            else:
+                sys.stdout.write(f"opregistry doctor: 1 error(s)\n\nERROR   {problem}\n")
+            return EXIT_PROBLEMS
         sys.stderr.write(f"opregistry: {exc}\n")
         return EXIT_USAGE
     except BrokenPipeError:

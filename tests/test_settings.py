@@ -146,12 +146,20 @@ def test_cli_configuration_error_is_one_line_and_exit_2(tmp_path, monkeypatch, c
         monkeypatch.setenv("OPREGISTRY_STRICT", "ture")
     else:
         monkeypatch.setenv("OPREGISTRY_CONFIG", str(path))
-    for command in (["list"], ["doctor"], ["doctor", "--json"]):
+    expected = expected.format(path=path)
+    for command in (["list"], ["lock", "--force"], ["verify"]):
         assert main(command) == 2
         captured = capsys.readouterr()
         assert captured.out == ""
         [line] = captured.err.splitlines()
-        assert line.startswith("opregistry: " + expected.format(path=path)), line
+        assert line.startswith("opregistry: " + expected), line
+    # doctor diagnoses: the configuration error is its (one) error problem
+    assert main(["doctor", "--json"]) == 1
+    [finding] = json.loads(capsys.readouterr().out)["problems"]
+    assert finding["code"] == "config-invalid" and finding["message"].startswith(expected)
+    assert main(["doctor"]) == 1
+    captured = capsys.readouterr()
+    assert f"ERROR   [config-invalid] {expected}" in captured.out and not captured.err
 
 
 def test_cli_configuration_error_in_a_real_process(tmp_path):

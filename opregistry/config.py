@@ -241,7 +241,7 @@ class Settings:
                     "config-unknown-distribution", "error",
                     f"{where} names {name!r}, which is not an installed distribution with "
                     f"opregistry plugins" + (f"; {hint}" if hint else ""),
-                    f"fix the name in {where}" + (
+                    f"correct the name in {where}" + (
                         f" (installed: {', '.join(installed[:12])}"
                         f"{', ...' if len(installed) > 12 else ''})" if installed else "")
                     + f", or install {name}",

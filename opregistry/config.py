@@ -61,6 +61,7 @@ BACKEND_VAR_PREFIX = "OPREGISTRY_BACKEND_"
 KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT", "OPREGISTRY_AUTOLOAD",
     "OPREGISTRY_ALLOW_OVERRIDE", CONFIG_VAR,
+    "OPREGISTRY_LOCK",  # locked mode (branch `lock`: Settings.lock, opregistry/locked.py)
     "OPREGISTRY_FUZZ_EXAMPLES",  # the test suite's fuzzers
 }
 #: key in the file -> its kind

@@ -3,15 +3,28 @@
 torch calls :func:`autoload` at the end of ``import torch`` (its
 device-backend autoload mechanism, RFC pytorch/pytorch#122468), unless
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``.  torch turns any exception raised here
-into a failed ``import torch``, so nothing may escape: every problem is
-logged and kept on the registry (``opregistry.get_registry().problems``).
-``OPREGISTRY_AUTOLOAD=0`` turns it off.
+into a failed ``import torch`` (a ``RuntimeError`` whose ``__cause__`` is
+ours).  ``OPREGISTRY_AUTOLOAD=0`` turns it off.
+
+* **Default (not strict)**: nothing escapes.  A distribution with a problem
+  is left out whole, the rest registers; every problem is logged and kept on
+  the registry (``opregistry.get_registry().problems``).  An invalid
+  configuration (a variable that is not a boolean, an unreadable
+  ``OPREGISTRY_CONFIG``) registers *nothing* -- opregistry cannot tell what
+  was meant -- and is logged as one error line; :func:`opregistry.load`
+  raises the same :class:`~opregistry.ConfigError` when called.
+* **Strict** (``OPREGISTRY_STRICT=1``, or ``strict = true`` in the file):
+  the same as ``load(strict=True)``.  On any error problem nothing is
+  registered and the :class:`~opregistry.ResolutionError` listing every
+  problem propagates, so ``import torch`` fails with it as the cause: the
+  user asked for exactly that.  A configuration error fails it the same way
+  when ``OPREGISTRY_STRICT`` itself says strict.
 """
 
 from __future__ import annotations
 
-
-from .config import autoload_enabled
+from .config import Settings, autoload_enabled, strict_requested
+from .errors import ConfigError
 from .logs import get_logger
 
 __all__ = ["autoload"]
@@ -20,8 +33,16 @@ log = get_logger()
 
 
 def autoload() -> None:
-    """Load the registry; never raises."""
-    if not autoload_enabled():
+    """Load the registry at ``import torch``; raises only in strict mode."""
+    try:
+        if not autoload_enabled():
+            return
+        strict = Settings.from_env().strict
+    except ConfigError as exc:
+        log.error("opregistry configuration is invalid; no ops were registered at import torch",
+                  error=str(exc))
+        if strict_requested():
+            raise
         return
     try:
         from .registry import load, loading
@@ -30,8 +51,11 @@ def autoload() -> None:
             # a plugin opregistry is importing imported torch: the load (or plan) in
             # progress goes on and registers what it found; nothing to do here
             return
-        load(strict=False)
-    except BaseException as exc:  # noqa: BLE001 - must never break `import torch`
+        load(strict=strict)
+    except BaseException as exc:  # noqa: BLE001 - must never break a non-strict `import torch`
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        if strict:
+            log.error("opregistry strict mode: nothing was registered", error=str(exc))
             raise
         log.error("opregistry autoload failed; ops were not registered", error=repr(exc))

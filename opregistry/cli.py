@@ -23,7 +23,9 @@ import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 from . import report
+from .errors import ConfigError
 from .lockfile import DEFAULT_LOCKFILE
+from .model import elide
 from .report import STATUSES
 
 if TYPE_CHECKING:
@@ -233,10 +235,10 @@ def _print_problems(problems: list[dict[str, Any]], t: Text) -> None:
     if problems:
         t.line("\nProblems (details: opregistry doctor)")
         for p in problems:
-            t.line(f"  {t.paint(p['severity'].upper())} [{p['code']}] {p['message']}",
+            t.line(f"  {t.paint(p['severity'].upper())} [{p['code']}] {elide(p['message'])}",
                    wrap="      ")
             if p["hint"]:
-                t.line(f"      -> {p['hint']}", wrap="         ")
+                t.line(f"      -> {elide(p['hint'])}", wrap="         ")
 
 
 def _did_you_mean(candidates: Sequence[str]) -> str:
@@ -479,14 +481,15 @@ def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
     for f in sorted(findings, key=lambda f: order.get(f["severity"], 3)):
         t.line()
         severity = t.paint(f"{f['severity'].upper():7}")
-        t.line(f"{severity} [{f['code']}] {f['message']}", wrap="        ")
+        # bounded: a 100,000-character schema must not give pages of text (--json is whole)
+        t.line(f"{severity} [{f['code']}] {elide(f['message'])}", wrap="        ")
         if f["source"]:
             t.line(f"        at: {f['source']}")
         if f["distributions"]:
             t.line(f"        distribution(s): {', '.join(map(_dist, f['distributions']))}",
                    wrap="          ")
         if f["hint"]:
-            t.line(f"        fix: {f['hint']}", wrap="          ")
+            t.line(f"        fix: {elide(f['hint'])}", wrap="          ")
     if not findings:
         t.line("No problems found.")
     if not args.live:
@@ -830,6 +833,23 @@ def _mistyped_command(argv: Sequence[str]) -> str | None:
             f"commands: {', '.join(_COMMANDS)}\n")
 
 
+def _doctor_config_invalid(exc: ConfigError, args: argparse.Namespace, t: Text) -> int:
+    """``doctor`` with an invalid configuration: that is its one error problem."""
+    from .model import Problem
+    from .plan import Plan
+
+    problem = Problem(code="config-invalid", message=str(exc),
+                      hint="fix the variable or the file named here, or unset it")
+    data = report.doctor_report(Plan(), (problem,), live=bool(args.live))
+    if args.json:
+        _dump(data, t.out)
+    else:
+        t.line(f"opregistry doctor: {data['summary']['errors']} error(s)")
+        t.line("")
+        t.line(f"ERROR   {problem.text()}")
+    return EXIT_PROBLEMS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -847,6 +867,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Text(sys.stdout, _width(args, sys.stdout), _color(sys.stdout))
     try:
         return int(args.func(args, out) or 0)
+    except ConfigError as exc:
+        # a bad variable or OPREGISTRY_CONFIG file: one line, no traceback, status 2;
+        # doctor, whose job is to diagnose, reports it as its one error problem (status 1)
+        if args.func is cmd_doctor:
+            return _doctor_config_invalid(exc, args, out)
+        sys.stderr.write(f"opregistry: {exc}\n")
+        return EXIT_USAGE
     except BrokenPipeError:
         # `opregistry list | head` closed the pipe: not an error of ours.  Point
         # stdout at devnull so the interpreter's final flush does not raise again.

@@ -62,7 +62,7 @@ class Collected:
     """Declarations, plus the backends' materialize hooks (not data: callables)."""
 
     declarations: Declarations
-    materializers: dict[str, Callable[..., Any]] = field(eq=False, repr=False)
+    materializers: dict[tuple[str, str], Callable[..., Any]] = field(eq=False, repr=False)
 
 
 class _PluginManager(pluggy.PluginManager):
@@ -185,7 +185,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
     skipped = list(discovered.skipped)
     gathered: dict[type, list[Any]] = {Namespace: [], OpDef: [], Kernel: [], Backend: []}
     available: dict[str, bool] = {}
-    materializers: dict[str, Callable[..., Any]] = {}
+    materializers: dict[tuple[str, str], Callable[..., Any]] = {}
     distributions: list[Origin] = []
     implemented: dict[Origin, tuple[str, ...]] = {}
     # with torch imported, what a hook registers with torch by itself is watched
@@ -287,10 +287,10 @@ def _run_hook(impl: Any, origin: Origin, hook_name: str, watched: frozenset[str]
 def _backend_state(
     pm: pluggy.PluginManager, plugin: Plugin, backends: list[Backend],
     watched: frozenset[str] | None, problems: list[Problem],
-) -> tuple[dict[str, bool], dict[str, Callable[..., Any]]]:
+) -> tuple[dict[str, bool], dict[tuple[str, str], Callable[..., Any]]]:
     origin = plugin.origin
     available: dict[str, bool] = {}
-    materializers: dict[str, Callable[..., Any]] = {}
+    materializers: dict[tuple[str, str], Callable[..., Any]] = {}
     materialize = _impls(pm, "opregistry_materialize_kernel", plugin.obj)
     if backends and not materialize:
         raise _Failed(
@@ -307,7 +307,8 @@ def _backend_state(
             if answer is not None:
                 break
         available[backend.name] = True if answer is None else answer
-        materializers[backend.name] = _materializer(materialize[0])
+        # keyed by distribution too: a left-out distribution may reuse a backend's name
+        materializers[(origin.distribution, backend.name)] = _materializer(materialize[0])
     return available, materializers
 
 

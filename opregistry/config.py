@@ -1,18 +1,23 @@
-"""Settings: which plugins load, strictness, override policy.
+"""Settings: which plugins load, strictness, override policy, which backend serves a key.
 
-=========================== ==================================================
-``OPREGISTRY_PLUGINS``      allow-list: comma-separated distribution names;
-                            unset loads all, an empty string loads none.
-``OPREGISTRY_BLOCK``        block-list: distributions never loaded.
-``OPREGISTRY_STRICT``       ``1``: any problem raises before anything is
-                            registered.
-``OPREGISTRY_AUTOLOAD``     ``0``: ``import torch`` does not load the registry.
-``OPREGISTRY_ALLOW_OVERRIDE`` namespaces (``aten``) or ops (``mylib::foo``)
-                            whose kernels a declaration with
-                            ``override=True`` may replace.
-``OPREGISTRY_CONFIG``       a TOML file with the keys ``plugins``,
-                            ``block``, ``strict`` and ``allow_override``.
-=========================== ==================================================
+=============================== ==================================================
+``OPREGISTRY_PLUGINS``          allow-list: comma-separated distribution names;
+                                unset loads all, an empty string loads none.
+``OPREGISTRY_BLOCK``            block-list: distributions never loaded.
+``OPREGISTRY_STRICT``           ``1``: any problem raises before anything is
+                                registered -- in :func:`opregistry.load` and at
+                                ``import torch`` alike.
+``OPREGISTRY_AUTOLOAD``         ``0``: ``import torch`` does not load the registry.
+``OPREGISTRY_ALLOW_OVERRIDE``   namespaces (``aten``) or ops (``mylib::foo``)
+                                whose kernels a declaration with
+                                ``override=True`` may replace.
+``OPREGISTRY_BACKEND_<KEY>``    the distribution whose backend serves dispatch
+                                key ``<KEY>`` when several declare one
+                                (``OPREGISTRY_BACKEND_CPU=my-cpu``).
+``OPREGISTRY_CONFIG``           a TOML file with the keys ``plugins``,
+                                ``block``, ``strict``, ``allow_override`` and
+                                ``backends`` (a table: ``backends = {CPU = "my-cpu"}``).
+=============================== ==================================================
 
 Both lists apply to op packages and backends alike; names are compared the
 way pip compares them (``My_Pkg`` is ``my-pkg``).  Precedence, highest
@@ -20,6 +25,14 @@ first: arguments of :func:`opregistry.load`, environment variables, the
 ``OPREGISTRY_CONFIG`` file, defaults -- as pip lets ``PIP_*`` variables
 override its config file.  A file suits a deployment (reviewed, versioned);
 a variable suits one run.
+
+Every value is validated: a boolean is one of ``1/0``, ``true/false``,
+``yes/no``, ``on/off`` (any case); anything else -- and an unreadable or
+malformed file, an unknown key, an unknown dispatch key -- raises
+:class:`~opregistry.ConfigError`, one line naming the variable or the file.
+What can only be checked against the installed distributions (a name in a
+list that is not installed, an ``OPREGISTRY_*`` variable nobody reads) is
+returned by :meth:`Settings.findings`, which discovery turns into problems.
 """
 
 from __future__ import annotations
@@ -34,22 +47,49 @@ import attrs
 from attrs import field, frozen
 
 from .errors import ConfigError
+from .keys import ALIASES, KNOWN_KEYS
 
-__all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled", "CONFIG_VAR"]
+__all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled",
+           "strict_requested", "parse_flag", "dispatch_key", "CONFIG_VAR", "BACKEND_VAR_PREFIX",
+           "KNOWN_VARIABLES"]
 
 #: the environment variable naming the configuration file
 CONFIG_VAR = "OPREGISTRY_CONFIG"
-#: key in the file -> whether its value is a list of strings (else a bool)
-_CONFIG_KEYS: dict[str, bool] = {"plugins": True, "block": True, "allow_override": True,
-                                 "strict": False}
+#: ``OPREGISTRY_BACKEND_CPU=dist``: which distribution's backend serves a key
+BACKEND_VAR_PREFIX = "OPREGISTRY_BACKEND_"
+#: every ``OPREGISTRY_*`` variable something reads; any other is reported (a typo)
+KNOWN_VARIABLES: set[str] = {
+    "OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT", "OPREGISTRY_AUTOLOAD",
+    "OPREGISTRY_ALLOW_OVERRIDE", CONFIG_VAR,
+    "OPREGISTRY_LOCK",  # locked mode (branch `lock`: Settings.lock, opregistry/locked.py)
+    "OPREGISTRY_FUZZ_EXAMPLES",  # the test suite's fuzzers
+}
+#: key in the file -> its kind
+_CONFIG_KEYS: dict[str, str] = {"plugins": "list", "block": "list", "allow_override": "list",
+                                "strict": "bool", "backends": "table"}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+_ACCEPTED = "1/0, true/false, yes/no or on/off"
+#: ``OPREGISTRY_BACKEND_<suffix>`` / a ``backends`` key -> torch's key name
+_KEY_NAMES: dict[str, str] = {**{a.upper(): k for a, k in ALIASES.items()},
+                              **{k.upper(): k for k in KNOWN_KEYS}}
 
 
 def canonical_name(name: str) -> str:
     """PEP 503 normalisation: ``My_Pkg.x`` -> ``my-pkg-x``."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _did_you_mean(word: str, choices: Iterable[str], *, what: str = "") -> str:
+    choices = sorted(set(choices))
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    if what and choices:
+        shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
+        return f"{what}: {shown}"
+    return ""
 
 
 def _names(value: str | None) -> frozenset[str] | None:
@@ -58,39 +98,105 @@ def _names(value: str | None) -> frozenset[str] | None:
     return frozenset(canonical_name(v.strip()) for v in value.split(",") if v.strip())
 
 
-def _flag(value: str | None, default: bool) -> bool:
+def parse_flag(value: str | None, default: bool, variable: str) -> bool:
+    """A boolean variable: ``1/0, true/false, yes/no, on/off`` (any case); unset or empty: ``default``.
+
+    :raises ConfigError: any other value, naming ``variable`` and the accepted values.
+    """
     if value is None or not value.strip():
         return default
-    return value.strip().lower() in _TRUE or (value.strip().lower() not in _FALSE and default)
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ConfigError(f"{variable}={value!r} is not a boolean: use {_ACCEPTED}")
 
 
 def _to_frozenset(value: Iterable[str] | None) -> frozenset[str] | None:
     return None if value is None else frozenset(canonical_name(v) for v in value)
 
 
+def dispatch_key(name: str, where: str) -> str:
+    """torch's name of the dispatch key ``name`` (``cpu``, ``CPU``, ``PRIVATEUSE1``)."""
+    key = _KEY_NAMES.get(name.strip().upper())
+    if key is None:
+        hint = _did_you_mean(name.strip().upper(), [k.upper() for k in KNOWN_KEYS],
+                             what="known keys")
+        raise ConfigError(f"{where}: {name!r} is not a dispatch key; {hint}")
+    return key
+
+
+def _to_backends(value: Mapping[str, str] | Iterable[tuple[str, str]] | None
+                 ) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    pairs = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((dispatch_key(k, "backends"), canonical_name(d)) for k, d in pairs))
+
+
 @frozen(kw_only=True)
 class Policy:
-    """What may replace a kernel registered by someone else.
+    """What the user decides about resolution: overrides, and backend choices.
 
     ``allow_override`` holds namespaces (``"aten"``) and ops
     (``"mylib::foo"``).  A kernel that replaces another distribution's, or
     implements a torch-owned op, needs both ``override=True`` on its
     declaration (for torch-owned ops without an existing kernel, the
     namespace in the policy is enough) and its namespace or op here.
+
+    ``backends`` maps a dispatch key to the distribution whose backend
+    serves it when several installed backends declare the key
+    (``{"CPU": "my-cpu"}``); see :func:`opregistry.resolver.backends.check_backends`.
     """
 
     allow_override: frozenset[str] = field(default=frozenset(), converter=frozenset)
+    backends: tuple[tuple[str, str], ...] = field(default=(), converter=_to_backends)
+    #: where each backend choice came from (``OPREGISTRY_BACKEND_CPU``, the file), for messages
+    backend_sources: Mapping[str, str] = field(factory=dict, eq=False, hash=False)
 
     def allows(self, op: str) -> bool:
         namespace = op.split("::", 1)[0]
         base = op.split(".", 1)[0]
         return bool({namespace, op, base} & self.allow_override)
 
+    def backend_for(self, key: str) -> str | None:
+        """The distribution the user chose to serve ``key``, if any."""
+        return dict(self.backends).get(key)
+
+    def backend_source(self, key: str) -> str:
+        """Where the choice for ``key`` was made, for messages."""
+        return self.backend_sources.get(key, f"{BACKEND_VAR_PREFIX}{key.upper()}")
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Policy:
         env = os.environ if environ is None else environ
         raw = env.get("OPREGISTRY_ALLOW_OVERRIDE", "")
-        return cls(allow_override=frozenset(v.strip() for v in raw.split(",") if v.strip()))
+        backends, sources = _env_backends(env)
+        return cls(allow_override=frozenset(v.strip() for v in raw.split(",") if v.strip()),
+                   backends=backends, backend_sources=sources)
+
+
+def _env_backends(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``OPREGISTRY_BACKEND_<KEY>=dist`` variables: key -> distribution, key -> variable."""
+    chosen: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for variable in sorted(env):
+        if not variable.startswith(BACKEND_VAR_PREFIX):
+            continue
+        value = env[variable].strip()
+        if not value:
+            continue
+        key = dispatch_key(variable[len(BACKEND_VAR_PREFIX):], variable)
+        if "," in value or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+            raise ConfigError(f"{variable}={env[variable]!r}: name one distribution "
+                              f"(e.g. {variable}=opregistry-{key.lower()})")
+        if key in chosen and chosen[key] != canonical_name(value):
+            raise ConfigError(f"{variable} and {sources[key]} both choose the backend of {key}: "
+                              f"set one of them")
+        chosen[key] = canonical_name(value)
+        sources[key] = variable
+    return chosen, sources
 
 
 @frozen(kw_only=True)
@@ -101,41 +207,108 @@ class Settings:
     block: frozenset[str] = field(default=frozenset(), converter=lambda v: _to_frozenset(v) or frozenset())
     strict: bool = False
     policy: Policy = field(factory=Policy)
+    #: ``"allow"`` / ``"block"`` -> where the list came from, for messages
+    sources: Mapping[str, str] = field(factory=dict, eq=False, hash=False)
+    #: ``OPREGISTRY_*`` variables set in the environment that nothing reads
+    unknown_variables: tuple[str, ...] = field(default=(), eq=False)
 
     def admits(self, distribution: str) -> str | None:
         """``None`` if ``distribution`` may load, else why not."""
         name = canonical_name(distribution)
         if name in self.block:
-            return "blocked by OPREGISTRY_BLOCK"
+            return f"blocked by {self.sources.get('block', 'OPREGISTRY_BLOCK')}"
         if self.allow is not None and name not in self.allow:
-            return "not in OPREGISTRY_PLUGINS"
+            return f"not in {self.sources.get('allow', 'OPREGISTRY_PLUGINS')}"
         return None
+
+    def findings(self, installed: Iterable[str]) -> list[tuple[str, str, str, str]]:
+        """What only the installed distributions tell: ``(code, severity, message, hint)`` each.
+
+        ``installed`` are the (canonical) names of the distributions that
+        have opregistry entry points.  A name in the allow- or block-list that
+        is none of them is an error (``config-unknown-distribution``): a typo
+        in the allow-list loads nothing, one in the block-list loads what was
+        meant to be blocked.  An ``OPREGISTRY_*`` variable nothing reads is a
+        warning (``config-unknown-variable``).
+        """
+        installed = sorted(set(installed))
+        found = []
+        for which, names in (("allow", self.allow or ()), ("block", self.block)):
+            where = self.sources.get(which, "OPREGISTRY_PLUGINS" if which == "allow"
+                                     else "OPREGISTRY_BLOCK")
+            for name in sorted(set(names) - set(installed)):
+                hint = _did_you_mean(name, installed)
+                found.append((
+                    "config-unknown-distribution", "error",
+                    f"{where} names {name!r}, which is not an installed distribution with "
+                    f"opregistry plugins" + (f"; {hint}" if hint else ""),
+                    f"correct the name in {where}" + (
+                        f" (installed: {', '.join(installed[:12])}"
+                        f"{', ...' if len(installed) > 12 else ''})" if installed else "")
+                    + f", or install {name}",
+                ))
+        known = KNOWN_VARIABLES
+        for variable in self.unknown_variables:
+            hint = _did_you_mean(variable, known)
+            found.append((
+                "config-unknown-variable", "warning",
+                f"{variable} is set but opregistry reads no such variable"
+                + (f"; {hint}" if hint else ""),
+                f"rename or unset {variable}; the variables are "
+                f"{', '.join(sorted(known - {'OPREGISTRY_FUZZ_EXAMPLES'}))} and "
+                f"{BACKEND_VAR_PREFIX}<KEY>",
+            ))
+        return found
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``environ`` (default ``os.environ``) over the config file.
 
         Keyword arguments that are not ``None`` take precedence over both.
+
+        :raises ConfigError: an invalid value or file, naming the variable or the file.
         """
         env = os.environ if environ is None else environ
         path = env.get(CONFIG_VAR, "").strip()
         file = read_config(path) if path else {}
+        in_file = f"{CONFIG_VAR}={path}"
+        sources: dict[str, str] = {}
         allow = _names(env.get("OPREGISTRY_PLUGINS"))
-        if allow is None and "plugins" in file:
+        if allow is not None:
+            sources["allow"] = "OPREGISTRY_PLUGINS"
+        elif "plugins" in file:
             allow = frozenset(canonical_name(n) for n in file["plugins"])
+            sources["allow"] = f"{in_file} (key 'plugins')"
         block = _names(env.get("OPREGISTRY_BLOCK"))
-        if block is None:
+        if block is not None:
+            sources["block"] = "OPREGISTRY_BLOCK"
+        else:
             block = frozenset(canonical_name(n) for n in file.get("block", ()))
+            if "block" in file:
+                sources["block"] = f"{in_file} (key 'block')"
         policy = Policy.from_env(env)
+        allow_override = policy.allow_override
         if "OPREGISTRY_ALLOW_OVERRIDE" not in env and "allow_override" in file:
-            policy = Policy(allow_override=frozenset(file["allow_override"]))
-        settings = cls(
-            allow=allow,
-            block=block,
-            strict=_flag(env.get("OPREGISTRY_STRICT"), bool(file.get("strict", False))),
-            policy=policy,
-        )
+            allow_override = frozenset(file["allow_override"])
+        backends = {k: d for k, d in _to_backends(file.get("backends"))}
+        backend_sources = {k: f"{in_file} (backends.{k})" for k in backends}
+        backends.update(policy.backends)
+        backend_sources.update(policy.backend_sources)
+        policy = Policy(allow_override=allow_override, backends=backends,
+                        backend_sources=backend_sources)
+        strict_file = bool(file.get("strict", False))
+        strict = parse_flag(env.get("OPREGISTRY_STRICT"), strict_file, "OPREGISTRY_STRICT")
+        parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")  # validated here too
+        unknown = tuple(sorted(
+            v for v in env if v.startswith("OPREGISTRY_") and v not in KNOWN_VARIABLES
+            and not v.startswith(BACKEND_VAR_PREFIX)))
         given = {k: v for k, v in overrides.items() if v is not None}
+        if "allow" in given:
+            sources["allow"] = "the plugins argument"
+        if "block" in given:
+            sources["block"] = "the block argument"
+        settings = cls(allow=allow, block=block, strict=strict, policy=policy, sources=sources,
+                       unknown_variables=unknown)
         return attrs.evolve(settings, **given) if given else settings
 
 
@@ -148,6 +321,7 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         block = ["brokenpkg"]
         strict = true
         allow_override = ["aten::add.Tensor"]
+        backends = {CPU = "opregistry-cpu"}     # who serves a key several backends declare
     """
     try:
         import tomllib
@@ -160,23 +334,43 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read the file ({exc.strerror or exc}); "
                           f"fix the path or unset {CONFIG_VAR}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not a UTF-8 text file ({exc.reason})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from exc
     for key, value in data.items():
         if key not in _CONFIG_KEYS:
-            close = difflib.get_close_matches(key, _CONFIG_KEYS, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(_CONFIG_KEYS)}"
+            hint = _did_you_mean(key, _CONFIG_KEYS, what="known keys")
             raise ConfigError(f"{where}: unknown key {key!r}; {hint}")
-        if _CONFIG_KEYS[key]:
+        kind = _CONFIG_KEYS[key]
+        if kind == "list":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{where}: {key} must be a list of strings, e.g. "
                                   f'{key} = ["name"], not {value!r}')
+        elif kind == "table":
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise ConfigError(f"{where}: {key} must be a table of dispatch key = "
+                                  f'"distribution", e.g. {key} = {{CPU = "opregistry-cpu"}}, '
+                                  f"not {value!r}")
+            for k in value:
+                dispatch_key(k, f"{where}: {key}")
         elif not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
     return data
 
 
 def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``OPREGISTRY_AUTOLOAD`` (default on)."""
+    """``OPREGISTRY_AUTOLOAD`` (default on); :class:`ConfigError` for a value not a boolean."""
     env = os.environ if environ is None else environ
-    return _flag(env.get("OPREGISTRY_AUTOLOAD"), True)
+    return parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")
+
+
+def strict_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``OPREGISTRY_STRICT`` asks for strict mode, read alone; never raises.
+
+    For the autoload entry point, deciding whether an invalid configuration
+    must fail ``import torch``: only a variable that clearly says so
+    (``1/true/yes/on``) does.
+    """
+    env = os.environ if environ is None else environ
+    return (env.get("OPREGISTRY_STRICT") or "").strip().lower() in _TRUE

@@ -217,6 +217,11 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
              if settings.admits(name) is None}
     for name in sorted(twice):
         problems.append(_duplicate_problem(name, twice[name], groups))
+    # settings checked against what is installed: a typo in a list, a variable nobody reads
+    installed = {canonical_name(_name_version(getattr(ep, "dist", None), metadata_cache)[0])
+                 for _, ep in found} | set(installed_twice)
+    problems.extend(Problem(code=code, severity=severity, message=message, hint=hint)  # type: ignore[arg-type]
+                    for code, severity, message, hint in settings.findings(installed))
     # one name twice in one group of one distribution: pluggy would keep one, silently
     origins = [_origin(ep, group, metadata_cache) for group, ep in found]
     names = defaultdict(int)

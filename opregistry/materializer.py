@@ -158,7 +158,7 @@ def _register_backend_select(lib: Any, plan: OpPlan) -> None:
     lib.impl(plan.op.name_with_overload, backend_select, "BackendSelect", with_keyset=True)
 
 
-def materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
+def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., Any]],
                 policy: Policy | None = None) -> Materialized:
     """Register ``plan`` with torch; a failing distribution is rolled back whole.
 
@@ -167,8 +167,13 @@ def materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
     itself outside the plan (undone unless ``policy`` allows it), fails its
     distribution.
     """
+    # the hook of the backend the resolver chose for each key: materializers are
+    # keyed by (distribution, backend name), and a left-out distribution may reuse a name
+    chosen = {b.backend.name: materializers[(b.backend.origin.distribution, b.backend.name)]
+              for b in plan.backends if b.backend.origin is not None
+              and (b.backend.origin.distribution, b.backend.name) in materializers}
     with gc_paused():
-        return _materialize(plan, materializers, policy or Policy())
+        return _materialize(plan, chosen, policy or Policy())
 
 
 def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,

@@ -41,6 +41,8 @@ __all__ = [
     "resolve_ref",
     "is_identifier",
     "source_of",
+    "elide",
+    "TEXT_LIMIT",
 ]
 
 #: A kernel is either a ``"package.module:function"`` string, imported only
@@ -277,6 +279,28 @@ class Backend:
             )
 
 
+#: the longest message, hint or source :meth:`Problem.text` shows whole
+TEXT_LIMIT = 600
+
+
+def elide(text: str, limit: int | None = TEXT_LIMIT) -> str:
+    """``text`` if it has at most ``limit`` characters, else its head and tail around a marker.
+
+    ``"ab...[12,345 characters elided]...yz"``: both ends stay, because a
+    schema's name is at the start and what went wrong is often at the end.
+    The result has at most ``limit`` characters (for ``limit >= 60``).
+    """
+    if limit is None or len(text) <= limit:
+        return text
+    marker = f" ...[{len(text):,} characters elided]... "  # no shorter than the real one
+    keep = max(limit - len(marker), 20)
+    head = keep - keep // 3
+    tail = keep - head
+    cut = len(text) - head - tail
+    marker = f" ...[{cut:,} characters elided]... "
+    return f"{text[:head]}{marker}{text[len(text) - tail:]}"
+
+
 #: ``error`` leaves a distribution out; ``warning`` and ``info`` (an op without a
 #: vmap rule, say) are reported and change nothing
 Severity = Literal["error", "warning", "info"]
@@ -307,11 +331,21 @@ class Problem:
     error: BaseException | None = field(default=None, eq=False, repr=False)
 
     def __str__(self) -> str:
-        text = f"[{self.code}] {self.message}"
+        return self.text()
+
+    def text(self, limit: int | None = TEXT_LIMIT) -> str:
+        """One line: ``[code] message (at source) -> hint``, each part elided to ``limit``.
+
+        :attr:`message` and :attr:`hint` stay whole (``to_dict``, ``--json``);
+        text for people is bounded, because they quote user strings -- a
+        100,000-character schema would otherwise fill a terminal.
+        ``limit=None`` keeps everything.
+        """
+        text = f"[{self.code}] {elide(self.message, limit)}"
         if self.source:
-            text += f" (at {self.source})"
+            text += f" (at {elide(self.source, limit)})"
         if self.hint:
-            text += f" -> {self.hint}"
+            text += f" -> {elide(self.hint, limit)}"
         return text
 
     def to_dict(self) -> dict[str, Any]:

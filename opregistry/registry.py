@@ -24,7 +24,7 @@ from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
 from .logs import get_logger
 from .materializer import Materialized, defined_ops, gc_paused
-from .model import Problem
+from .model import Problem, elide
 from .plan import KernelPlan, OpPlan, Plan, TorchState
 from .resolver import resolve
 
@@ -345,7 +345,8 @@ def _load(settings: Settings) -> Registry:
     registry = Registry(resolved, materialized, settings)
     for problem in registry.problems:
         if problem.severity == "error":
-            log.warning("problem", code=problem.code, message=problem.message, hint=problem.hint)
+            log.warning("problem", code=problem.code, message=elide(problem.message),
+                        hint=elide(problem.hint))
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
     return registry
 

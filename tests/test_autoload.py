@@ -152,3 +152,101 @@ def test_autoload_failure_inside_opregistry_is_logged_not_raised(monkeypatch):
     with capture_logs() as logs:
         autoload_module.autoload()
     assert any("resolver bug" in str(entry.get("error")) for entry in logs), logs
+
+
+# -- OPREGISTRY_STRICT at import torch: the same as load(strict=True) ----------------
+
+STRICT_PROBE = """
+import json, sys
+try:
+    import torch
+    failed = None
+except RuntimeError as exc:
+    failed = exc
+# after a failed `import torch`, torch's dispatcher (torch._C) is still loaded: look in it
+ops = set(sys.modules["torch._C"]._dispatch_get_all_op_names())
+cause = failed.__cause__ if failed is not None else None
+print(json.dumps({
+    "failed": failed is not None,
+    "cause": type(cause).__name__ if cause is not None else None,
+    "codes": [p.code for p in getattr(cause, "problems", ())],
+    "message": str(cause) if cause is not None else "",
+    "healthy": "strictok::f" in ops,
+    "tutorial": "tutorial::muladd" in ops,
+}))
+"""
+
+
+def _healthy_and_broken(dists):
+    dists.make("strict-ok", ops={"ops": "strict_ok_mod:lib"}, modules={
+        "strict_ok_mod": "from opregistry import OpLibrary\nlib = OpLibrary('strictok')\n"
+                         "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'strict_ok_mod:f'})\n"
+                         "def f(x):\n    return x.clone()\n"})
+    dists.make("strict-broken", ops={"ops": "strict_broken_mod"},
+               modules={"strict_broken_mod": "import numpyy  # a typo\n"})
+
+
+def test_strict_import_torch_fails_with_the_problems_and_registers_nothing(dists):
+    """OPREGISTRY_STRICT=1: `import torch` fails, its cause the ResolutionError; nothing registered."""
+    _healthy_and_broken(dists)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env.update(OPREGISTRY_STRICT="1", PYTHONPATH=os.pathsep.join(
+        filter(None, [str(dists.root), env.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", STRICT_PROBE], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["failed"] and result["cause"] == "ResolutionError", result
+    assert "plugin-missing-module" in result["codes"]
+    assert "strict-broken==1.0" in result["message"] and "nothing was registered" in result["message"]
+    assert not result["healthy"] and not result["tutorial"], "strict: nothing is registered"
+    # the same environment without strict: import torch works and the rest loads
+    del env["OPREGISTRY_STRICT"]
+    out = subprocess.run([sys.executable, "-c", STRICT_PROBE], capture_output=True, text=True,
+                         env=env, timeout=120)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not result["failed"] and result["healthy"] and result["tutorial"], result
+
+
+def test_strict_import_torch_without_problems_loads(dists):
+    """Strict with a clean environment: `import torch` works and every op is there."""
+    result = _run(PROBE, OPREGISTRY_STRICT="1")
+    assert result["muladd"] is True and result["registry"] is True
+
+
+@pytest.mark.parametrize("variable", ["OPREGISTRY_STRICT", "OPREGISTRY_AUTOLOAD"])
+def test_invalid_setting_at_import_torch_is_logged_and_registers_nothing(variable):
+    """`import torch` never breaks on a bad value; it registers nothing and says why, once."""
+    code = PROBE + """
+import opregistry
+try:
+    opregistry.load()
+except opregistry.ConfigError as exc:
+    print(json.dumps({"load": str(exc)}))
+"""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env[variable] = "ture"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    *_, probe, loaded = out.stdout.strip().splitlines()
+    assert json.loads(probe)["muladd"] is False, "an invalid configuration registers nothing"
+    assert f"{variable}='ture' is not a boolean" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert f"{variable}='ture' is not a boolean: use 1/0, true/false, yes/no or on/off" == \
+        json.loads(loaded)["load"], "load() raises the same error"
+
+
+def test_strict_import_torch_with_an_invalid_config_file_fails(tmp_path):
+    """OPREGISTRY_STRICT=1 and an unreadable OPREGISTRY_CONFIG: `import torch` fails with the ConfigError."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env.update(OPREGISTRY_STRICT="1", OPREGISTRY_CONFIG=str(tmp_path / "missing.toml"))
+    out = subprocess.run([sys.executable, "-c", STRICT_PROBE], capture_output=True, text=True,
+                         env=env, timeout=120)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["failed"] and result["cause"] == "ConfigError", result
+    assert "missing.toml: cannot read the file" in result["message"]
+    assert not result["tutorial"]

@@ -768,6 +768,187 @@ def test_same_entry_point_name_in_two_distributions_is_not_a_fault(env: Env) -> 
     assert {env.op("foo"), f"{env.ns}b::bar"} <= all_ops()
 
 
+# -- faults of the settings: not a distribution's, so each case checks its own way ------------
+#
+# Each case still runs every way that applies: load() (default and strict), the
+# CLI / doctor, and -- where it is about `import torch` -- a fresh interpreter.
+
+ACCEPTED = "use 1/0, true/false, yes/no or on/off"
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from opregistry.cli import main
+
+    rc = main(list(argv))
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env.update(extra)
+    return env
+
+
+STRICT_IMPORT_PROBE = """
+import json, sys
+try:
+    import torch
+    failed = None
+except RuntimeError as exc:
+    failed = exc
+ops = set(sys.modules["torch._C"]._dispatch_get_all_op_names())
+cause = failed.__cause__ if failed is not None else None
+print(json.dumps({"cause": type(cause).__name__ if cause is not None else None,
+                  "codes": [p.code for p in getattr(cause, "problems", ())],
+                  "message": str(cause), "bystander": sys.argv[1] in ops}))
+"""
+
+
+def strict_at_import_torch(env: Env, monkeypatch: pytest.MonkeyPatch,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    """OPREGISTRY_STRICT=1 means at `import torch` what it means in load()."""
+    import os
+    import subprocess
+
+    [bad] = missing_module(env).culprits
+    out = subprocess.run(
+        [sys.executable, "-c", STRICT_IMPORT_PROBE, f"{env.ns}ok::fine"], capture_output=True,
+        text=True, timeout=120,
+        env=_clean_env(OPREGISTRY_STRICT="1", OPREGISTRY_PLUGINS=",".join(scope(env)),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(env.dists.root),
+                                                                os.environ.get("PYTHONPATH")]))))
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["cause"] == "ResolutionError", (result, out.stderr[-2000:])
+    assert "plugin-missing-module" in result["codes"] and f"{bad}==1.0" in result["message"]
+    assert not result["bystander"], "strict: nothing is registered, not even the bystander"
+
+
+def second_backend_for_a_key(env: Env, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Another backend for CPU: opregistry-cpu keeps CPU, the bystander's kernel runs."""
+    module = env.module_name("rival")
+    env.dists.make("rival", backends={"cpu": f"{module}:backend"}, modules={module: (
+        "from opregistry.backend import DeviceBackend\n"
+        "backend = DeviceBackend('rivalcpu', key='CPU')\n")})
+    reg = load(env.dists, plugins=scope(env))
+    assert not reg.errors, [str(p) for p in reg.errors]
+    [warning] = [p for p in reg.problems if p.code == "backend-shadowed"]
+    assert "opregistry-cpu==" in warning.message and "rival==1.0" in warning.message
+    assert "OPREGISTRY_BACKEND_CPU=rival" in warning.hint
+    fine = getattr(getattr(torch.ops, f"{env.ns}ok"), "fine")
+    assert torch.equal(fine(torch.arange(3.0)), torch.arange(3.0))
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{env.ns}ok::fine", "CPU")
+    load(env.dists, strict=True, plugins=scope(env))  # a warning: strict mode loads too
+
+
+def allow_list_names_missing_distribution(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """OPREGISTRY_PLUGINS with a typo: an error naming the variable, with did-you-mean."""
+    names = [n + "x" if n == "bystander" else n for n in scope(env)]
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join(names))
+    reg = opregistry.load(reload=True)
+    [problem] = [p for p in reg.errors if p.code == "config-unknown-distribution"]
+    assert problem.message.startswith("OPREGISTRY_PLUGINS names 'bystanderx'")
+    assert "did you mean 'bystander'?" in problem.message
+    with pytest.raises(ResolutionError, match="config-unknown-distribution"):
+        opregistry.load(strict=True, reload=True)
+    rc, out, _ = _cli(capsys, "doctor", "--json")
+    assert rc == 1 and "config-unknown-distribution" in out
+
+
+def _config_fault(variable: str, value: str | None, says: str) -> Callable[..., None]:
+    """A value ``Settings`` refuses: ConfigError; CLI status 2; doctor's error; import torch logs."""
+    def case(env: Env, monkeypatch: pytest.MonkeyPatch,
+             capsys: pytest.CaptureFixture[str]) -> None:
+        from structlog.testing import capture_logs
+
+        from opregistry.autoload import autoload
+
+        setting = value
+        if variable == "OPREGISTRY_CONFIG":
+            path = Path(env.dists.root) / "opregistry.toml"
+            if value is not None:
+                path.write_text(value)
+            setting = str(path)
+        monkeypatch.setenv(variable, setting)
+        expected = says.format(path=setting)
+        with pytest.raises(opregistry.ConfigError) as info:
+            load(env.dists, plugins=scope(env))
+        assert str(info.value).startswith(expected), str(info.value)
+        rc, out, err = _cli(capsys, "list")
+        assert (rc, out) == (2, "") and err.splitlines() == [f"opregistry: {info.value}"]
+        rc, out, err = _cli(capsys, "doctor", "--json")
+        [finding] = json.loads(out)["problems"]
+        assert rc == 1 and finding["code"] == "config-invalid"
+        with capture_logs() as logs:
+            autoload()  # what `import torch` runs: logs, registers nothing, raises nothing
+        assert any(expected in str(entry.get("error")) for entry in logs), logs
+        assert opregistry.get_registry() is None
+    return case
+
+
+def unknown_variable(env: Env, monkeypatch: pytest.MonkeyPatch,
+                     capsys: pytest.CaptureFixture[str]) -> None:
+    """OPREGISTRY_STICT=1: nothing reads it; a warning says which variable was meant."""
+    monkeypatch.setenv("OPREGISTRY_STICT", "1")
+    reg = load(env.dists, plugins=scope(env))
+    [warning] = [p for p in reg.problems if p.code == "config-unknown-variable"]
+    assert warning.severity == "warning"
+    assert "did you mean 'OPREGISTRY_STRICT'?" in warning.message
+
+
+def schema_of_100k_characters(env: Env, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The text of a problem is bounded; the data (to_dict, --json) keeps it whole."""
+    args = ", ".join(f"Tensor a{i}" for i in range(8000))
+    bad = env.op_dist("bad", define("huge", schema=f"({args}, Tensr z) -> Tensor"))
+    reg = load(env.dists, plugins=scope(env))
+    [problem] = [p for p in reg.errors if p.code == "schema-invalid"]
+    assert len(problem.message) > 100_000, "the message itself stays whole"
+    assert len(str(problem)) < 2_000 and "characters elided" in str(problem)
+    assert f"{bad}==1.0" in str(problem), "the head, which names the distribution, is kept"
+    with pytest.raises(ResolutionError) as info:
+        load(env.dists, strict=True, plugins=scope(env))
+    assert len(str(info.value)) < 3_000
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join(scope(env)))
+    rc, out, _ = _cli(capsys, "doctor", "--json")
+    [finding] = [f for f in json.loads(out)["problems"] if f["code"] == "schema-invalid"]
+    assert finding["message"] == problem.message
+
+
+#: case id -> (the Problem code, the check); ``config-invalid`` is the code doctor
+#: reports for a :class:`~opregistry.ConfigError`
+SETTING_CASES: dict[str, tuple[str, Callable[..., None]]] = {
+    "strict-at-import-torch": ("plugin-missing-module", strict_at_import_torch),
+    "second-backend-for-a-key": ("backend-shadowed", second_backend_for_a_key),
+    "allow-list-names-missing-distribution": ("config-unknown-distribution",
+                                              allow_list_names_missing_distribution),
+    "strict-not-a-boolean": ("config-invalid", _config_fault(
+        "OPREGISTRY_STRICT", "ture", f"OPREGISTRY_STRICT='ture' is not a boolean: {ACCEPTED}")),
+    "autoload-not-a-boolean": ("config-invalid", _config_fault(
+        "OPREGISTRY_AUTOLOAD", "garbage",
+        f"OPREGISTRY_AUTOLOAD='garbage' is not a boolean: {ACCEPTED}")),
+    "config-file-missing": ("config-invalid", _config_fault(
+        "OPREGISTRY_CONFIG", None, "OPREGISTRY_CONFIG={path}: cannot read the file")),
+    "config-file-malformed": ("config-invalid", _config_fault(
+        "OPREGISTRY_CONFIG", "plugins = [\n", "OPREGISTRY_CONFIG={path}: not valid TOML")),
+    "unknown-variable": ("config-unknown-variable", unknown_variable),
+    "schema-of-100k-characters": ("schema-invalid", schema_of_100k_characters),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETTING_CASES))
+def test_setting_fault(env: Env, case: str, monkeypatch: pytest.MonkeyPatch,
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A fault of the settings: said in one line naming the variable or file; nothing lost."""
+    bystander(env)
+    SETTING_CASES[case][1](env, monkeypatch, capsys)
+
+
 # -- docs/reliability.md is this matrix ------------------------------------------
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
@@ -790,10 +971,11 @@ def doc_table() -> dict[str, str]:
 def test_docs_table() -> None:
     """Every case is in docs/reliability.md with its code, and every row is a case."""
     table = doc_table()
-    assert set(table) == set(CASES), (
-        f"missing from the docs: {sorted(set(CASES) - set(table))}; "
-        f"not a test: {sorted(set(table) - set(CASES))}")
-    assert table == {case: code for case, (code, _) in CASES.items()}
+    cases = {**CASES, **SETTING_CASES}
+    assert set(table) == set(cases), (
+        f"missing from the docs: {sorted(set(cases) - set(table))}; "
+        f"not a test: {sorted(set(table) - set(cases))}")
+    assert table == {case: code for case, (code, _) in cases.items()}
 
 
 def test_docs_config_example_is_valid(tmp_path: Path) -> None:

@@ -43,6 +43,8 @@ class Context:
         self.ops: list[OpDef] = [o for o in decl.ops if keep(o.origin)]
         self.kernels: list[Kernel] = [k for k in decl.kernels if keep(k.origin)]
         self.backends: list[Backend] = [b for b in decl.backends if keep(b.origin)]
+        #: every backend declared, left out or not (to check the user's backend choices)
+        self.declared_backends: tuple[Backend, ...] = tuple(decl.backends)
         self.available = decl.available
 
     def refuse(self, code: str, message: str, hint: str, culprits: Iterable[Origin | None],

@@ -217,7 +217,9 @@ def test_backend_refuses_mutable_op_itself(ns: str) -> None:
                                  r"it mutates or aliases"):
             opregistry_autograd.opregistry_materialize_kernel(
                 library=lib, op=None, kernel=kernel, fn=kernel.fn, setup_context=None)
-        lib.define("outish(Tensor x, *, Tensor(a!) out) -> Tensor(a!)", tags=(torch.Tag.out,))
+        # torch.Tag.out exists from torch 2.13; refusal() reads the tag names it is given
+        out_tag = (torch.Tag.out,) if hasattr(torch.Tag, "out") else ()
+        lib.define("outish(Tensor x, *, Tensor(a!) out) -> Tensor(a!)", tags=out_tag)
         outish = getattr(torch.ops, ns).outish.default
         assert "torch.Tag.out" in opregistry_autograd.refusal(outish._schema, ["out"])
         lib.define("kwt(Tensor x, *, Tensor y) -> Tensor")
@@ -262,6 +264,18 @@ def test_private_torch_apis_still_behave(ns: str) -> None:
     assert not tp.library_alive(lib)
 
 
+def test_python_any_requires_grad_agrees_with_torch() -> None:
+    """The fallback for torch < 2.8 answers what ``_C._any_requires_grad`` answers."""
+    from opregistry_autograd import _torch_private as tp
+
+    g, n = torch.randn(1, requires_grad=True), torch.randn(1)
+    cases = [(), (n,), (g,), (n, 3), (3, g), (n, [n, n]), (n, [n, g]), ((g,),), ([], None, 1.0)]
+    for args in cases:
+        expected = tp.any_requires_grad(*args)
+        assert tp._py_any_requires_grad(*args) is expected, args
+    assert tp.NATIVE_ANY_REQUIRES_GRAD == (torch.__version__ >= "2.8")
+
+
 def test_function_apply_matches_autograd_function_apply() -> None:
     """The wrapper around the C++ apply gives the same graph as Function.apply."""
     from opregistry_autograd import _torch_private as tp
@@ -301,7 +315,8 @@ def test_outside_override_is_not_seen_by_the_fast_path(ops) -> None:  # type: ig
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's "overriding a previously registered kernel"
-            outside.impl("cube", lambda t: t * 0, "CPU")
+            # explicit: Library.impl's allow_override defaults to False before torch 2.13
+            outside.impl("cube", lambda t: t * 0, "CPU", allow_override=True)
         cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
         torch.testing.assert_close(op.cube.default.redispatch(cpu, x), torch.zeros(3))
         torch.testing.assert_close(op.cube(x), x ** 3)  # still opregistry's kernel

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -386,8 +387,12 @@ def test_vmap_rule_is_used_by_torch_vmap(dists, ns):
     assert sys.modules[mod].calls == [(4, (1,))]
     info = [p for p in reg.problems if p.code == "op-no-vmap"]
     assert [(p.op, p.severity) for p in info] == [(f"{ns}::norule", "info")]
-    # without a rule torch falls back to a per-sample loop (slow, hence the report)
-    torch.testing.assert_close(torch.vmap(ops.norule)(x), x.sum(-1))
+    # without a rule torch falls back to a per-sample loop (slow, hence the report);
+    # torch 2.15 also warns about it ("performance drop ... batching rule"), 2.8-2.14 do not
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(torch.vmap(ops.norule)(x), x.sum(-1))
+    assert all("batching rule" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert len(sys.modules[mod].calls) == 1
 
 
@@ -511,6 +516,47 @@ def test_meta_private_path_registers_what_register_fake_registers(ns):
     # Library._destroy deregisters it, as it does register_fake's handle
     assert tp.fake_kernel_of(f"{ns}::pos") is None
     assert not hasattr(getattr(torch.ops, ns), "pos")
+
+
+def test_meta_private_path_canaries_check_signatures():
+    """The private path is taken only where FakeImplHolder.register takes ``lib`` (torch >= 2.8)."""
+    import inspect
+
+    from torch._library import fake_impl, simple_registry
+
+    from opregistry_meta import _torch_private as tp
+
+    takes_lib = "lib" in inspect.signature(fake_impl.FakeImplHolder.register).parameters
+    assert tp.PRIVATE_REGISTER == takes_lib
+    assert tp.PRIVATE_GET == hasattr(simple_registry.singleton, "get")
+    assert not tp._accepts_lib(lambda func, source: None)
+    assert tp._accepts_lib(lambda func, source, lib, *, allow_override=False: None)
+
+
+def test_meta_public_fallback_registers_the_same_kernel(ns, monkeypatch):
+    """Where the private path is unavailable, the public register_fake does the registration."""
+    from torch.library import Library
+
+    from opregistry_meta import _torch_private as tp
+
+    monkeypatch.setattr(tp, "PRIVATE_REGISTER", False)
+    monkeypatch.setattr(tp, "PRIVATE_GET", False)
+
+    def fake(x):
+        return torch.empty_like(x)
+
+    lib = Library(ns, "DEF")
+    try:
+        lib.define("neg(Tensor x) -> Tensor")
+        lib.impl("neg", lambda x: -x, "CPU")
+        tp.register_fake_kernel(lib, f"{ns}::neg", fake, "decl.py:9")
+        # the public function wraps the kernel (_check_pystubs_once) and records its caller
+        assert tp.fake_kernel_of(f"{ns}::neg") is not None
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::neg", "Meta")
+        torch.library.opcheck(getattr(torch.ops, ns).neg.default, (torch.randn(3),))
+    finally:
+        lib._destroy()
+    assert tp.fake_kernel_of(f"{ns}::neg") is None
 
 
 def test_meta_backend_uses_the_declaration_source_line(dists, ns):

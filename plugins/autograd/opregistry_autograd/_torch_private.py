@@ -36,8 +36,30 @@ __all__ = [
 AFTER_AUTOGRAD: Any = _C._after_autograd_keyset
 #: context manager that excludes the autograd keys (what torch runs kernels under)
 below_autograd: Callable[[], Any] = _C._AutoDispatchBelowAutograd
-#: C++ "does any of these tensors (or tensor lists) require grad"
-any_requires_grad: Callable[..., bool] = _C._any_requires_grad
+
+
+def _py_any_requires_grad(*args: Any) -> bool:
+    """What ``_C._any_requires_grad`` computes, in Python (torch < 2.8 has no C++ one).
+
+    A tensor argument, or a tensor inside a list argument (a ``Tensor[]``);
+    like the C++ function, it does not look inside tuples.
+    """
+    tensor = torch.Tensor
+    for a in args:
+        if isinstance(a, tensor):
+            if a.requires_grad:
+                return True
+        elif isinstance(a, list):
+            for t in a:
+                if isinstance(t, tensor) and t.requires_grad:
+                    return True
+    return False
+
+
+#: C++ "does any of these tensors (or tensor lists) require grad" (torch >= 2.8)
+NATIVE_ANY_REQUIRES_GRAD: bool = callable(getattr(_C, "_any_requires_grad", None))
+any_requires_grad: Callable[..., bool] = (
+    _C._any_requires_grad if NATIVE_ANY_REQUIRES_GRAD else _py_any_requires_grad)
 grad_enabled: Callable[[], bool] = _C.is_grad_enabled
 lookup_op: Callable[[str], Any] = _library_utils.lookup_op
 supports_tensorlist: Callable[[type], type] = _library_autograd.supports_tensorlist
@@ -100,9 +122,24 @@ def has_tensorlist(schema: Any) -> bool:
                for a in (*schema.arguments, *schema.returns))
 
 
+def _takes(function: Any, *names: str) -> bool:
+    """Whether ``function``'s signature has parameters named ``names`` (not only the name exists)."""
+    import inspect
+
+    try:
+        return set(names) <= set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return False
+
+
 def _check() -> None:
     """Fail at import if torch moved one of the above (clear message, not a deep traceback)."""
     missing = [name for name, ok in (
+        ("torch._library.utils.lookup_op(qualname)", _takes(lookup_op, "qualname")),
+        ("torch._library.utils.is_tensorlist_like_type(typ)",
+         _takes(_library_utils.is_tensorlist_like_type, "typ")),
+        ("torch._library.autograd.supports_tensorlist(cls)",
+         _takes(supports_tensorlist, "cls")),
         ("torch._C._after_autograd_keyset", isinstance(AFTER_AUTOGRAD, _C.DispatchKeySet)),
         ("DispatchKeySet.raw_repr", hasattr(_C.DispatchKeySet, "raw_repr")),
         ("DispatchKeySet.highestPriorityTypeId", hasattr(_C.DispatchKeySet, "highestPriorityTypeId")),

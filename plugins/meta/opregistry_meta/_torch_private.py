@@ -20,7 +20,28 @@ import torch
 from torch._library import fake_impl as _fake_impl
 from torch._library import simple_registry as _simple_registry
 
-__all__ = ["register_fake_kernel", "fake_kernel_of"]
+__all__ = ["register_fake_kernel", "fake_kernel_of", "PRIVATE_REGISTER", "PRIVATE_GET"]
+
+
+def _accepts_lib(method: Any) -> bool:
+    """Whether ``FakeImplHolder.register`` takes the ``lib`` it ties its Meta kernel to (torch >= 2.8)."""
+    import inspect
+
+    try:
+        return "lib" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+_singleton: Any = getattr(_simple_registry, "singleton", None)
+#: torch >= 2.8: ``FakeImplHolder.register(func, source, lib, *, allow_override=...)``
+#: registers the Meta kernel on ``lib`` itself; older ones take ``(func, source)``.
+PRIVATE_REGISTER: bool = (
+    callable(getattr(_singleton, "find", None))
+    and _accepts_lib(getattr(getattr(_fake_impl, "FakeImplHolder", None), "register", None))
+)
+#: torch >= 2.13: ``SimpleLibraryRegistry.get`` (a lookup that creates no entry)
+PRIVATE_GET: bool = callable(getattr(_singleton, "get", None))
 
 
 def register_fake_kernel(library: Any, qualname: str, fn: Callable[..., Any], source: str) -> None:
@@ -30,25 +51,37 @@ def register_fake_kernel(library: Any, qualname: str, fn: Callable[..., Any], so
     the caller's source line (``source`` is the kernel's declaration
     instead), and ``_check_pystubs_once``, which only checks ops defined in
     C++ (for an op defined in Python it returns at its first call).
+
+    On a torch whose ``FakeImplHolder.register`` does not take ``lib``, this
+    is the public ``register_fake`` (same registration; torch records the
+    caller's line instead of ``source``).
     """
-    entry = _simple_registry.singleton.find(qualname)
+    if not PRIVATE_REGISTER:
+        torch.library.register_fake(qualname, fn, lib=library)
+        return
+    entry = _singleton.find(qualname)
     handle = entry.fake_impl.register(fn, source, lib=library)
     library._registration_handles.append(handle)
 
 
 def fake_kernel_of(qualname: str) -> Any:
     """The fake kernel torch's registry holds for ``qualname`` (``None`` if none): for tests."""
-    entry = _simple_registry.singleton.get(qualname)
+    if PRIVATE_GET:
+        entry = _singleton.get(qualname)
+    else:  # torch < 2.13: the registry's dict, read without creating an entry
+        entry = getattr(_singleton, "_data", {}).get(qualname)
     return None if entry is None else entry.fake_impl.kernel
 
 
 def _check() -> None:
-    """Fail at import if torch moved one of the above (clear message, not a deep traceback)."""
+    """Fail at import if torch moved what no fallback covers (clear message, not a deep traceback).
+
+    Names are not enough: torch 2.7's ``FakeImplHolder.register`` exists but
+    takes no ``lib`` (that case uses the public ``register_fake``).
+    """
     missing = [name for name, ok in (
-        ("torch._library.simple_registry.singleton.find",
-         callable(getattr(getattr(_simple_registry, "singleton", None), "find", None))),
-        ("torch._library.fake_impl.FakeImplHolder.register",
-         callable(getattr(getattr(_fake_impl, "FakeImplHolder", None), "register", None))),
+        ("torch.library.register_fake(..., lib=)",
+         PRIVATE_REGISTER or _accepts_lib(getattr(torch.library, "register_fake", None))),
     ) if not ok]
     if missing:
         raise ImportError(

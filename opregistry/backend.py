@@ -96,6 +96,8 @@ class DeviceBackend:
     @hookimpl
     def opregistry_materialize_kernel(self, library: Any, kernel: Kernel,
                                       fn: Callable[..., Any]) -> bool:
-        library.impl(op_name(kernel), fn, kernel.key)
+        # the resolver decided what may replace what (rule 5); torch 2.8-2.12 would
+        # refuse to replace a Python kernel without this, 2.13+ allows it by default
+        library.impl(op_name(kernel), fn, kernel.key, allow_override=True)
         _device_kernels[(kernel.op, kernel.key)] = (library, fn)
         return True

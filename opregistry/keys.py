@@ -7,14 +7,21 @@ dispatch-key name.  A key in :data:`KNOWN_KEYS` whose backend is not
 installed makes its kernels *inactive*; any other key is an error.
 
 The other torch facts the resolver needs before torch is imported live here
-too: the namespaces torch owns (:data:`RESERVED_NAMESPACES`) and the
-``torch.Tag`` members (:data:`KNOWN_TAGS`).  ``tests/test_torch_state.py``
-compares them with a fresh ``import torch``.
+too, per release of the supported range: the namespaces torch owns
+(:data:`RESERVED_NAMESPACES`) and the ``torch.Tag`` members (:data:`TAG_SINCE`,
+:func:`tags_of`), with :func:`installed_torch` reading the installed torch's
+version and tag list from its files, without importing it.
+``tests/test_torch_state.py`` compares them with a fresh ``import torch``.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import os
+import re
+import sys
+from typing import NamedTuple
 
 __all__ = [
     "DEVICE_KEYS",
@@ -24,7 +31,16 @@ __all__ = [
     "PROVIDERS",
     "FEATURES",
     "RESERVED_NAMESPACES",
+    "NAMESPACE_SINCE",
+    "LAZY_NAMESPACES",
     "KNOWN_TAGS",
+    "ALL_TAGS",
+    "TAG_SINCE",
+    "TORCH_FLOOR",
+    "TorchFacts",
+    "installed_torch",
+    "tags_of",
+    "tag_since",
     "canonical_key",
     "suggest_key",
     "is_known_key",
@@ -108,74 +124,134 @@ def provider_hint(key: str) -> str:
     return f"install an opregistry backend that serves {key}"
 
 
-#: Namespaces torch owns; no distribution may DEF or FRAGMENT them.
-RESERVED_NAMESPACES: frozenset[str] = frozenset(
-    {
-        "_",
-        "aten",
-        "prim",
-        "prims",
-        "quantized",
-        "_quantized",
-        "sparse",
-        "mkl",
-        "mkldnn",
-        "mkldnn_prepacked",
-        "onednn",
-        "inductor",
-        "inductor_prims",
-        "higher_order",
-        "debugprims",
-        "rngprims",
-        "profiler",
-        "c10d",
-        "_c10d_functional",
-        "_c10d_functional_autograd",
-        "_dtensor",
-        "symm_mem",
-        "export",
-        "_native",
-        "_test",
-        "quantization",
-        "static_runtime",
-        "debug_mode_ops",
-        # defined by torch's Python modules when they are first imported
-        # (torch.compile, torch.distributed, torch.onnx, flex attention), so
-        # the dispatcher shows them only after a compile / export has run
-        "_inductor_test",
-        "c10d_functional",
-        "cplib",
-        "flex_lib",
-        "fsdp",
-        "onnx",
-        "onnx_symbolic",
-        "quantized_decomposed",
-        "streams",
-    }
-)
+#: the oldest torch opregistry supports (pyproject.toml: torch>=2.8,<2.16)
+TORCH_FLOOR = (2, 8)
 
-#: ``torch.Tag`` members (torch 2.13); a tag outside them is an error.
-KNOWN_TAGS: frozenset[str] = frozenset(
-    {
-        "core",
-        "cudagraph_unsafe",
-        "data_dependent_output",
-        "dynamic_output_shape",
-        "flexible_layout",
-        "generated",
-        "inplace",
-        "inplace_view",
-        "maybe_aliasing_or_mutating",
-        "needs_contiguous_strides",
-        "needs_exact_strides",
-        "needs_fixed_stride_order",
-        "nondeterministic_bitwise",
-        "nondeterministic_seeded",
-        "out",
-        "out_variant",
-        "pointwise",
-        "pt2_compliant_tag",
-        "reduction",
-        "view_copy",
-    }
-)
+#: torch.Tag members of torch 2.8 (and 2.9): tags.yaml == torch/_C/__init__.pyi's Tag enum
+_TAGS_2_8: frozenset[str] = frozenset({
+    "core", "cudagraph_unsafe", "data_dependent_output", "dynamic_output_shape",
+    "flexible_layout", "generated", "inplace_view", "maybe_aliasing_or_mutating",
+    "needs_contiguous_strides", "needs_exact_strides", "needs_fixed_stride_order",
+    "nondeterministic_bitwise", "nondeterministic_seeded", "pointwise", "pt2_compliant_tag",
+    "view_copy",
+})
+#: tags added after 2.8, with the first release that has them (none removed up to 2.15)
+TAG_SINCE: dict[str, tuple[int, int]] = {
+    "reduction": (2, 10),
+    "out_variant": (2, 11),
+    "inplace": (2, 13),
+    "out": (2, 13),
+}
+#: every tag some supported release knows: a tag outside it is a typo, on any torch
+ALL_TAGS: frozenset[str] = _TAGS_2_8 | frozenset(TAG_SINCE)
+
+#: namespaces torch's dispatcher holds right after ``import torch`` (CUDA wheels of PyPI and
+#: the 2.13 CPU wheel), with the first release of the range that has them (2.8 = "all")
+NAMESPACE_SINCE: dict[str, tuple[int, int]] = {
+    **dict.fromkeys((
+        "_c10d_functional", "_c10d_functional_autograd", "_dtensor", "_quantized", "_test",
+        "aten", "c10d", "debugprims", "export", "inductor", "mkl", "mkldnn", "mkldnn_prepacked",
+        "onednn", "prims", "profiler", "quantization", "quantized", "rngprims", "sparse",
+        "static_runtime", "symm_mem",
+        "prepacked",  # 2.8 (XNNPACK prepacked ops); gone by 2.13
+    ), (2, 8)),
+    # absent from 2.8; present after `import torch` in 2.13 (CPU wheel) and 2.15
+    **dict.fromkeys(("_native", "debug_mode_ops", "inductor_prims"), (2, 13)),
+    # torch/fx/experimental/proxy_tensor.py (coor::current_device...) and
+    # torch/_higher_order_ops/flex_gemm.py, from 2.14
+    **dict.fromkeys(("coor", "flex_gemm"), (2, 14)),
+    # torch._native's AOT kernels (_native_aot::...), from 2.15; fsdp is defined at import too
+    **dict.fromkeys(("_native_aot", "fsdp"), (2, 15)),
+}
+
+#: namespaces torch's Python modules define when they are first imported (torch.compile,
+#: torch.distributed, torch.onnx, flex attention), and "_" -- never in a fresh dispatcher
+LAZY_NAMESPACES: frozenset[str] = frozenset({
+    "_", "_inductor_test", "c10d_functional", "cplib", "flex_lib", "onnx", "onnx_symbolic",
+    "quantized_decomposed", "streams", "higher_order", "prim",
+})
+
+
+class TorchFacts(NamedTuple):
+    version: str            # "2.8.0" (no local label)
+    release: tuple[int, int]
+    tags: frozenset[str]
+    source: str             # where the tags were read from
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = (int(p) for p in re.findall(r"\d+", version)[:2])
+    return major, minor
+
+
+def tags_of(release: tuple[int, int]) -> frozenset[str]:
+    """torch.Tag members of a release, from the table."""
+    return _TAGS_2_8 | {t for t, since in TAG_SINCE.items() if release >= since}
+
+
+def tag_since(tag: str) -> str | None:
+    """``"2.13"`` for ``"out"``; ``None`` for tags every supported release has, or no release."""
+    since = TAG_SINCE.get(tag)
+    return None if since is None else f"{since[0]}.{since[1]}"
+
+
+def _torch_dir() -> str | None:
+    """torch's package directory, found without importing torch."""
+    import importlib.util
+
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        return os.path.dirname(torch.__file__)
+    spec = importlib.util.find_spec("torch")  # a top-level package: nothing is imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def _facts(torch_dir: str, stamp: int) -> TorchFacts | None:
+    """Cached per torch installation (its version.py's mtime changes when pip replaces it)."""
+    try:
+        with open(os.path.join(torch_dir, "version.py"), encoding="utf-8") as fh:
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", fh.read(), re.M)
+    except OSError:
+        return None
+    if found is None:
+        return None
+    version = found.group(1).partition("+")[0]
+    release = _release(version)
+    tags_yaml = os.path.join(os.path.dirname(torch_dir), "torchgen", "packaged", "ATen", "native",
+                             "tags.yaml")
+    try:
+        with open(tags_yaml, encoding="utf-8") as fh:
+            # a YAML list of "- tag: NAME" entries: no YAML parser needed
+            tags = frozenset(re.findall(r"^- tag: (\w+)\s*$", fh.read(), re.M))
+        source = tags_yaml
+    except OSError:
+        tags, source = frozenset(), "table"
+    if not tags:
+        tags, source = tags_of(release), "table"
+    return TorchFacts(version, release, tags, source)
+
+
+def installed_torch() -> TorchFacts | None:
+    """The installed torch's version and tags, without importing it; ``None`` without torch."""
+    torch_dir = _torch_dir()
+    if torch_dir is None:
+        return None
+    try:
+        stamp = os.stat(os.path.join(torch_dir, "version.py")).st_mtime_ns
+    except OSError:
+        return None
+    return _facts(torch_dir, stamp)
+
+
+#: Namespaces torch owns, in any release of the supported range; no distribution
+#: may DEF or FRAGMENT them.  The union, not the installed release's: a package
+#: that claims ``coor`` works beside torch 2.13 but not beside 2.14.
+RESERVED_NAMESPACES: frozenset[str] = frozenset(NAMESPACE_SINCE) | LAZY_NAMESPACES | frozenset(
+    {'_', '_c10d_functional', '_c10d_functional_autograd', '_dtensor', '_inductor_test', '_native', '_quantized', '_test', 'aten', 'c10d', 'c10d_functional', 'cplib', 'debug_mode_ops', 'debugprims', 'export', 'flex_lib', 'fsdp', 'higher_order', 'inductor', 'inductor_prims', 'mkl', 'mkldnn', 'mkldnn_prepacked', 'onednn', 'onnx', 'onnx_symbolic', 'prim', 'prims', 'profiler', 'quantization', 'quantized', 'quantized_decomposed', 'rngprims', 'sparse', 'static_runtime', 'streams', 'symm_mem'})
+
+#: ``torch.Tag`` members of any supported release; a tag outside them is an error
+#: (a typo) on any torch, one the installed torch lacks is refused naming the release
+KNOWN_TAGS: frozenset[str] = ALL_TAGS

@@ -127,6 +127,9 @@ def _define(lib: Any, plan: OpPlan) -> None:
     import torch
 
     op = plan.op
+    missing = [t for t in op.tags if not hasattr(torch.Tag, t)]
+    if missing:  # the resolver refuses these first (op-tag-needs-newer-torch)
+        raise MaterializationError(f"torch {torch.__version__} has no torch.Tag {missing}")
     tags = tuple(getattr(torch.Tag, t) for t in op.tags)
     lib.define(op.full_schema, tags=tags)
     if plan.parsed.is_factory:

@@ -222,7 +222,7 @@ class _Parser:
 
     # -- low level -------------------------------------------------------
     def error(self, what: str) -> SchemaError:
-        return SchemaError(f"invalid schema {_shorten(self.text)!r}: {what} (at column {self.pos + 1})")
+        return SchemaError(f"invalid schema {self.text!r}: {what} (at column {self.pos + 1})")
 
     def skip(self) -> None:
         while self.pos < len(self.text) and self.text[self.pos] in " \t":
@@ -441,14 +441,14 @@ def _parse(text: str, *, named: bool) -> Schema:
 def _check_semantics(schema: Schema, text: str) -> None:
     if len(schema.arguments) > MAX_ARGUMENTS:
         raise SchemaError(
-            f"invalid schema {_shorten(text)!r}: {len(schema.arguments)} arguments, and torch "
+            f"invalid schema {text!r}: {len(schema.arguments)} arguments, and torch "
             f"supports at most {MAX_ARGUMENTS} (Library.define would fail, and leave the op's "
             f"name in the dispatcher); pass a list (Tensor[]) or fewer arguments")
     seen: set[str] = set()
     for arg in schema.arguments:
         if arg.name in seen:
             raise SchemaError(
-                f"invalid schema {_shorten(text)!r}: argument {arg.name!r} appears twice "
+                f"invalid schema {text!r}: argument {arg.name!r} appears twice "
                 f"(torch accepts this and later binds the wrong value; rename one)"
             )
         seen.add(arg.name)
@@ -459,7 +459,7 @@ def _check_semantics(schema: Schema, text: str) -> None:
             continue
         if a.name in arg_aliases:
             raise SchemaError(
-                f"invalid schema {_shorten(text)!r}: alias set '{a.name}' is used by two arguments; "
+                f"invalid schema {text!r}: alias set '{a.name}' is used by two arguments; "
                 f"give each argument its own"
             )
         arg_aliases[a.name] = a.is_write
@@ -469,12 +469,12 @@ def _check_semantics(schema: Schema, text: str) -> None:
             continue
         if a.name not in arg_aliases:
             raise SchemaError(
-                f"invalid schema {_shorten(text)!r}: a return is annotated '({a.name}"
+                f"invalid schema {text!r}: a return is annotated '({a.name}"
                 f"{'!' if a.is_write else ''})' but no argument carries alias set '{a.name}'"
             )
         if a.is_write != arg_aliases[a.name]:
             raise SchemaError(
-                f"invalid schema {_shorten(text)!r}: alias set '{a.name}' is written ('!') on one "
+                f"invalid schema {text!r}: alias set '{a.name}' is written ('!') on one "
                 f"side and not on the other; annotate the argument and the return alike"
             )
 
@@ -561,10 +561,3 @@ def check_tags(schema: Schema, tags: Iterable[str], op: str) -> None:
         if others:
             raise bad("inplace", f"may only mutate its first argument, not {others}")
 
-
-def _shorten(text: str, limit: int = 200) -> str:
-    """``text`` with its middle elided beyond ``limit`` characters (messages stay readable)."""
-    if len(text) <= limit:
-        return text
-    keep = (limit - 5) // 2
-    return f"{text[:keep]} ... {text[-keep:]}"

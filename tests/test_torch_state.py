@@ -81,8 +81,21 @@ def test_static_tables_match_this_torch():
     assert proc.returncode == 0, proc.stderr
     tags, namespaces = json.loads(proc.stdout.splitlines()[-1])
 
-    from opregistry.keys import KNOWN_TAGS, RESERVED_NAMESPACES
+    from opregistry.keys import KNOWN_TAGS, RESERVED_NAMESPACES, installed_torch, tags_of
 
-    assert KNOWN_TAGS == set(tags), f"torch.Tag changed: {sorted(KNOWN_TAGS ^ set(tags))}"
+    facts = installed_torch()
+    assert facts is not None and facts.version == torch_version_of_this_process()
+    # what opregistry reads from torch's files, its per-release table and torch.Tag agree
+    assert facts.tags == set(tags), f"tags.yaml vs torch.Tag: {sorted(facts.tags ^ set(tags))}"
+    assert tags_of(facts.release) == set(tags), (
+        f"keys.TAG_SINCE is out of date for torch {facts.version}: "
+        f"{sorted(tags_of(facts.release) ^ set(tags))}")
+    assert set(tags) <= KNOWN_TAGS
     missing = set(namespaces) - RESERVED_NAMESPACES
     assert not missing, f"torch defines namespaces the resolver does not reserve: {sorted(missing)}"
+
+
+def torch_version_of_this_process() -> str:
+    import torch
+
+    return torch.__version__.partition("+")[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import SchemaError
-from ..keys import KNOWN_TAGS
+from ..keys import KNOWN_TAGS, installed_torch, tag_since
 from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
 from ..schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
@@ -44,6 +44,8 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
         ctx.refuse("op-name-invalid", f"{op.origin} defines op {op.qualname!r}: {why}",
                    "rename the op", (op.origin,), op=op.qualname, source=where)
         return None
+    if not _tags_known(ctx, op):
+        return None
     try:
         schema = parse_signature(op.schema)
         check_mutates_args(schema, op.mutates_args, op.qualname)
@@ -53,13 +55,6 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    "fix the schema (see docs/op-authors.md#schemas)",
                    (op.origin,), op=op.qualname, source=where)
         return None
-    unknown = set(op.tags) - (ctx.torch.tags if ctx.torch is not None else KNOWN_TAGS)
-    if unknown:
-        ctx.refuse("op-tag-unknown",
-                   f"{op.origin}: {op.qualname} has unknown tag(s) {sorted(unknown)}",
-                   "use names of torch.Tag members, e.g. 'pt2_compliant_tag'",
-                   (op.origin,), op=op.qualname, source=where)
-        return None
     if ctx.torch is not None and op.qualname in ctx.torch.ops:
         ctx.refuse("op-held-by-torch",
                    f"{op.origin} defines {op.qualname}, which torch already has "
@@ -67,6 +62,38 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
         return None
     return schema
+
+
+def _tags_known(ctx: Context, op: OpDef) -> bool:
+    """Every tag is a ``torch.Tag`` of some supported torch, and of the installed one.
+
+    Without torch imported, the installed torch's tags are read from its files
+    (:func:`~opregistry.keys.installed_torch`), so ``opregistry list`` reaches the
+    verdict ``import torch`` will: an op tagged ``out`` is refused on torch 2.8,
+    naming the release that has the tag, in both.
+    """
+    unknown = sorted(set(op.tags) - KNOWN_TAGS)
+    if unknown:
+        ctx.refuse("op-tag-unknown",
+                   f"{op.origin}: {op.qualname} has unknown tag(s) {unknown}",
+                   "use names of torch.Tag members, e.g. 'pt2_compliant_tag'",
+                   (op.origin,), op=op.qualname, source=op.source)
+        return False
+    facts = installed_torch()
+    available = ctx.torch.tags if ctx.torch is not None else (
+        facts.tags if facts is not None else KNOWN_TAGS)
+    lacking = sorted(set(op.tags) - available)
+    if lacking:
+        version = facts.version if facts is not None else "?"
+        since = ", ".join(f"torch.Tag.{t} exists from torch {tag_since(t) or '?'}" for t in lacking)
+        needed = max((tag_since(t) or "0.0" for t in lacking), key=lambda v: tuple(map(int, v.split("."))))
+        ctx.refuse("op-tag-needs-newer-torch",
+                   f"{op.origin}: {op.qualname} has tag(s) {lacking}, which the installed torch "
+                   f"({version}) lacks: {since}",
+                   f"install torch>={needed}, or declare the op without {lacking}",
+                   (op.origin,), op=op.qualname, source=op.source)
+        return False
+    return True
 
 
 def check_ops(ctx: Context, namespaces: dict[str, NamespacePlan]) -> dict[str, OpPlan]:

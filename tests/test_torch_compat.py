@@ -36,3 +36,21 @@ def test_doctor_without_torch_agrees_with_the_dispatcher():
     (a ``torch.Tag`` from 2.13): both must say so, or both must accept it.
     """
     assert _findings() == _findings("--live")
+
+
+def test_supported_versions_page_states_the_declared_range():
+    """docs/supported-versions.md states the torch and Python ranges the metadata declares."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "supported-versions.md").read_text()
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    [torch_range] = [re.sub(r"^torch", "", d).split(";")[0].strip()
+                     for d in project["dependencies"] if re.match(r"torch\b", d)]
+    assert f"| torch | `{torch_range}` |" in page
+    assert f"| Python | `{project['requires-python']}` |" in page
+    for path in sorted((root / "plugins").glob("*/pyproject.toml")):
+        deps = tomllib.loads(path.read_text())["project"]["dependencies"]
+        assert f"torch{torch_range}" in deps, f"{path}: every backend declares the same range"

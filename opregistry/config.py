@@ -10,6 +10,8 @@
 ``OPREGISTRY_ALLOW_OVERRIDE`` namespaces (``aten``) or ops (``mylib::foo``)
                             whose kernels a declaration with
                             ``override=True`` may replace.
+``OPREGISTRY_LOCK``         a lockfile: locked mode, only distributions that
+                            match it (name, version, file digests) load.
 ``OPREGISTRY_CONFIG``       a TOML file with the keys ``plugins``,
                             ``block``, ``strict`` and ``allow_override``.
 =========================== ==================================================
@@ -101,6 +103,8 @@ class Settings:
     block: frozenset[str] = field(default=frozenset(), converter=lambda v: _to_frozenset(v) or frozenset())
     strict: bool = False
     policy: Policy = field(factory=Policy)
+    #: locked mode: the lockfile (``OPREGISTRY_LOCK``) that admitted code must match
+    lock: str | None = None
 
     def admits(self, distribution: str) -> str | None:
         """``None`` if ``distribution`` may load, else why not."""
@@ -134,6 +138,7 @@ class Settings:
             block=block,
             strict=_flag(env.get("OPREGISTRY_STRICT"), bool(file.get("strict", False))),
             policy=policy,
+            lock=env.get("OPREGISTRY_LOCK", "").strip() or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return attrs.evolve(settings, **given) if given else settings

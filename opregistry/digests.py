@@ -77,8 +77,11 @@ def digest_of(files: dict[str, str | None]) -> str:
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
-def install_kind(dist: Any) -> str:
-    """``wheel``, ``editable`` or ``source`` (see the module docstring)."""
+def install_kind(dist: Any, record: str | None = None) -> str:
+    """``wheel``, ``editable`` or ``source`` (see the module docstring).
+
+    ``record``: the text of ``RECORD`` when the caller has read it already.
+    """
     direct = dist.read_text("direct_url.json")
     if direct:
         try:
@@ -87,10 +90,10 @@ def install_kind(dist: Any) -> str:
             info = {}
         if isinstance(info, dict) and (info.get("dir_info") or {}).get("editable"):
             return "editable"
-    return "wheel" if dist.read_text("RECORD") else "source"
+    return "wheel" if (record if record is not None else dist.read_text("RECORD")) else "source"
 
 
-def _record(dist: Any) -> list[tuple[str, str | None]]:
+def _record(text: str) -> list[tuple[str, str | None]]:
     """``(relative name, hex sha256 or None)`` of every RECORD entry with a hash.
 
     The hex value is ``None`` when RECORD uses another algorithm (sha384,
@@ -98,7 +101,6 @@ def _record(dist: Any) -> list[tuple[str, str | None]]:
     """
     import csv
 
-    text = dist.read_text("RECORD") or ""
     out = []
     for row in csv.reader(text.splitlines()):
         if len(row) < 2 or not row[0] or not row[1]:
@@ -114,10 +116,10 @@ def _record(dist: Any) -> list[tuple[str, str | None]]:
     return out
 
 
-def _top_levels(dist: Any) -> list[str]:
+def _top_levels(dist: Any, entry_points: Any = None) -> list[str]:
     """Top-level module names the entry points (all groups) and ``top_level.txt`` name."""
     names = set()
-    for ep in dist.entry_points:
+    for ep in dist.entry_points if entry_points is None else entry_points:
         module = ep.value.partition(":")[0].strip()
         if module:
             names.add(module)
@@ -177,15 +179,18 @@ def _walk(path: str, base: str) -> Iterable[tuple[str, str]]:
             yield os.path.relpath(full, base).replace(os.sep, "/"), full
 
 
-def contents(dist: Any, *, trust_record: bool = False) -> dict[str, Any]:
+def contents(dist: Any, *, trust_record: bool = False,
+             entry_points: Any = None) -> dict[str, Any]:
     """The content record of ``dist``: install kind, per-file sha256 and a digest.
 
     ``{"install": kind, "digest": "sha256:...", "files": {name: hex}}``; a file
     that RECORD lists but that is missing on disk has ``None``.
+    ``entry_points``: ``dist.entry_points``, when the caller has read them.
     """
-    kind = install_kind(dist)
+    record = dist.read_text("RECORD") or ""
+    kind = install_kind(dist, record)
     files: dict[str, str | None] = {}
-    for name, recorded in _record(dist):
+    for name, recorded in _record(record):
         if trust_record and kind == "wheel" and recorded is not None:
             files[name] = recorded
         else:
@@ -197,7 +202,7 @@ def contents(dist: Any, *, trust_record: bool = False) -> dict[str, Any]:
                 path = os.path.join(str(info), meta)
                 if os.path.isfile(path):
                     files.setdefault(f"{os.path.basename(str(info))}/{meta}", _sha256_file(path))
-        for module in _top_levels(dist):
+        for module in _top_levels(dist, entry_points):
             for path, base in _locate(module):
                 for name, full in _walk(path, base):
                     files.setdefault(name, _sha256_file(full))

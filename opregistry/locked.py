@@ -30,6 +30,7 @@ from attrs import field, frozen
 from .config import Settings, canonical_name
 from .digests import contents, file_differences
 from .discovery import GROUPS
+from .discovery import _name_version as name_version  # METADATA's two headers, read fast
 from .errors import LockMismatchError
 from .lockfile import read_lock
 from .model import Discovered, Origin, Problem, Skipped
@@ -102,15 +103,16 @@ def _check(settings: Settings, locked: Mapping[str, Any], where: str) -> Gate:
     refused: dict[str, str] = {}
     problems = []
     for dist in importlib_metadata.distributions():
-        eps = [ep for ep in dist.entry_points if ep.group in GROUPS]
+        every = dist.entry_points
+        eps = [ep for ep in every if ep.group in GROUPS]
         if not eps:
             continue
-        raw, version = dist.metadata["Name"] or "", dist.version
-        name = canonical_name(raw)
+        raw, version = name_version(dist, None)
+        name = canonical_name(raw or "")
         if name in seen or settings.admits(name) is not None:
             continue  # a second copy (discovery reports it) or not admitted anyway
         seen.add(name)
-        found = _mismatch(name, version, dist, versions, recorded)
+        found = _mismatch(name, version, dist, every, versions, recorded)
         if not found:
             continue
         refused[name] = f"locked mode ({where}): does not match the lockfile, not imported"
@@ -140,8 +142,8 @@ def _check(settings: Settings, locked: Mapping[str, Any], where: str) -> Gate:
     return Gate(blocked, refused=refused, problems=tuple(problems))
 
 
-def _mismatch(name: str, version: str, dist: Any, versions: Mapping[str, str],
-              recorded: Mapping[str, Any]) -> list[str]:
+def _mismatch(name: str, version: str, dist: Any, entry_points: Any,
+              versions: Mapping[str, str], recorded: Mapping[str, Any]) -> list[str]:
     """Why ``dist`` does not match the lock (empty when it does), one phrase each."""
     if name not in versions:
         return [f"the lockfile does not name {name}"]
@@ -149,7 +151,7 @@ def _mismatch(name: str, version: str, dist: Any, versions: Mapping[str, str],
         return [f"version {version} is installed, the lockfile has {versions[name]}"]
     if name not in recorded:
         return [f"the lockfile records no content for {name}"]
-    here = contents(dist, trust_record=False)
+    here = contents(dist, trust_record=False, entry_points=entry_points)
     if here["digest"] == recorded[name].get("digest") and here["files"] == recorded[name].get(
             "files"):
         return []

@@ -77,12 +77,37 @@ def digest_of(files: dict[str, str | None]) -> str:
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
+def _folder(dist: Any) -> str | None:
+    """The dist-info / egg-info folder of ``dist``; ``None`` for a custom provider."""
+    path = getattr(dist, "_path", None)
+    return None if path is None else str(path)
+
+
+def _read_text(dist: Any, name: str) -> str | None:
+    """``dist.read_text(name)``, with plain ``open`` for a folder (no pathlib on the hot path)."""
+    folder = _folder(dist)
+    if folder is None:
+        return dist.read_text(name)
+    try:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _locate_file(dist: Any, name: str) -> str:
+    folder = _folder(dist)
+    if folder is None:
+        return str(dist.locate_file(name))
+    return os.path.join(os.path.dirname(folder), name)
+
+
 def install_kind(dist: Any, record: str | None = None) -> str:
     """``wheel``, ``editable`` or ``source`` (see the module docstring).
 
     ``record``: the text of ``RECORD`` when the caller has read it already.
     """
-    direct = dist.read_text("direct_url.json")
+    direct = _read_text(dist, "direct_url.json")
     if direct:
         try:
             info = json.loads(direct)
@@ -90,10 +115,10 @@ def install_kind(dist: Any, record: str | None = None) -> str:
             info = {}
         if isinstance(info, dict) and (info.get("dir_info") or {}).get("editable"):
             return "editable"
-    return "wheel" if (record if record is not None else dist.read_text("RECORD")) else "source"
+    return "wheel" if (record if record is not None else _read_text(dist, "RECORD")) else "source"
 
 
-def _record(text: str) -> list[tuple[str, str | None]]:
+def _record(text: str, decode: bool = True) -> list[tuple[str, str | None]]:
     """``(relative name, hex sha256 or None)`` of every RECORD entry with a hash.
 
     The hex value is ``None`` when RECORD uses another algorithm (sha384,
@@ -107,7 +132,7 @@ def _record(text: str) -> list[tuple[str, str | None]]:
             continue
         algo, _, b64 = row[1].partition("=")
         hexval = None
-        if algo == "sha256":
+        if decode and algo == "sha256":
             try:
                 hexval = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
             except (ValueError, TypeError):
@@ -123,7 +148,7 @@ def _top_levels(dist: Any, entry_points: Any = None) -> list[str]:
         module = ep.value.partition(":")[0].strip()
         if module:
             names.add(module)
-    for line in (dist.read_text("top_level.txt") or "").splitlines():
+    for line in (_read_text(dist, "top_level.txt") or "").splitlines():
         if line.strip():
             names.add(line.strip())
     return sorted(names)
@@ -187,16 +212,17 @@ def contents(dist: Any, *, trust_record: bool = False,
     that RECORD lists but that is missing on disk has ``None``.
     ``entry_points``: ``dist.entry_points``, when the caller has read them.
     """
-    record = dist.read_text("RECORD") or ""
+    record = _read_text(dist, "RECORD") or ""
     kind = install_kind(dist, record)
+    trust = trust_record and kind == "wheel"
     files: dict[str, str | None] = {}
-    for name, recorded in _record(record):
-        if trust_record and kind == "wheel" and recorded is not None:
+    for name, recorded in _record(record, decode=trust):
+        if trust and recorded is not None:
             files[name] = recorded
         else:
-            files[name] = _sha256_file(str(dist.locate_file(name)))
+            files[name] = _sha256_file(_locate_file(dist, name))
     if kind != "wheel":
-        info = getattr(dist, "_path", None)
+        info = _folder(dist)
         if info is not None:
             for meta in ("METADATA", "PKG-INFO", "entry_points.txt"):
                 path = os.path.join(str(info), meta)

@@ -1,24 +1,6 @@
 """Settings: which plugins load, strictness, override policy, which backend serves a key.
 
-=============================== ==================================================
-``OPREGISTRY_PLUGINS``          allow-list: comma-separated distribution names;
-                                unset loads all, an empty string loads none.
-``OPREGISTRY_BLOCK``            block-list: distributions never loaded.
-``OPREGISTRY_STRICT``           ``1``: any problem raises before anything is
-                                registered -- in :func:`opregistry.load` and at
-                                ``import torch`` alike.
-``OPREGISTRY_AUTOLOAD``         ``0``: ``import torch`` does not load the registry.
-``OPREGISTRY_ALLOW_OVERRIDE``   namespaces (``aten``) or ops (``mylib::foo``)
-                                whose kernels a declaration with
-                                ``override=True`` may replace.
-``OPREGISTRY_BACKEND_<KEY>``    the distribution whose backend serves dispatch
-                                key ``<KEY>`` when several declare one
-                                (``OPREGISTRY_BACKEND_CPU=my-cpu``).
-``OPREGISTRY_CONFIG``           a TOML file with the keys ``plugins``,
-                                ``block``, ``strict``, ``allow_override`` and
-                                ``backends`` (a table: ``backends = {CPU = "my-cpu"}``).
-=============================== ==================================================
-
+=============================== ===========================================
 Both lists apply to op packages and backends alike; names are compared the
 way pip compares them (``My_Pkg`` is ``my-pkg``).  Precedence, highest
 first: arguments of :func:`opregistry.load`, environment variables, the
@@ -61,7 +43,7 @@ BACKEND_VAR_PREFIX = "OPREGISTRY_BACKEND_"
 KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT", "OPREGISTRY_AUTOLOAD",
     "OPREGISTRY_ALLOW_OVERRIDE", CONFIG_VAR,
-    "OPREGISTRY_LOCK",  # locked mode (branch `lock`: Settings.lock, opregistry/locked.py)
+    "OPREGISTRY_LOCK",  # locked mode: Settings.lock, opregistry/locked.py
     "OPREGISTRY_FUZZ_EXAMPLES",  # the test suite's fuzzers
 }
 #: key in the file -> its kind
@@ -211,6 +193,8 @@ class Settings:
     sources: Mapping[str, str] = field(factory=dict, eq=False, hash=False)
     #: ``OPREGISTRY_*`` variables set in the environment that nothing reads
     unknown_variables: tuple[str, ...] = field(default=(), eq=False)
+    #: locked mode: the lockfile (``OPREGISTRY_LOCK``) that admitted code must match
+    lock: str | None = None
 
     def admits(self, distribution: str) -> str | None:
         """``None`` if ``distribution`` may load, else why not."""
@@ -308,7 +292,8 @@ class Settings:
         if "block" in given:
             sources["block"] = "the block argument"
         settings = cls(allow=allow, block=block, strict=strict, policy=policy, sources=sources,
-                       unknown_variables=unknown)
+                       unknown_variables=unknown,
+                       lock=env.get("OPREGISTRY_LOCK", "").strip() or None)
         return attrs.evolve(settings, **given) if given else settings
 
 

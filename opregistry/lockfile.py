@@ -4,12 +4,17 @@ The lock data is plain JSON built from a :class:`~opregistry.plan.Plan`:
 the torch version, which distributions contribute (and at which version), the backends and
 their dispatch keys, the namespaces (owner, fragments), every op with its
 schema and tags, and every kernel with its origin (``module:function`` and
-distribution) and status.  Everything is keyed by name and sorted, so the
+distribution) and status, and -- the lock proves the code, not only the names -- the
+content of every contributing distribution: one sha256 per installed file
+and one digest per distribution (:mod:`opregistry.digests`).  Everything is
+keyed by name and sorted, so the
 data -- and :func:`fingerprint`, the sha256 of its canonical JSON -- does not
 depend on the order in which entry points were found.
 
 What the lock leaves out, on purpose:
 
+* absolute paths: file names in ``contents`` are relative (to
+  ``site-packages``, as ``RECORD`` writes them);
 * source locations (``/home/me/site-packages/...:42``): they differ between
   machines that installed the very same wheels;
 * whether a backend can run *on this machine* (CUDA present or not): a lock
@@ -29,6 +34,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TextIO, Union
 
+from .digests import contents, file_differences
 from .errors import LockMismatchError
 
 if TYPE_CHECKING:
@@ -46,11 +52,13 @@ __all__ = [
     "read_lock",
     "diff_lock",
     "verify_plan",
+    "installed",
+    "contents_of",
 ]
 
 #: Version of the lock format; bumped when a field is added or changes meaning
-#: (2: the torch version).
-LOCK_VERSION = 2
+#: (2: the torch version; 3: ``contents``, the sha256 of every installed file).
+LOCK_VERSION = 3
 #: The file ``opregistry lock`` writes and ``opregistry verify`` reads by default.
 DEFAULT_LOCKFILE = "opregistry.lock"
 
@@ -105,8 +113,55 @@ def torch_version() -> str | None:
     return version.partition("+")[0]
 
 
-def lock_data(plan: Plan) -> dict[str, Any]:
-    """The lock data of ``plan``: plain, sorted JSON-able data, without the fingerprint."""
+def installed(names: Any) -> dict[str, Any]:
+    """The installed distribution of each name (the copy Python imports: first on ``sys.path``).
+
+    Names that are not installed (a plan made of hand-written declarations)
+    are left out.
+    """
+    import importlib_metadata
+
+    from .config import canonical_name
+
+    found = {}
+    for name in names:
+        try:
+            dist = importlib_metadata.distribution(name)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+        if canonical_name(dist.metadata["Name"] or "") == name:
+            found[name] = dist
+    missing = set(names) - set(found)
+    if missing:
+        # a dist-info folder not named after its distribution: find it the way
+        # discovery does, by the Name of every distribution with entry points
+        for dist in importlib_metadata.distributions():
+            if not any(ep.group.startswith("opregistry.") for ep in dist.entry_points):
+                continue
+            name = canonical_name(dist.metadata["Name"] or "")
+            if name in missing:
+                found[name] = dist
+                missing.discard(name)
+    return found
+
+
+def contents_of(distributions: Mapping[str, str], *, on_disk: bool) -> dict[str, Any]:
+    """``contents`` of the lock: per installed distribution, its files' sha256 and digest.
+
+    ``on_disk=False`` takes a wheel's hashes from its ``RECORD`` (what ``lock``
+    records: the content as installed); ``on_disk=True`` reads every file
+    (what ``verify`` compares: the content as it is now).
+    """
+    return {name: contents(dist, trust_record=not on_disk)
+            for name, dist in sorted(installed(distributions).items())}
+
+
+def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
+    """The lock data of ``plan``: plain, sorted JSON-able data, without the fingerprint.
+
+    ``on_disk``: hash every installed file rather than trust a wheel's
+    ``RECORD`` (see :func:`contents_of`).
+    """
     excluded = {o.distribution for o in plan.excluded}
     distributions = {o.distribution: o.version for o in plan.distributions
                      if o.distribution not in excluded}
@@ -144,6 +199,7 @@ def lock_data(plan: Plan) -> dict[str, Any]:
             for op in sorted(plan.ops, key=lambda o: o.op.qualname)
         },
         "external_kernels": {name: _kernels(ks) for name, ks in sorted(external.items())},
+        "contents": contents_of(distributions, on_disk=on_disk),
     }
 
 
@@ -194,9 +250,18 @@ def read_lock(path: PathLike) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         found = data.get("lock_version") if isinstance(data, dict) else None
+        older = (" (an older opregistry's lock: it records names and versions, not the "
+                 "content of the installed files)"
+                 if isinstance(found, int) and found < LOCK_VERSION else "")
         raise LockMismatchError(
-            f"lockfile {str(p)!r} has lock_version {found!r}, this opregistry reads "
+            f"lockfile {str(p)!r} has lock_version {found!r}{older}, this opregistry reads "
             f"{LOCK_VERSION}; regenerate it with 'opregistry lock -o {p}'"
+        )
+    if not isinstance(data.get("distributions"), dict) or not isinstance(
+            data.get("contents"), dict):
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} is malformed (no 'distributions' or 'contents' table); "
+            f"regenerate it with 'opregistry lock -o {p}'"
         )
     return data
 
@@ -316,6 +381,44 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
     for name in sorted(set(xa) | set(xb)):
         out += _diff_kernels(f"torch op {name}", xa.get(name, {}), xb.get(name, {}),
                              a, b, va, vb)
+    out += _diff_contents(old.get("contents", {}), new.get("contents", {}), a, b, va, vb)
+    return out
+
+
+def _diff_contents(ca: Mapping[str, Any], cb: Mapping[str, Any], a: str, b: str,
+                   va: Mapping[str, str], vb: Mapping[str, str]) -> list[str]:
+    """Every file that differs, per distribution both sides have at the same version.
+
+    A distribution on one side only, or at another version, is reported by
+    the ``distributions`` comparison already; its files would only repeat it.
+    """
+    out = []
+    for name in sorted(set(ca) | set(cb)):
+        if name not in va or name not in vb or va[name] != vb[name]:
+            continue
+        if name not in ca or name not in cb:
+            side = a if name not in ca else b
+            out.append(f"distribution {name}: {side} records no content for it (not installed "
+                       f"as a distribution Python can find)")
+        elif ca[name] != cb[name]:
+            out += file_differences(name, ca[name], cb[name], f"in {a}", f"in {b}")
+    return out
+
+
+def _left_out_contents(locked: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The files of locked distributions installed at the locked version but not in the plan.
+
+    The locked mode leaves a distribution whose files changed out of the
+    plan; its files are still what ``verify`` must name.
+    """
+    versions: Mapping[str, str] = locked.get("distributions", {})
+    recorded: Mapping[str, Any] = locked.get("contents", {})
+    missing = [n for n in versions if n not in current.get("contents", {}) and n in recorded]
+    out = []
+    for name, dist in sorted(installed(missing).items()):
+        if dist.version == versions[name]:
+            out += file_differences(name, recorded[name], contents(dist), "in the lockfile",
+                                    "in this environment")
     return out
 
 
@@ -327,8 +430,9 @@ def verify_plan(path: PathLike, plan: Plan) -> str:
     :func:`opregistry.verify_lock` is this, with the current plan as default.
     """
     locked = read_lock(path)
-    current = lock_data(plan)
+    current = lock_data(plan, on_disk=True)
     differences = diff_lock(locked, current)
+    differences += _left_out_contents(locked, current)
     recorded = locked.get("fingerprint")
     actual = fingerprint_of(current)
     if not differences and recorded is not None and recorded != fingerprint_of(locked):

@@ -22,6 +22,7 @@ from .containment import interrupts_watched
 from .discovery import discover
 from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
+from .locked import gate
 from .logs import get_logger
 from .materializer import Materialized, defined_ops, gc_paused
 from .model import Problem, elide
@@ -56,7 +57,9 @@ def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchStat
 def _collect_and_resolve_unpaused(settings: Settings,
                                   torch_state: Callable[[], TorchState | None]
                                   ) -> tuple[Collected, Plan]:
-    collected = collect(discover(settings))
+    # locked mode (OPREGISTRY_LOCK): checked before any plugin module is imported
+    lock_gate = gate(settings)
+    collected = collect(lock_gate.apply(discover(lock_gate.settings)))
     # torch's state is read after the plugins are imported: a plugin may register
     # with torch itself at import (a Library of its own), and the resolver must see it
     return collected, resolve(collected.declarations, policy=settings.policy,

@@ -95,7 +95,8 @@ def ns() -> str:
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts and ends without a loaded registry or opregistry env vars."""
     for var in ("OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT",
-                "OPREGISTRY_ALLOW_OVERRIDE", "OPREGISTRY_AUTOLOAD", "OPREGISTRY_CONFIG"):
+                "OPREGISTRY_ALLOW_OVERRIDE", "OPREGISTRY_AUTOLOAD", "OPREGISTRY_CONFIG",
+                "OPREGISTRY_LOCK"):
         monkeypatch.delenv(var, raising=False)
     previous = _registry._registry
     _registry._registry = None

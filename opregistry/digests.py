@@ -1,0 +1,262 @@
+"""What a distribution's installed files hold: one sha256 per file, one digest per distribution.
+
+The lock (:mod:`opregistry.lockfile`) records these, ``opregistry verify``
+compares them, and the locked mode (:mod:`opregistry.locked`) checks them
+before a plugin module is imported.  Which files count depends on how the
+distribution was installed:
+
+``wheel``
+    a ``*.dist-info`` with a ``RECORD`` (pip, uv, installer): every file
+    ``RECORD`` lists with a hash -- the package's modules, its data files,
+    ``METADATA`` and ``entry_points.txt``.  Files without a hash in ``RECORD``
+    (``RECORD`` itself, ``.pyc`` files some installers add) are left out.
+``editable``
+    ``direct_url.json`` says ``dir_info.editable`` (PEP 660): ``RECORD``
+    lists only a ``.pth`` file or an import finder, so the source files of
+    the top-level packages and modules the distribution's entry points name
+    (and its ``top_level.txt`` names) are hashed as they are on disk, every
+    file of each package folder except ``__pycache__``, plus the ``RECORD``
+    entries with a hash and the dist-info's ``METADATA`` and
+    ``entry_points.txt``.
+``source``
+    no ``RECORD`` (an ``.egg-info``, a hand-made ``*.dist-info``): as
+    ``editable``.
+
+File names are relative -- to ``site-packages`` as ``RECORD`` writes them,
+or to the folder holding the top-level package -- and use ``/``, so the
+same install on two machines gives the same names and digests.
+
+:func:`contents` with ``trust_record=True`` takes a wheel file's sha256 from
+``RECORD`` without reading the file (what ``opregistry lock`` records: the
+content as installed); with ``trust_record=False`` it hashes every file on
+disk (``opregistry verify`` and the locked mode: ``RECORD`` alone proves
+nothing about a file edited after install).  Nothing here imports a
+plugin's module: a top-level package is located with
+:func:`importlib.util.find_spec`, which runs no code of the package.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any, Iterable
+
+__all__ = ["contents", "install_kind", "digest_of", "file_differences", "short"]
+
+_CHUNK = 1 << 20
+
+
+def _sha256_file(path: str) -> str | None:
+    """Hex sha256 of the file at ``path``, or ``None`` when it cannot be read."""
+    import hashlib  # here: OpenSSL's import is a cost only the locked mode should pay
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(_CHUNK)
+                if not chunk:
+                    break
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def short(value: str | None) -> str:
+    """The first 12 hex digits of a sha256, for messages; ``missing`` for ``None``."""
+    return "missing" if value is None else value[:12] + "..."
+
+
+def digest_of(files: dict[str, str | None]) -> str:
+    """``sha256:<hex>`` of a file map (name -> hex sha256), independent of its order."""
+    import hashlib
+
+    body = json.dumps(sorted(files.items()), separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def _folder(dist: Any) -> str | None:
+    """The dist-info / egg-info folder of ``dist``; ``None`` for a custom provider."""
+    path = getattr(dist, "_path", None)
+    return None if path is None else str(path)
+
+
+def _read_text(dist: Any, name: str) -> str | None:
+    """``dist.read_text(name)``, with plain ``open`` for a folder (no pathlib on the hot path)."""
+    folder = _folder(dist)
+    if folder is None:
+        return dist.read_text(name)
+    try:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _locate_file(dist: Any, name: str) -> str:
+    folder = _folder(dist)
+    if folder is None:
+        return str(dist.locate_file(name))
+    return os.path.join(os.path.dirname(folder), name)
+
+
+def install_kind(dist: Any, record: str | None = None) -> str:
+    """``wheel``, ``editable`` or ``source`` (see the module docstring).
+
+    ``record``: the text of ``RECORD`` when the caller has read it already.
+    """
+    direct = _read_text(dist, "direct_url.json")
+    if direct:
+        try:
+            info = json.loads(direct)
+        except ValueError:
+            info = {}
+        if isinstance(info, dict) and (info.get("dir_info") or {}).get("editable"):
+            return "editable"
+    return "wheel" if (record if record is not None else _read_text(dist, "RECORD")) else "source"
+
+
+def _record(text: str, decode: bool = True) -> list[tuple[str, str | None]]:
+    """``(relative name, hex sha256 or None)`` of every RECORD entry with a hash.
+
+    The hex value is ``None`` when RECORD uses another algorithm (sha384,
+    ...): the file is then hashed with sha256 on disk.
+    """
+    import csv
+
+    out = []
+    for row in csv.reader(text.splitlines()):
+        if len(row) < 2 or not row[0] or not row[1]:
+            continue
+        algo, _, b64 = row[1].partition("=")
+        hexval = None
+        if decode and algo == "sha256":
+            try:
+                hexval = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+            except (ValueError, TypeError):
+                hexval = None
+        out.append((row[0].replace(os.sep, "/"), hexval))
+    return out
+
+
+def _top_levels(dist: Any, entry_points: Any = None) -> list[str]:
+    """Top-level module names the entry points (all groups) and ``top_level.txt`` name."""
+    names = set()
+    for ep in dist.entry_points if entry_points is None else entry_points:
+        module = ep.value.partition(":")[0].strip()
+        if module:
+            names.add(module)
+    for line in (_read_text(dist, "top_level.txt") or "").splitlines():
+        if line.strip():
+            names.add(line.strip())
+    return sorted(names)
+
+
+def _locate(module: str) -> list[tuple[str, str]]:
+    """``(path, base)`` pairs holding ``module``'s top-level package, without running its code.
+
+    ``base`` is the folder relative to which names are written.  A namespace
+    package (no ``__init__``, no code) is descended into, so that
+    ``ns.mylib.ops`` is located at ``ns/mylib``; a regular package is never
+    descended into, since finding its submodules would import it.
+    """
+    import importlib.util
+
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError, AttributeError):
+            return []
+        if spec is None:
+            return []
+        locations = list(spec.submodule_search_locations or [])
+        if spec.origin not in (None, "namespace") and spec.has_location:
+            if locations:  # a regular package: its folder
+                folder = os.path.dirname(spec.origin)
+                return [(folder, _base(folder, depth))]
+            return [(spec.origin, _base(os.path.dirname(spec.origin), depth - 1))]
+        if not locations:
+            return []
+        if depth == len(parts):  # the named module is itself a namespace package
+            return [(loc, _base(loc, depth)) for loc in locations]
+    return []
+
+
+def _base(folder: str, depth: int) -> str:
+    for _ in range(depth):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def _walk(path: str, base: str) -> Iterable[tuple[str, str]]:
+    """``(relative name, absolute path)`` of every file under ``path`` but ``__pycache__``."""
+    if os.path.isfile(path):
+        yield os.path.relpath(path, base).replace(os.sep, "/"), path
+        return
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            full = os.path.join(folder, name)
+            yield os.path.relpath(full, base).replace(os.sep, "/"), full
+
+
+def contents(dist: Any, *, trust_record: bool = False,
+             entry_points: Any = None) -> dict[str, Any]:
+    """The content record of ``dist``: install kind, per-file sha256 and a digest.
+
+    ``{"install": kind, "digest": "sha256:...", "files": {name: hex}}``; a file
+    that RECORD lists but that is missing on disk has ``None``.
+    ``entry_points``: ``dist.entry_points``, when the caller has read them.
+    """
+    record = _read_text(dist, "RECORD") or ""
+    kind = install_kind(dist, record)
+    trust = trust_record and kind == "wheel"
+    files: dict[str, str | None] = {}
+    for name, recorded in _record(record, decode=trust):
+        if trust and recorded is not None:
+            files[name] = recorded
+        else:
+            files[name] = _sha256_file(_locate_file(dist, name))
+    if kind != "wheel":
+        info = _folder(dist)
+        if info is not None:
+            for meta in ("METADATA", "PKG-INFO", "entry_points.txt"):
+                path = os.path.join(str(info), meta)
+                if os.path.isfile(path):
+                    files.setdefault(f"{os.path.basename(str(info))}/{meta}", _sha256_file(path))
+        for module in _top_levels(dist, entry_points):
+            for path, base in _locate(module):
+                for name, full in _walk(path, base):
+                    files.setdefault(name, _sha256_file(full))
+    ordered = dict(sorted(files.items()))
+    return {"install": kind, "digest": digest_of(ordered), "files": ordered}
+
+
+def file_differences(distribution: str, old: dict[str, Any], new: dict[str, Any],
+                     in_a: str, in_b: str) -> list[str]:
+    """One sentence per file that differs between two content records of ``distribution``.
+
+    ``in_a`` / ``in_b`` say where each record comes from (``"in the lockfile"``,
+    ``"here"``).
+    """
+    fa: dict[str, str | None] = old.get("files") or {}
+    fb: dict[str, str | None] = new.get("files") or {}
+    out = []
+    for name in sorted(set(fa) | set(fb)):
+        if name not in fb:
+            out.append(f"distribution {distribution}: file {name} removed (sha256 "
+                       f"{short(fa[name])} {in_a}, no such file {in_b})")
+        elif name not in fa:
+            out.append(f"distribution {distribution}: file {name} added (no such file {in_a}, "
+                       f"sha256 {short(fb[name])} {in_b})")
+        elif fa[name] != fb[name]:
+            out.append(f"distribution {distribution}: file {name} changed (sha256 "
+                       f"{short(fa[name])} {in_a}, {short(fb[name])} {in_b})")
+    if not out and old.get("install") != new.get("install"):
+        out.append(f"distribution {distribution}: installed as {old.get('install')} {in_a}, "
+                   f"as {new.get('install')} {in_b}")
+    return out

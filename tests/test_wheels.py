@@ -198,7 +198,7 @@ def _backends_used() -> dict[str, set[str]]:
     used: dict[str, set[str]] = {}
     for op in data["ops"]:
         for kernel in op["kernels"]:
-            dist = kernel["distribution"].split("==")[0]
+            dist = kernel["distribution"]["name"]
             used.setdefault(dist, set()).add(kernel["backend"])
     return used
 

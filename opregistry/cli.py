@@ -23,7 +23,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 from . import report
-from .errors import ConfigError
+from .errors import DOCS_URL, ConfigError
 from .lockfile import DEFAULT_LOCKFILE
 from .model import elide
 from .report import STATUSES
@@ -45,8 +45,6 @@ EXIT_CODES = {
                       "itself is that plugin's problem, not this)",
 }
 
-#: Where the documentation lives; hints name a page there or ``opregistry help TOPIC``.
-DOCS_URL = "https://opregistry.github.io/opregistry/"
 
 
 def _configure_logging(verbose: int) -> None:

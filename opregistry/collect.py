@@ -24,7 +24,7 @@ from attrs import field, frozen
 from . import guard, hookspecs
 from .discovery import BACKENDS_GROUP, OPS_GROUP, load_problem
 from .containment import describe
-from .errors import PluginLoadError, PluginValidationError
+from .errors import DOCS_URL, PluginLoadError, PluginValidationError
 from .logs import get_logger
 from .model import (
     Backend,
@@ -96,7 +96,8 @@ def _validation_problem(origin: Origin, message: str, source: str | None = None,
     return Problem(
         code="plugin-invalid",
         message=f"{origin}: {message}",
-        hint=f"fix the hook implementations of {origin.distribution} (see docs/hooks.md)",
+        hint=f"fix the hook implementations of {origin.distribution} (the hooks and their "
+             f"arguments: {DOCS_URL}hooks/)",
         culprits=(origin,),
         source=source,
         error=error,

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .model import Origin, Problem
 
 __all__ = [
+    "DOCS_URL",
     "OpRegistryError",
     "DeclarationError",
     "SchemaError",
@@ -26,6 +27,12 @@ __all__ = [
     "ConfigError",
     "ReentrantLoadError",
 ]
+
+
+#: Where the documentation lives.  Messages and hints name a page there (or
+#: ``opregistry help TOPIC``), never a path of the repository, which a user who
+#: installed the wheels does not have.
+DOCS_URL = "https://opregistry.github.io/opregistry/"
 
 
 class OpRegistryError(Exception):

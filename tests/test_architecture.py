@@ -127,3 +127,24 @@ def _all_imports() -> list[tuple[str, list[str]]]:
             if not {".venv", "build", "site"} & set(path.relative_to(ROOT).parts):
                 found += _imports(path, runtime_only=False)
     return found
+
+
+def test_messages_name_no_file_of_the_repository():
+    """Hints and messages name pages of the documentation site, never ``docs/*.md``.
+
+    A user who installed the wheels has no ``docs/`` folder: ``see docs/hooks.md``
+    points at nothing.  Docstrings and comments may name the repository's files.
+    """
+    found = []
+    for name, path in sorted(_modules().items()):
+        tree = ast.parse(path.read_text(), str(path))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef,
+                                           ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings and re.search(r"docs/[\w-]+\.md", node.value)):
+                found.append(f"{name}:{node.lineno}: {node.value[:80]!r}")
+    assert not found, "\n".join(found)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..errors import SchemaError
+from ..errors import DOCS_URL, SchemaError
 from ..keys import KNOWN_TAGS, installed_torch, tag_since
 from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
@@ -52,7 +52,8 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
         check_tags(schema, op.tags, op.qualname)
     except SchemaError as exc:
         ctx.refuse("schema-invalid", f"{op.origin}: {op.qualname}: {exc}",
-                   "fix the schema (see docs/op-authors.md#schemas)",
+                   f"fix the schema (the schema language, by example: "
+                   f"{DOCS_URL}op-authors/#every-kind-of-op)",
                    (op.origin,), op=op.qualname, source=where)
         return None
     if ctx.torch is not None and op.qualname in ctx.torch.ops:

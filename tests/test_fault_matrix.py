@@ -455,6 +455,27 @@ def replaces_torch_kernel_through_older_library(env: Env) -> Fault:
                  says="cannot undo it")
 
 
+def edited_after_lock_in_locked_mode(env: Env) -> Fault:
+    """Locked mode: a distribution edited after the lock is refused before it is imported."""
+    d = env.op_dist("edited", define("foo") + "import pathlib\n"
+                    "pathlib.Path(__file__).with_suffix('.imported').write_text('ran')\n")
+    from opregistry.lockfile import write_lock
+
+    lock = env.dists.root / "opregistry.lock"
+    write_lock(plan(env.dists, plugins=scope(env)), lock)
+    module = env.dists.root / f"{env.module_name(d)}.py"
+    module.write_text(module.read_text() + "# edited after the lock\n")
+    marker = module.with_suffix(".imported")
+    marker.unlink()
+    env.request.getfixturevalue("monkeypatch").setenv("OPREGISTRY_LOCK", str(lock))
+
+    def unchanged() -> None:
+        assert not marker.exists(), "the edited module was imported"
+
+    return Fault({d}, absent=(env.op("foo"),), says=f"{module.name} changed", unchanged=unchanged,
+                 entry_point=False)
+
+
 def kernel_module_exits(env: Env) -> Fault:
     """A kernel module calls sys.exit(3) at import: left out, import torch goes on."""
     d = env.op_dist("exits", define("foo", kernels="{'cpu': 'NS_exits:k'}"),
@@ -609,6 +630,7 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "replaces-torch-kernel-through-older-library": ("plugin-replaced-torch-kernel",
                                                     replaces_torch_kernel_through_older_library),
     "kernel-module-exits": ("materialize-failed", kernel_module_exits),
+    "edited-after-lock-in-locked-mode": ("lock-mismatch", edited_after_lock_in_locked_mode),
     "kernel-module-raises-base-exception": ("materialize-failed",
                                             kernel_module_raises_base_exception),
     "declaration-raises-keyboard-interrupt": ("plugin-import-error",

@@ -280,3 +280,26 @@ def test_list_with_a_decorator_package_prints_no_false_error(dists: DistFactory,
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "autoload failed" not in proc.stderr and "error" not in proc.stderr.lower()
     assert f"{ns}::double" in proc.stdout
+
+
+def test_doctor_live_reports_a_replaced_kernel(dists: DistFactory, ns: str, scoped,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`opregistry doctor --live` lists the drift of the loaded registry, and exits 1."""
+    import json
+
+    from opregistry.cli import main
+
+    op_dist(dists, "owner", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:clone'},"
+                                " fake='KMOD:fake')\n")
+    scoped()
+    load(dists)
+    intruder = torch.library.Library(ns, "IMPL")
+    try:
+        intruder.impl("f", lambda x: x * 0, "CPU")
+        assert main(["doctor", "--live", "--json"]) == 1
+        found = [p for p in json.loads(capsys.readouterr().out)["problems"]
+                 if p["code"] == "kernel-replaced"]
+        assert [(p["op"], p["key"]) for p in found] == [(f"{ns}::f", "CPU")]
+    finally:
+        intruder._destroy()
+    assert main(["doctor", "--live", "--json"]) == 0

@@ -580,16 +580,22 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
     if unknown:  # resolved above; kept as a guard should checking select otherwise
         return _usage_error("check", f"no op or namespace {', '.join(unknown)} in the "
                             f"registry; see 'opregistry list'")
-    data = report.check_report(registry.plan, results)
+    data = report.check_report(registry.plan, results, everything=not args.targets)
     if args.json:
         _dump(data, t.out)
-    elif not results:
+        return EXIT_OK if data["ok"] else EXIT_PROBLEMS
+    if not results:
         t.line("no ops to check")
     else:
         _print_check(results, t)
         failed = {r.op for r in results if r.status == "fail"}
         t.line(f"\n{len({r.op for r in results})} op(s) checked: "
                + (f"{len(failed)} {t.paint('FAILED')}" if failed else "all passed"))
+    if data["excluded"] and not args.targets:
+        names = ", ".join(f"{e['distribution']['name']} [{', '.join(e['problems'])}]"
+                          for e in data["excluded"])
+        t.line(f"{len(data['excluded'])} distribution(s) left out, their ops not checked: "
+               f"{names} (see 'opregistry doctor')", wrap="  ")
     return EXIT_OK if data["ok"] else EXIT_PROBLEMS
 
 

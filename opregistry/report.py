@@ -484,15 +484,29 @@ def doctor_report(plan: Plan, problems: Sequence[Problem] | None = None, *,
 # -- check / verify ------------------------------------------------------------------
 
 
-def check_report(plan: Plan, results: Sequence[CheckResult]) -> dict[str, Any]:
-    """``opregistry check --json``: whether every check passed, and each result."""
+def check_report(plan: Plan, results: Sequence[CheckResult], *,
+                 everything: bool = True) -> dict[str, Any]:
+    """``opregistry check --json``: whether every check passed, each result, and what was not checked.
+
+    ``excluded`` lists the distributions left out because of a problem: their
+    ops were never registered, so none of them was checked.  When every op was
+    to be checked (``everything``), that is a failure too: "all passed" would
+    hide them.
+    """
     rows = []
     for r in results:
         op = plan.op(r.op)
         rows.append({**r.to_dict(),
                      "distribution": distribution(op.op.origin) if op else None})
-    return {"format_version": FORMAT_VERSION, "ok": not any(r.status == "fail" for r in results),
-            "results": rows}
+    codes: dict[str, list[str]] = {}
+    for p in plan.errors:
+        for o in p.culprits:
+            codes.setdefault(o.distribution, []).append(p.code)
+    excluded = [{"distribution": distribution(o), "problems": sorted(set(codes.get(o.distribution, [])))}
+                for o in sorted({o.distribution: o for o in plan.excluded}.values())]
+    failed = any(r.status == "fail" for r in results)
+    return {"format_version": FORMAT_VERSION, "ok": not failed and not (everything and excluded),
+            "results": rows, "excluded": excluded}
 
 
 def verify_report(lockfile: str, *, fingerprint: str | None = None,

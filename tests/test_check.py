@@ -139,3 +139,22 @@ def test_select_ops_by_namespace_op_and_overload(dists, ns):
     assert names(ns) == ([f"{ns}::f", f"{ns}::f.two", f"{ns}::g"], [])
     assert names(f"{ns}::f") == ([f"{ns}::f", f"{ns}::f.two"], [])
     assert names(f"{ns}::f.two", "zzz") == ([f"{ns}::f.two"], ["zzz"])
+
+
+def test_check_names_the_distributions_it_could_not_check(dists, ns, scoped, capsys):
+    """A distribution left out has no ops to check: `check` says so and fails, not "all passed"."""
+    checked_dist(dists, ns, fake="good_fake", backward="right_backward")
+    broken = op_dist(dists, "broken", f"{ns}b",
+                     "lib.define('g(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:clone'}, "
+                     "tags=['not_a_tag'])\n")
+    scoped()
+    assert main(["check", "--json", "-q"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is False
+    assert data["excluded"] == [{"distribution": {"name": broken, "version": "1.0"},
+                                 "problems": ["op-tag-unknown"]}]
+    assert all(r["status"] != "fail" for r in data["results"]), "what was checked passed"
+    assert main(["check", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "all passed" in out and f"1 distribution(s) left out, their ops not checked: {broken}" in out
+    assert main(["check", ns, "-q"]) == 0, "a target that names only healthy ops is not affected"

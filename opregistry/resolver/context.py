@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from ..config import Policy
+from ..keys import TorchFacts, installed_torch
 from ..model import Backend, Declarations, Kernel, Namespace, OpDef, Origin, Problem
 from ..plan import TorchState
 
 __all__ = ["Context", "dist_name", "names"]
+
+_UNREAD = object()
 
 
 def dist_name(origin: Origin | None) -> str:
@@ -46,6 +49,7 @@ class Context:
         #: every backend declared, left out or not (to check the user's backend choices)
         self.declared_backends: tuple[Backend, ...] = tuple(decl.backends)
         self.available = decl.available
+        self._installed: object = _UNREAD
 
     def refuse(self, code: str, message: str, hint: str, culprits: Iterable[Origin | None],
                **kw: Any) -> None:
@@ -59,6 +63,12 @@ class Context:
         """A warning or note: reported, changes nothing."""
         self.problems.append(Problem(code=code, message=message, hint=hint, severity=severity,
                                      **kw))
+
+    def installed_torch(self) -> TorchFacts | None:
+        """The installed torch's version and tags (read from its files once per pass)."""
+        if self._installed is _UNREAD:
+            self._installed = installed_torch()
+        return self._installed  # type: ignore[return-value]
 
     def torch_owns(self, namespace: str) -> bool:
         """Whether ``namespace`` is torch's: reserved, or held by torch's dispatcher now."""

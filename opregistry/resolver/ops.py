@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import DOCS_URL, SchemaError
-from ..keys import KNOWN_TAGS, installed_torch, tag_since
+from ..keys import KNOWN_TAGS, tag_since
 from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
 from ..schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
@@ -80,7 +80,9 @@ def _tags_known(ctx: Context, op: OpDef) -> bool:
                    "use names of torch.Tag members, e.g. 'pt2_compliant_tag'",
                    (op.origin,), op=op.qualname, source=op.source)
         return False
-    facts = installed_torch()
+    if not op.tags:
+        return True
+    facts = ctx.installed_torch()
     available = ctx.torch.tags if ctx.torch is not None else (
         facts.tags if facts is not None else KNOWN_TAGS)
     lacking = sorted(set(op.tags) - available)

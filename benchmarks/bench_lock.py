@@ -43,12 +43,7 @@ CHECK = ("import torch, opregistry\n"
          "print(len(r.ops), len(r.errors), sum(p.code.startswith('lock-') for p in r.problems))\n")
 
 
-def environ(paths: list[Path], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("OPREGISTRY_") and k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
-    env.update(extra)
-    return env
+environ = benchops.environ
 
 
 def _b64(data: bytes) -> str:

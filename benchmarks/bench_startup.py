@@ -44,15 +44,7 @@ CHECK_AUTOLOAD = ("import torch, opregistry\n"
                   "print(len(r.ops), len(r.errors))\n")
 
 
-def environ(paths: list[Path], **extra: str) -> dict[str, str]:
-    # PYTHONDONTWRITEBYTECODE (set on some CI machines) would make every run
-    # compile the op packages from source; pip byte-compiles at install, so a
-    # user's machine has the .pyc files: the warm-up run writes them here.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("OPREGISTRY_") and k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
-    env.update(extra)
-    return env
+environ = benchops.environ
 
 
 def commands(gen: Path) -> dict[str, tuple[list[str], dict[str, str]]]:

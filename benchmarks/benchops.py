@@ -249,3 +249,19 @@ def report_targets(targets: list[tuple[str, float, bool]], width: int, json_path
     if json_path is not None:
         json_path.write_text(json.dumps(
             {**payload, "targets": [[t, r, m] for t, r, m in targets]}, indent=1))
+
+
+def environ(paths: "list[Path]", **extra: str) -> dict[str, str]:
+    """This process' environment for a timed child: ``paths`` on ``PYTHONPATH``, no ``OPREGISTRY_*``.
+
+    PYTHONDONTWRITEBYTECODE (set on some CI machines) would make every run
+    compile the op packages from source; pip byte-compiles at install, so a
+    user's machine has the .pyc files: the warm-up run writes them here.
+    """
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
+    env.update(extra)
+    return env

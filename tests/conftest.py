@@ -167,3 +167,25 @@ def installed() -> opregistry.Registry:
     import torch  # noqa: F401  -- runs the autoload entry point
 
     return opregistry.load()
+
+
+#: ``import torch`` in a fresh interpreter, reporting whether it failed, the
+#: opregistry error behind it, and which of the ops named in ``sys.argv`` exist
+#: in torch's dispatcher (still loaded after a failed import)
+STRICT_IMPORT_PROBE = """
+import json, sys
+try:
+    import torch
+    failed = None
+except RuntimeError as exc:
+    failed = exc
+ops = set(sys.modules["torch._C"]._dispatch_get_all_op_names())
+cause = failed.__cause__ if failed is not None else None
+print(json.dumps({
+    "failed": failed is not None,
+    "cause": type(cause).__name__ if cause is not None else None,
+    "codes": [p.code for p in getattr(cause, "problems", ())],
+    "message": str(cause) if cause is not None else "",
+    "present": {op: op in ops for op in sys.argv[1:]},
+}))
+"""

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import STRICT_IMPORT_PROBE
+
 #: Imports torch only: no opregistry, no tutorial_ops in the user's code.
 PROBE = """
 import json, sys
@@ -156,25 +158,6 @@ def test_autoload_failure_inside_opregistry_is_logged_not_raised(monkeypatch):
 
 # -- OPREGISTRY_STRICT at import torch: the same as load(strict=True) ----------------
 
-STRICT_PROBE = """
-import json, sys
-try:
-    import torch
-    failed = None
-except RuntimeError as exc:
-    failed = exc
-# after a failed `import torch`, torch's dispatcher (torch._C) is still loaded: look in it
-ops = set(sys.modules["torch._C"]._dispatch_get_all_op_names())
-cause = failed.__cause__ if failed is not None else None
-print(json.dumps({
-    "failed": failed is not None,
-    "cause": type(cause).__name__ if cause is not None else None,
-    "codes": [p.code for p in getattr(cause, "problems", ())],
-    "message": str(cause) if cause is not None else "",
-    "healthy": "strictok::f" in ops,
-    "tutorial": "tutorial::muladd" in ops,
-}))
-"""
 
 
 def _healthy_and_broken(dists):
@@ -193,20 +176,20 @@ def test_strict_import_torch_fails_with_the_problems_and_registers_nothing(dists
            if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     env.update(OPREGISTRY_STRICT="1", PYTHONPATH=os.pathsep.join(
         filter(None, [str(dists.root), env.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", STRICT_PROBE], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", STRICT_IMPORT_PROBE, "strictok::f", "tutorial::muladd"], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["failed"] and result["cause"] == "ResolutionError", result
     assert "plugin-missing-module" in result["codes"]
     assert "strict-broken==1.0" in result["message"] and "nothing was registered" in result["message"]
-    assert not result["healthy"] and not result["tutorial"], "strict: nothing is registered"
+    assert not any(result["present"].values()), "strict: nothing is registered"
     # the same environment without strict: import torch works and the rest loads
     del env["OPREGISTRY_STRICT"]
-    out = subprocess.run([sys.executable, "-c", STRICT_PROBE], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", STRICT_IMPORT_PROBE, "strictok::f", "tutorial::muladd"], capture_output=True, text=True,
                          env=env, timeout=120)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert not result["failed"] and result["healthy"] and result["tutorial"], result
+    assert not result["failed"] and all(result["present"].values()), result
 
 
 def test_strict_import_torch_without_problems_loads(dists):
@@ -244,9 +227,9 @@ def test_strict_import_torch_with_an_invalid_config_file_fails(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     env.update(OPREGISTRY_STRICT="1", OPREGISTRY_CONFIG=str(tmp_path / "missing.toml"))
-    out = subprocess.run([sys.executable, "-c", STRICT_PROBE], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", STRICT_IMPORT_PROBE, "strictok::f", "tutorial::muladd"], capture_output=True, text=True,
                          env=env, timeout=120)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["failed"] and result["cause"] == "ConfigError", result
     assert "missing.toml: cannot read the file" in result["message"]
-    assert not result["tutorial"]
+    assert not result["present"]["tutorial::muladd"]

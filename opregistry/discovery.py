@@ -25,7 +25,7 @@ from .logs import get_logger
 from .model import Discovered, Origin, Plugin, Problem, Skipped, source_of
 
 __all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "DEFERRED", "discover", "entry_points",
-           "load_problem"]
+           "load_problem", "still_importing"]
 
 BACKENDS_GROUP = "opregistry.backends"
 OPS_GROUP = "opregistry.ops"
@@ -101,7 +101,7 @@ DEFERRED = ("its module was still being imported (it imports torch before declar
             "or opregistry.load()")
 
 
-def _still_importing(module: str) -> bool:
+def still_importing(module: str) -> bool:
     """Whether ``module`` is in the middle of its own import (it imported torch, say)."""
     found = sys.modules.get(module)
     return found is not None and bool(getattr(getattr(found, "__spec__", None),
@@ -251,7 +251,7 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
                 ))
             skipped.append(Skipped(origin, f"entry point name {ep.name!r} is used twice"))
             continue
-        if _still_importing(ep.module):
+        if still_importing(ep.module):
             # it imported torch (whose autoload brought us here) before defining its ops:
             # what it declares does not exist yet; the registry completes it later
             skipped.append(Skipped(origin, DEFERRED, deferred=True))

@@ -36,7 +36,6 @@ __all__ = [
     "KNOWN_TAGS",
     "ALL_TAGS",
     "TAG_SINCE",
-    "TORCH_FLOOR",
     "TorchFacts",
     "installed_torch",
     "tags_of",
@@ -123,9 +122,6 @@ def provider_hint(key: str) -> str:
         return f"pip install {dist}"
     return f"install an opregistry backend that serves {key}"
 
-
-#: the oldest torch opregistry supports (pyproject.toml: torch>=2.8,<2.16)
-TORCH_FLOOR = (2, 8)
 
 #: torch.Tag members of torch 2.8 (and 2.9): tags.yaml == torch/_C/__init__.pyi's Tag enum
 _TAGS_2_8: frozenset[str] = frozenset({

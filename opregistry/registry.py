@@ -19,7 +19,7 @@ import attrs
 from .collect import Collected, collect
 from .config import Policy, Settings
 from .containment import interrupts_watched
-from .discovery import discover
+from .discovery import discover, still_importing
 from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
 from .locked import gate
@@ -127,13 +127,7 @@ class Registry:
         self.plan = plan
         self.settings = settings
         self._materialized = materialized
-        failed = set(materialized.failed)
-        self.loaded: Plan = attrs.evolve(
-            plan,
-            ops=tuple(op for op in plan.ops
-                      if op.op.origin is None or op.op.origin.distribution not in failed),
-            problems=plan.problems + tuple(materialized.problems),
-        )
+        self.loaded: Plan = _effective(plan, materialized)
         self.op_names: frozenset[str] = frozenset(materialized.ops)
 
     @property
@@ -169,12 +163,11 @@ class Registry:
         it, and -- when that changes nothing already registered -- its ops and
         kernels are registered; otherwise it is left out with a problem.
         """
-        from .discovery import _still_importing
         from .materializer import materialize
 
         with _lock:
             deferred = [s.origin for s in self.plan.skipped if s.deferred]
-            if not deferred or any(_still_importing(o.value.partition(":")[0])
+            if not deferred or any(still_importing(o.value.partition(":")[0])
                                    for o in deferred):
                 return ()
             with _importing_plugins("load"):
@@ -204,11 +197,7 @@ class Registry:
             self._materialized.failed.update(added.failed)
             self._materialized.problems.extend(added.problems)
             self.plan = full
-            failed = set(self._materialized.failed)
-            self.loaded = attrs.evolve(
-                full, ops=tuple(op for op in full.ops if op.op.origin is None
-                                or op.op.origin.distribution not in failed),
-                problems=full.problems + tuple(self._materialized.problems))
+            self.loaded = _effective(full, self._materialized)
             self.op_names = self.op_names | frozenset(added.ops)
             return tuple(added.problems)
 
@@ -270,6 +259,15 @@ class Registry:
     def __repr__(self) -> str:
         return (f"<opregistry.Registry: {len(self.ops)} ops in {len(self.namespaces)} namespaces, "
                 f"{len(self.errors)} errors>")
+
+
+def _effective(plan: Plan, materialized: Materialized) -> Plan:
+    """``plan`` less the distributions torch refused at registration, with their problems."""
+    failed = set(materialized.failed)
+    return attrs.evolve(
+        plan, ops=tuple(op for op in plan.ops
+                        if op.op.origin is None or op.op.origin.distribution not in failed),
+        problems=plan.problems + tuple(materialized.problems))
 
 
 def _share(plan: Plan, distributions: set[str]) -> list[dict[str, object]]:

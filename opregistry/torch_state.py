@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator
 from .plan import TorchState
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
-           "python_kernels", "destroy_library", "library_alive", "device_keyset", "lookup_op",
+           "destroy_library", "library_alive", "device_keyset", "lookup_op",
            "Watch", "watch_registrations", "library_registrations", "torch_dir"]
 
 
@@ -74,18 +74,6 @@ def kernel_registrations(op: str) -> dict[str, str]:
         if match and match.group(1) not in ("debug", "schema", "name"):
             found[match.group(1)] = match.group(2).strip()
     return found
-
-
-def python_kernels() -> frozenset[str]:
-    """Kernels registered from Python with ``Library.impl``, as ``"ns/name.overload/KEY"``.
-
-    ``torch.library._impls`` (private) is the only record of Python code adding
-    a kernel to an existing op -- a plugin replacing ``aten::add`` at import,
-    outside opregistry.  Call it only when torch is imported.
-    """
-    import torch.library
-
-    return frozenset(getattr(torch.library, "_impls", ()))
 
 
 def destroy_library(library: Any) -> None:

@@ -22,7 +22,7 @@ from .keys import DEVICE_KEYS, canonical_key
 from .model import Backend, Kernel
 from .torch_state import library_alive
 
-__all__ = ["DeviceBackend", "op_name", "device_kernel"]
+__all__ = ["DeviceBackend", "op_name", "device_kernel", "triton_kernel"]
 
 #: ``(qualname, key) -> (library, fn)``: the device kernels DeviceBackends
 #: registered.  The autograd backend calls them directly when nothing requires
@@ -96,8 +96,84 @@ class DeviceBackend:
     @hookimpl
     def opregistry_materialize_kernel(self, library: Any, kernel: Kernel,
                                       fn: Callable[..., Any]) -> bool:
+        if kernel.triton:
+            fn = triton_kernel(library, kernel, fn, self.record.device_type or "")
         # the resolver decided what may replace what (rule 5); torch 2.8-2.12 would
         # refuse to replace a Python kernel without this, 2.13+ allows it by default
         library.impl(op_name(kernel), fn, kernel.key, allow_override=True)
         _device_kernels[(kernel.op, kernel.key)] = (library, fn)
         return True
+
+
+#: ``(id(library), qualname) -> {device type: fn}``: the Triton kernels of each op, per
+#: library, that its FunctionalTensorMode rule decomposes into
+_triton_kernels: dict[tuple[int, str], dict[str, Callable[..., Any]]] = {}
+
+
+def triton_kernel(library: Any, kernel: Kernel, fn: Callable[..., Any],
+                  device_type: str) -> Callable[..., Any]:
+    """Register what ``torch.library.triton_op`` registers besides the kernel; return the kernel.
+
+    ``fn`` launches Triton kernels through ``torch.library.wrap_triton``.  As
+    with ``triton_op``:
+
+    * the device kernel calls ``fn`` with ``wrap_triton`` switched off (real
+      tensors need no tracing; the higher-order op costs ~1 ms a call);
+    * the op gets a ``torch_dispatch`` rule for ``FunctionalTensorMode`` that
+      runs ``fn`` itself, so ``torch.compile`` (AOTDispatcher) traces into the
+      Triton kernels, which Inductor can then optimize.  ``torch.export``
+      keeps the op whole (torch disables the decomposition there).
+
+    Under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter) ``wrap_triton``
+    returns the kernel unwrapped, so nothing can be traced into it: the rule
+    then leaves the op whole, and ``torch.compile`` / ``torch.export`` use the
+    op's fake kernel instead.  One rule per op and library: the resolver
+    refuses Triton kernels of one op from two distributions (``triton-split``).
+    """
+    import os
+
+    import torch.library
+    from torch._library.triton import set_wrap_triton_enabled
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    table_key = (id(library), kernel.op)
+    table = _triton_kernels.get(table_key)
+    if table is None or not library_alive(library):
+        table = _triton_kernels[table_key] = {}
+        _register_decomposition(library, kernel.op, table, FunctionalTensorMode, os.environ)
+    table[device_type] = fn
+
+    def triton_device_kernel(*args: Any, **kwargs: Any) -> Any:
+        with set_wrap_triton_enabled(False):
+            return fn(*args, **kwargs)
+
+    triton_device_kernel.__qualname__ = triton_device_kernel.__name__ = getattr(
+        fn, "__name__", "triton_kernel")
+    return triton_device_kernel
+
+
+def _register_decomposition(library: Any, qualname: str, table: dict[str, Callable[..., Any]],
+                            mode_class: type, environ: Any) -> None:
+    """The op's FunctionalTensorMode rule: run its Triton kernel function under the mode."""
+    import torch
+    import torch.library
+
+    def functional_decomposition(mode: Any, op: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        from torch._subclasses import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+        device = next((a.device.type for a in (*args, *kwargs.values())
+                       if isinstance(a, torch.Tensor)), None)
+        fn = table.get(device) if device is not None else None
+        if (fn is None or custom_triton_ops_decomposition_disabled()
+                or environ.get("TRITON_INTERPRET") == "1"):
+            return mode.__torch_dispatch__(op, types, args, kwargs)  # the op stays whole
+        if any(not issubclass(t, FakeTensor) and t not in (torch.Tensor, FunctionalTensor)
+               for t in types):
+            return NotImplemented
+        with mode:
+            return fn(*args, **kwargs)
+
+    torch.library.register_torch_dispatch(qualname, mode_class, functional_decomposition,
+                                          lib=library)

@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar,
 
 from .errors import DeclarationError
 from .hookspecs import hookimpl
-from .model import Kernel, KernelRef, Namespace, OpDef, source_of
+from . import keys as _keys
+from .model import Kernel, KernelRef, Namespace, OpDef, autocast_dtype, describe_ref, source_of
 
 __all__ = ["OpLibrary", "OpHandle"]
 
@@ -121,6 +122,33 @@ class OpHandle:
         """Add the vmap rule, with :func:`torch.library.register_vmap` semantics."""
         return self._register("FuncTorchBatched", fn, 2)
 
+    def register_autocast(self, device_type: str, cast_inputs: Any) -> None:
+        """Add an autocast rule, as :func:`torch.library.register_autocast`.
+
+        Under ``torch.autocast(device_type)``, the op's floating inputs on that
+        device are cast to ``cast_inputs`` (``torch.bfloat16`` or ``"bfloat16"``)
+        and the op runs with autocast off.
+        """
+        self._library._add_autocast(self.qualname, device_type, cast_inputs, _source(1))
+
+    def register_triton(self, device_type: str = "cuda", fn: KernelRef | None = None) -> Any:
+        """Add a Triton kernel for ``device_type``, with :func:`torch.library.triton_op` semantics.
+
+        ``fn`` calls its Triton kernels through ``torch.library.wrap_triton``,
+        so that ``torch.compile`` traces into them.
+        """
+        source = _source(1)
+        return _decorator_or_call(fn, lambda f: self._library._add_kernel(
+            self.qualname, device_type, f, triton=True, source=source))
+
+    def register_torch_dispatch(self, torch_dispatch_class: KernelRef,
+                                fn: KernelRef | None = None) -> Any:
+        """Add a rule for a Tensor subclass or ``TorchDispatchMode``, as
+        :func:`torch.library.register_torch_dispatch`."""
+        source = _source(1)
+        return _decorator_or_call(fn, lambda f: self._library._add_torch_dispatch(
+            self.qualname, torch_dispatch_class, f, source))
+
     def register_autograd(
         self, backward: KernelRef, /, *, setup_context: KernelRef | None = None
     ) -> None:
@@ -183,6 +211,9 @@ class OpLibrary:
         fake: KernelRef | None = None,
         autograd: tuple[KernelRef, KernelRef | None] | KernelRef | None = None,
         vmap: KernelRef | None = None,
+        autocast: Mapping[str, Any] | None = None,
+        triton: Mapping[str, KernelRef] | KernelRef | None = None,
+        torch_dispatch: Mapping[KernelRef, KernelRef] | None = None,
         mutates_args: Sequence[str] | None = None,
         tags: Iterable[str] = (),
         samples: KernelRef | None = None,
@@ -195,6 +226,14 @@ class OpLibrary:
         :param fake: the fake kernel.
         :param autograd: ``(backward, setup_context)`` or just ``backward``.
         :param vmap: the vmap rule.
+        :param autocast: device type to the dtype its floating inputs are cast to
+            under ``torch.autocast`` (``{"cpu": "bfloat16"}``).
+        :param triton: device type to a function calling Triton kernels through
+            ``wrap_triton`` (``triton_op`` semantics); a single reference means
+            ``{"cuda": ref}``.  Without ``fake``, it also serves as the fake
+            kernel, as with ``triton_op``.
+        :param torch_dispatch: Tensor subclass or ``TorchDispatchMode`` to its
+            rule (``register_torch_dispatch`` semantics).
         :param mutates_args: if given, must agree with the ``(a!)`` annotations.
         :param tags: ``torch.Tag`` names, e.g. ``"pt2_compliant_tag"``.
         :param samples: function returning sample inputs for ``opcheck``.
@@ -223,6 +262,17 @@ class OpLibrary:
         qualname = handle.qualname
         for key, fn in (kernels or {}).items():
             self._add_kernel(qualname, key, fn, source=_source(1))
+        tritons = ({"cuda": triton} if isinstance(triton, str) or callable(triton)
+                   else dict(triton or {}))
+        for device, fn in tritons.items():
+            self._add_kernel(qualname, device, fn, triton=True, source=_source(1))
+        if fake is None and tritons:
+            # as torch.library.triton_op: the function is traceable, so it is its own fake
+            fake = next(iter(tritons.values()))
+        for device, dtype in (autocast or {}).items():
+            self._add_autocast(qualname, device, dtype, _source(1))
+        for cls, rule in (torch_dispatch or {}).items():
+            self._add_torch_dispatch(qualname, cls, rule, _source(1))
         if fake is not None:
             self._add_kernel(qualname, "Meta", fake, source=_source(1))
         if autograd is not None:
@@ -237,16 +287,19 @@ class OpLibrary:
     @overload
     def impl(self, op: str, key: str, fn: F, *, override: bool = False) -> F: ...
 
-    def impl(self, op: str, key: str, fn: Any = None, *, override: bool = False) -> Any:
+    def impl(self, op: str, key: str, fn: Any = None, *, override: bool = False,
+             triton: bool = False) -> Any:
         """Add a kernel for ``op`` (``"name"`` in this namespace, or ``"ns::name"``).
 
         ``override=True`` declares the intent to replace a kernel another
         distribution or torch registered for that key; policy must allow it.
+        ``triton=True`` marks a Triton kernel (``triton_op`` semantics).
         """
         qualname = op if "::" in op else f"{self.namespace}::{op}"
         source = _source(1)
         return _decorator_or_call(
-            fn, lambda f: self._add_kernel(qualname, key, f, override=override, source=source))
+            fn, lambda f: self._add_kernel(qualname, key, f, override=override, triton=triton,
+                                           source=source))
 
     # -- decorator style ---------------------------------------------------
     def op(
@@ -307,7 +360,37 @@ class OpLibrary:
         return OpHandle(self, op)
 
     def _add_kernel(self, qualname: str, key: str, fn: KernelRef, **kwargs: Any) -> None:
+        if (kwargs.get("dispatch_class") is None and isinstance(key, str)
+                and _keys.family(key) == _keys.TORCH_DISPATCH and key.endswith("]")):
+            # impl(op, "TorchDispatch[module:Mode]", rule): the class is named in the key
+            kwargs["dispatch_class"] = key[len(_keys.TORCH_DISPATCH) + 1:-1]
         self._kernels.append(Kernel(op=qualname, key=key, fn=fn, **kwargs))
+
+    def _add_autocast(self, qualname: str, device_type: str, cast_inputs: Any,
+                      source: str | None) -> None:
+        key = _keys.autocast_key(device_type) if isinstance(device_type, str) else None
+        if key is None:
+            raise DeclarationError(
+                f"autocast rule for {qualname}: torch has no autocast dispatch key for device "
+                f"type {device_type!r}; register_autocast serves "
+                f"{', '.join(repr(d) for d in _keys.AUTOCAST_KEYS.values())}",
+                op=qualname)
+        dtype = autocast_dtype(cast_inputs)
+        if not (isinstance(dtype, str) and dtype.startswith("torch:")):
+            raise DeclarationError(
+                f"autocast rule for {qualname} on {device_type}: cast_inputs must be a floating "
+                f"torch.dtype (torch.float16, torch.bfloat16, torch.float32 or torch.float64, "
+                f"or its name), got {cast_inputs!r}", op=qualname, key=key)
+        self._add_kernel(qualname, key, dtype, source=source)
+
+    def _add_torch_dispatch(self, qualname: str, cls: KernelRef, rule: KernelRef,
+                            source: str | None) -> None:
+        if not isinstance(cls, str) and not isinstance(cls, type):
+            raise DeclarationError(
+                f"torch_dispatch rule for {qualname}: the class must be a 'module:Class' "
+                f"string or the class itself, got {type(cls).__name__}", op=qualname)
+        key = _keys.torch_dispatch_key(describe_ref(cls) or "")
+        self._add_kernel(qualname, key, rule, dispatch_class=cls, source=source)
 
     def _set_samples(self, qualname: str, fn: KernelRef) -> None:
         from attrs import evolve

@@ -129,6 +129,7 @@ def opregistry_materialize_kernel(
     kernel: Kernel,
     fn: Callable[..., Any],
     setup_context: Callable[..., Any] | None,
+    dispatch_class: type | None,
 ) -> bool | None:
     """Register ``fn`` as ``op``'s kernel for ``kernel.key`` with torch.
 
@@ -144,6 +145,9 @@ def opregistry_materialize_kernel(
     :param kernel: the declaration, with its origin.
     :param fn: the kernel, imported.
     :param setup_context: for ``Autograd``, the imported setup_context.
+    :param dispatch_class: for a ``TorchDispatch[...]`` rule, the imported
+        Tensor subclass or ``TorchDispatchMode``.  For an autocast rule
+        (``Autocast<Device>``), ``fn`` is the ``torch.dtype`` to cast to.
     :returns: ``True`` once registered.  ``None`` means "not mine" and is a
         materialization problem of the backend.
 

@@ -26,6 +26,12 @@ from typing import NamedTuple
 __all__ = [
     "DEVICE_KEYS",
     "FUNCTIONALITY_KEYS",
+    "AUTOCAST_KEYS",
+    "AUTOCAST_DTYPES",
+    "TORCH_DISPATCH",
+    "autocast_key",
+    "torch_dispatch_key",
+    "family",
     "KNOWN_KEYS",
     "ALIASES",
     "PROVIDERS",
@@ -65,7 +71,31 @@ DEVICE_KEYS: dict[str, str] = {
     "PrivateUse1": "privateuseone",
 }
 FUNCTIONALITY_KEYS: tuple[str, ...] = ("Meta", "Autograd", "FuncTorchBatched")
-KNOWN_KEYS: frozenset[str] = frozenset(DEVICE_KEYS) | frozenset(FUNCTIONALITY_KEYS)
+#: torch's autocast dispatch keys, with the device type ``register_autocast`` takes for
+#: each: the device types for which torch has both autocast and an ``Autocast<Key>``
+#: (XLA, MTIA and MAIA have autocast but no such key in torch 2.13, so
+#: ``register_autocast`` cannot serve them)
+AUTOCAST_KEYS: dict[str, str] = {
+    "AutocastCPU": "cpu",
+    "AutocastCUDA": "cuda",
+    "AutocastXPU": "xpu",
+    "AutocastMPS": "mps",
+    "AutocastHPU": "hpu",
+    "AutocastIPU": "ipu",
+    "AutocastPrivateUse1": "privateuseone",
+}
+#: the ``torch.dtype`` names an autocast rule may cast floating inputs to, by spelling
+AUTOCAST_DTYPES: dict[str, str] = {
+    "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
+    "float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
+}
+#: the key family of ``register_torch_dispatch`` rules: a kernel's key is
+#: ``TorchDispatch[module:Class]``, one per (op, class), as torch allows one rule each
+TORCH_DISPATCH = "TorchDispatch"
+_TORCH_DISPATCH_KEY = re.compile(
+    r"TorchDispatch\[[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_<>][\w<>]*(\.[A-Za-z_<>][\w<>]*)*\]\Z")
+KNOWN_KEYS: frozenset[str] = (frozenset(DEVICE_KEYS) | frozenset(FUNCTIONALITY_KEYS)
+                              | frozenset(AUTOCAST_KEYS) | frozenset({TORCH_DISPATCH}))
 
 ALIASES: dict[str, str] = {
     **{device: key for key, device in DEVICE_KEYS.items()},
@@ -85,10 +115,30 @@ PROVIDERS: dict[str, str] = {
     "Meta": "opregistry-meta",
     "Autograd": "opregistry-autograd",
     "FuncTorchBatched": "opregistry-vmap",
+    **dict.fromkeys(AUTOCAST_KEYS, "opregistry-autocast"),
+    TORCH_DISPATCH: "opregistry-torch-dispatch",
 }
 
 #: Human names of the functionality keys, for listings.
 FEATURES: dict[str, str] = {"Meta": "fake", "Autograd": "autograd", "FuncTorchBatched": "vmap"}
+
+
+def autocast_key(device_type: str) -> str | None:
+    """``"AutocastCPU"`` for ``"cpu"``; ``None`` for a device type torch has no autocast key for."""
+    for key, device in AUTOCAST_KEYS.items():
+        if device == device_type:
+            return key
+    return None
+
+
+def torch_dispatch_key(class_ref: str) -> str:
+    """The key of a ``register_torch_dispatch`` rule for the class ``module:Class``."""
+    return f"{TORCH_DISPATCH}[{class_ref}]"
+
+
+def family(key: str) -> str:
+    """The key a backend serves for ``key``: ``TorchDispatch`` for every rule's key, else ``key``."""
+    return TORCH_DISPATCH if key.startswith(TORCH_DISPATCH + "[") else key
 
 
 def canonical_key(key: str) -> str:
@@ -100,7 +150,7 @@ def canonical_key(key: str) -> str:
 
 
 def is_known_key(key: str) -> bool:
-    return key in KNOWN_KEYS
+    return key in KNOWN_KEYS or bool(_TORCH_DISPATCH_KEY.match(key))
 
 
 def suggest_key(key: str) -> str:
@@ -117,7 +167,7 @@ def suggest_key(key: str) -> str:
 
 def provider_hint(key: str) -> str:
     """What to install to activate kernels for ``key``."""
-    dist = PROVIDERS.get(key)
+    dist = PROVIDERS.get(family(key))
     if dist:
         return f"pip install {dist}"
     return f"install an opregistry backend that serves {key}"

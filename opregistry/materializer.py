@@ -25,6 +25,7 @@ from . import guard
 from .config import Policy
 from .containment import describe, must_propagate
 from .errors import MaterializationError
+from .keys import AUTOCAST_KEYS
 from .logs import get_logger
 from .model import Origin, Problem, describe_ref, resolve_ref
 from .plan import OpPlan, Plan
@@ -179,6 +180,10 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
         return _materialize(plan, chosen, policy or Policy())
 
 
+def _resolve_any(ref: Any) -> Any:
+    return resolve_ref(ref, want_callable=False)
+
+
 def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
               warnings: list[Problem]) -> tuple[Any, Problem | None]:
     """The callable ``ref`` names, imported contained; or the problem that fails its distribution."""
@@ -187,7 +192,9 @@ def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
     # a module imported already runs no code of its own: no watch needed (the common case)
     fresh = module is not None and (loaded is None or getattr(
         getattr(loaded, "__spec__", None), "_initializing", False))
-    outcome = guard.run(resolve_ref, ref, origin=kernel.origin, what=f"importing {module or ref}",
+    # an autocast rule's "kernel" is the torch.dtype it casts to, not a callable
+    resolve = resolve_ref if kernel.key not in AUTOCAST_KEYS else _resolve_any
+    outcome = guard.run(resolve, ref, origin=kernel.origin, what=f"importing {module or ref}",
                         protected=watched if fresh else None, policy=policy,
                         owns=guard.owned_by(module) if module else None)
     errors = [p for p in outcome.problems if p.severity == "error"]
@@ -254,13 +261,18 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                                            result.problems)
             else:
                 setup = None
+            dispatch_class = None
+            if problem is None and kernel.dispatch_class is not None:
+                dispatch_class, problem = _imported(kernel.dispatch_class, kernel, watched,
+                                                    policy, result.problems)
             if problem is not None:
                 failed[dist] = problem
                 break
             try:
                 done = materializers[k.backend](
                     library=libs[dist].get(kernel.namespace),
-                    op=op.op if op else None, kernel=kernel, fn=fn, setup_context=setup)
+                    op=op.op if op else None, kernel=kernel, fn=fn, setup_context=setup,
+                    dispatch_class=dispatch_class)
                 if not done:
                     raise MaterializationError(
                         f"backend {k.backend} did not register it (returned {done!r})")

@@ -39,6 +39,7 @@ __all__ = [
     "KernelRef",
     "describe_ref",
     "resolve_ref",
+    "autocast_dtype",
     "is_identifier",
     "source_of",
     "elide",
@@ -104,8 +105,11 @@ def describe_ref(ref: KernelRef | None) -> str | None:
     return f"{module}:{qualname}"
 
 
-def resolve_ref(ref: KernelRef) -> Callable[..., Any]:
-    """Import a ``"module:function"`` reference, or return a callable as is."""
+def resolve_ref(ref: KernelRef, *, want_callable: bool = True) -> Any:
+    """Import a ``"module:function"`` reference, or return a callable as is.
+
+    ``want_callable=False`` accepts any object (an autocast rule's ``torch:bfloat16``).
+    """
     if not isinstance(ref, str):
         return ref
     module_name, _, attr_path = ref.partition(":")
@@ -119,7 +123,7 @@ def resolve_ref(ref: KernelRef) -> Callable[..., Any]:
         obj = importlib.import_module(module_name)
     for part in attr_path.split("."):
         obj = getattr(obj, part)
-    if not callable(obj):
+    if want_callable and not callable(obj):
         raise TypeError(f"{ref} is a {type(obj).__name__}, not a callable")
     return obj
 
@@ -234,6 +238,11 @@ class Kernel:
     fn: KernelRef = field(validator=_check_ref)
     setup_context: KernelRef | None = field(default=None, validator=_check_ref)
     override: bool = False
+    #: a Triton kernel (``torch.library.triton_op`` semantics): ``fn`` calls
+    #: ``wrap_triton(kernel)[grid](...)``; only for a device key
+    triton: bool = False
+    #: the Tensor subclass or ``TorchDispatchMode`` of a ``TorchDispatch[...]`` rule
+    dispatch_class: KernelRef | None = field(default=None, validator=_check_ref)
     source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
 
@@ -245,6 +254,7 @@ class Kernel:
                 op=self.op,
                 key=self.key,
             )
+        _check_kind(self)
         if self.setup_context is not None and self.key != "Autograd":
             raise DeclarationError(
                 f"kernel for {self.op} on {self.key}: setup_context only belongs to "
@@ -254,6 +264,42 @@ class Kernel:
     @property
     def namespace(self) -> str:
         return self.op.split("::", 1)[0]
+
+
+def _check_kind(k: Kernel) -> None:
+    """The rules of the registration kinds that are not plain kernels (autocast, Triton, torch_dispatch)."""
+    if k.key in _keys.AUTOCAST_KEYS:
+        dtype = k.fn.partition(":")[2] if isinstance(k.fn, str) and k.fn.startswith("torch:") else None
+        if dtype not in _keys.AUTOCAST_DTYPES.values():
+            raise DeclarationError(
+                f"autocast rule for {k.op} on {_keys.AUTOCAST_KEYS[k.key]}: cast_inputs must be a "
+                f"floating torch.dtype (torch.float16, torch.bfloat16, torch.float32 or "
+                f"torch.float64), got {describe_ref(k.fn)!r}", op=k.op, key=k.key)
+    if k.triton and k.key not in _keys.DEVICE_KEYS:
+        raise DeclarationError(
+            f"Triton kernel for {k.op}: {k.key} is not a device key; a Triton kernel is "
+            f"declared for a device type (triton={{'cuda': ...}})", op=k.op, key=k.key)
+    is_rule = _keys.family(k.key) == _keys.TORCH_DISPATCH
+    if is_rule != (k.dispatch_class is not None) or k.key == _keys.TORCH_DISPATCH:
+        raise DeclarationError(
+            f"kernel for {k.op} on {k.key}: a torch_dispatch rule needs its class "
+            f"(torch_dispatch={{'module:Mode': 'module:rule'}}), and only a torch_dispatch rule "
+            f"has one", op=k.op, key=k.key)
+
+
+def autocast_dtype(cast_inputs: Any) -> str:
+    """``"torch:bfloat16"`` for ``torch.bfloat16``, ``"bfloat16"`` or ``"torch.bfloat16"``.
+
+    An autocast rule's "kernel" is the dtype it casts to, referenced like a
+    kernel (``module:attribute``) so that declaring it imports nothing;
+    anything else is returned as given, for :class:`Kernel` to refuse.
+    """
+    text = str(cast_inputs) if type(cast_inputs).__name__ == "dtype" else cast_inputs
+    if isinstance(text, str):
+        name = text.removeprefix("torch.").removeprefix("torch:")
+        if name in _keys.AUTOCAST_DTYPES:
+            return f"torch:{_keys.AUTOCAST_DTYPES[name]}"
+    return cast_inputs
 
 
 @frozen(kw_only=True)

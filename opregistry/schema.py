@@ -183,6 +183,22 @@ class Schema:
                                                   "torch's autograd kernels do not support")
         return None
 
+    def autocast_refusal(self) -> tuple[str, str] | None:
+        """``(code, why)`` when an autocast rule cannot serve this op, else ``None``.
+
+        ``torch.library.register_autocast``'s kernel raises on keyword
+        arguments ("Custom ops do not support kwargs yet"), at the first call
+        that passes one; and it casts floating inputs to new tensors, so a
+        mutated argument would be cast to a copy and the mutation lost.
+        """
+        if any(a.kwarg_only for a in self.arguments):
+            return ("autocast-kwarg-only-argument", "it has keyword-only arguments, which "
+                                                    "torch's autocast kernel refuses")
+        if self.mutated_args:
+            return ("autocast-on-mutable-op", "it mutates its inputs, and autocast would cast a "
+                                              "mutated argument to a copy, losing the mutation")
+        return None
+
     def vmap_refusal(self) -> tuple[str, str] | None:
         """``(code, why)`` when ``torch.library.register_vmap`` refuses this op, else ``None``."""
         if self.has_kwarg_only_tensors:

@@ -22,7 +22,7 @@ import opregistry
 from opregistry import registry as _registry
 
 BACKENDS = ["opregistry-cpu", "opregistry-cuda", "opregistry-meta", "opregistry-autograd",
-            "opregistry-vmap"]
+            "opregistry-vmap", "opregistry-autocast", "opregistry-torch-dispatch"]
 
 
 class DistFactory:

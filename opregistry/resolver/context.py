@@ -70,6 +70,18 @@ class Context:
             self._installed = installed_torch()
         return self._installed  # type: ignore[return-value]
 
+    def triton_installed(self) -> bool:
+        """Whether the ``triton`` package can be imported (looked up, never imported)."""
+        found = getattr(self, "_triton", None)
+        if found is None:
+            import importlib.util
+
+            try:
+                found = self._triton = importlib.util.find_spec("triton") is not None
+            except (ImportError, ValueError):  # a broken triton install
+                found = self._triton = False
+        return found
+
     def torch_owns(self, namespace: str) -> bool:
         """Whether ``namespace`` is torch's: reserved, or held by torch's dispatcher now."""
         from ..keys import RESERVED_NAMESPACES

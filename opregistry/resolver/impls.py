@@ -15,7 +15,7 @@ from collections import defaultdict
 import attrs
 
 from .. import keys as _keys
-from ..model import Backend, Kernel
+from ..model import Backend, Kernel, describe_ref
 from ..plan import KernelPlan, OpPlan
 from .context import Context, dist_name, names
 
@@ -34,6 +34,7 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
         if fits:
             groups[(k.op, k.key)].append(k)
 
+    _check_triton(ctx, groups, ops)
     planned: dict[str, list[KernelPlan]] = defaultdict(list)
     external: list[KernelPlan] = []
     for (qualname, key), group in sorted(groups.items()):
@@ -57,7 +58,7 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
             # without torch (``opregistry list``) the dispatcher cannot be asked; the
             # declaration says it replaces torch's kernel, and listings must show that
             existing = "torch"
-        backend = owners.get(key)
+        backend = owners.get(_keys.family(key))
         for loser in losers:
             planned[qualname].append(KernelPlan(kernel=loser, status="overridden",
                                                 backend=backend.name if backend else None))
@@ -79,6 +80,9 @@ def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
     elif k.key == "FuncTorchBatched":
         refusal, what = op.parsed.vmap_refusal(), "a vmap rule"
         api = "torch.library.register_vmap"
+    elif k.key in _keys.AUTOCAST_KEYS:
+        refusal, what = op.parsed.autocast_refusal(), "an autocast rule"
+        api = "torch.library.register_autocast"
     else:
         return True
     if refusal is None:
@@ -95,7 +99,61 @@ _FIXES = {
     "autograd-no-returns": "return the result (a new tensor), or drop the autograd kernel",
     "autograd-kwarg-only-tensor": "make the tensor arguments positional",
     "vmap-kwarg-only-tensor": "make the tensor arguments positional",
+    "autocast-kwarg-only-argument": "make the arguments positional, or drop the autocast rule "
+                                    "and cast inside the kernel",
+    "autocast-on-mutable-op": "cast inside the kernel instead, or register autocast for a "
+                              "functional variant",
 }
+
+#: the mode whose torch_dispatch rule a Triton kernel registers (triton_op semantics)
+FUNCTIONAL_MODE_RULE = _keys.torch_dispatch_key(
+    "torch._subclasses.functional_tensor:FunctionalTensorMode")
+
+
+def _check_triton(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
+                  ops: dict[str, OpPlan]) -> None:
+    """Triton kernels of one op come from one distribution, and own its FunctionalTensorMode rule.
+
+    Each registers, as ``torch.library.triton_op`` does, the op's one
+    ``torch_dispatch`` rule for ``FunctionalTensorMode`` (which decomposes
+    the op into its Triton kernels under ``torch.compile``); torch allows one
+    such rule per op, so a second distribution's Triton kernels, or a declared
+    rule for that mode, would fail inside torch.  Refused kernels leave their
+    groups.
+    """
+    by_op: dict[str, list[Kernel]] = defaultdict(list)
+    for (qualname, _key), group in groups.items():
+        by_op[qualname] += [k for k in group if k.triton]
+    for qualname, tritons in sorted(by_op.items()):
+        if not tritons:
+            continue
+        op_plan = ops.get(qualname)
+        definer = dist_name(op_plan.op.origin) if op_plan else None
+        dists = sorted({dist_name(k.origin) for k in tritons},
+                       key=lambda d: (d != definer, d))
+        keep = dists[0]
+        refused = [k for k in tritons if dist_name(k.origin) != keep]
+        rules = groups.get((qualname, FUNCTIONAL_MODE_RULE), [])
+        if refused:
+            ctx.refuse("triton-split",
+                       f"{qualname} gets Triton kernels from {names(k.origin for k in tritons)}; "
+                       f"the Triton kernels of one op must come from one distribution (each "
+                       f"registers the op's FunctionalTensorMode rule, and torch allows one)",
+                       f"keep {keep}'s Triton kernels; give the others' as plain kernels "
+                       f"(kernels=) or uninstall one", (k.origin for k in refused),
+                       op=qualname, key=refused[0].key, source=refused[0].source)
+        for rule in rules:
+            ctx.refuse("torch-dispatch-taken-by-triton",
+                       f"{rule.origin} registers a torch_dispatch rule for FunctionalTensorMode "
+                       f"on {qualname}, whose Triton kernel already registers that rule "
+                       f"(torch.library.triton_op semantics)",
+                       "drop the rule: the Triton kernel's decomposes the op under "
+                       "torch.compile", (rule.origin,), op=qualname, key=rule.key,
+                       source=rule.source)
+        for key in {k.key for k in refused}:
+            groups[(qualname, key)] = [k for k in groups[(qualname, key)] if k not in refused]
+        if rules:
+            del groups[(qualname, FUNCTIONAL_MODE_RULE)]
 
 
 def _external_allowed(ctx: Context, k: Kernel) -> bool:
@@ -204,9 +262,19 @@ def _allowed_overrides(ctx: Context, qualname: str, key: str, overriders: list[K
 def _status(ctx: Context, k: Kernel, owners: dict[str, Backend], overrides: str | None
             ) -> KernelPlan:
     """Rule 6: active, inactive (no backend installed) or unavailable (no device)."""
-    backend = owners.get(k.key)
+    backend = owners.get(_keys.family(k.key))
     if backend is None:
         return KernelPlan(kernel=k, status="inactive", reason=_keys.provider_hint(k.key),
+                          overrides=overrides)
+    if k.triton and ctx.available.get(backend.name, True) and not ctx.triton_installed():
+        ctx.warn("triton-missing",
+                 f"{k.origin} declares a Triton kernel ({describe_ref(k.fn)}) for {k.op} on "
+                 f"{k.key}, but the triton package is not installed; the kernel is inactive",
+                 f"pip install triton (the version your torch requires: "
+                 f"`pip show torch` lists it on a CUDA build)", op=k.op, key=k.key,
+                 source=k.source, others=(k.origin,) if k.origin else ())
+        return KernelPlan(kernel=k, status="inactive", backend=backend.name,
+                          reason="requires the triton package: pip install triton",
                           overrides=overrides)
     if not ctx.available.get(backend.name, True):
         return KernelPlan(kernel=k, status="unavailable", backend=backend.name,

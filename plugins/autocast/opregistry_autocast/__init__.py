@@ -1,0 +1,36 @@
+"""opregistry-autocast: registers autocast rules (``torch.library.register_autocast`` semantics).
+
+An op's autocast rule for a device type names the dtype its floating inputs
+are cast to inside ``torch.autocast(device_type)``; the op then runs with
+autocast off, as with ``torch.library.register_autocast``.  The backend
+serves every ``Autocast<Device>`` dispatch key torch has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opregistry import Backend, Kernel, OpDef, hookimpl
+from opregistry.keys import AUTOCAST_KEYS
+
+__all__ = ["BACKEND"]
+
+BACKEND = Backend(
+    name="autocast", keys=tuple(AUTOCAST_KEYS),
+    description="autocast rules via register_autocast (cast floating inputs, run without autocast)",
+)
+
+
+@hookimpl
+def opregistry_backends() -> list[Backend]:
+    return [BACKEND]
+
+
+@hookimpl
+def opregistry_materialize_kernel(library: Any, op: OpDef | None, kernel: Kernel, fn: Any) -> bool:
+    # imported here: ``opregistry list`` loads this plugin without torch
+    from ._torch_private import register_autocast_rule
+
+    # ``fn`` is the torch.dtype (the declaration's "torch:bfloat16", imported)
+    register_autocast_rule(library, kernel.op, AUTOCAST_KEYS[kernel.key], fn)
+    return True

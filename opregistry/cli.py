@@ -271,9 +271,14 @@ def _op_line(op: dict[str, Any]) -> str:
     return f"  {schema}  [{_dist(op['distribution'])}]{tags}"
 
 
+def _backend_keys(keys: list[str]) -> str:
+    """A backend's keys in a table cell: ``AutocastCPU,...(7 keys)`` for many (``--json`` has all)."""
+    return ",".join(keys) if len(keys) <= 3 else f"{keys[0]},...({len(keys)} keys)"
+
+
 def _print_list(data: dict[str, Any], t: Text) -> None:
     t.line("Backends")
-    t.table([(b["name"], ",".join(b["keys"]), b["device_type"] or "-",
+    t.table([(b["name"], _backend_keys(b["keys"]), b["device_type"] or "-",
               _dist(b["distribution"]), "yes",
               "yes" if b["available"] else "no (not on this machine)") for b in data["backends"]],
             header=("NAME", "KEYS", "DEVICE", "DISTRIBUTION", "INSTALLED", "AVAILABLE"),

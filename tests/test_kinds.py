@@ -431,3 +431,37 @@ def test_triton_kernel_declared_for_a_non_device_key_is_refused():
     handle = lib.define("f(Tensor x) -> Tensor")
     with pytest.raises(DeclarationError, match="not a device key"):
         handle.register_triton("fake", "m:f")
+
+
+DOC_TRITON_PROBE = """
+import sys, torch, opregistry
+reg = opregistry.load(plugins=sys.argv[1].split(","))
+assert not reg.errors, reg.errors
+exec(sys.argv[2])  # the page's (not run) usage block
+x, y = torch.randn(37), torch.randn(37)
+torch.library.opcheck(torch.ops.tritonops.add.default, (x, y))
+ep = torch.export.export(type("M", (torch.nn.Module,), {
+    "forward": lambda self, a, b: torch.ops.tritonops.add(a, b)})(), (x, y))
+torch.testing.assert_close(ep.module()(x, y), x + y)
+print("OK")
+"""
+
+
+@needs_triton
+def test_op_authors_triton_example_runs_under_the_interpreter(dists):
+    """docs/op-authors.md's Triton blocks (not run by test_docs: triton is optional), run here."""
+    from .test_docs import blocks
+
+    found = {b.arg.split(" ")[0]: b for b in blocks("op-authors.md") if b.directive}
+    kernels = found["tritonops_kernels.py"].code
+    declaration = found["tritonops"].code
+    [usage] = [b for b in blocks("op-authors.md")
+               if b.directive == "not run" and "tritonops" in b.code]
+    dists.make("tritonops", ops={"tritonops": "tritonops_decl:lib"},
+               modules={"tritonops_decl": declaration, "tritonops_kernels": kernels})
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPREGISTRY_AUTOLOAD": "0",
+           "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", DOC_TRITON_PROBE,
+                           ",".join([*BACKENDS, *dists.names]), usage.code],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The ten distributions as a package index would see them: built wheels and the core's sdist.
+"""The twelve distributions as a package index would see them: built wheels and the core's sdist.
 
 Every wheel is built from a clean copy of the checkout (``pip wheel --no-deps
 --no-build-isolation``, offline) and its metadata is read back and checked:
@@ -31,7 +31,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: distribution name -> source directory, for all ten distributions
+#: distribution name -> source directory, for all twelve distributions
 DISTRIBUTIONS = {
     "opregistry": ".",
     "opregistry-cpu": "plugins/cpu",
@@ -39,6 +39,8 @@ DISTRIBUTIONS = {
     "opregistry-meta": "plugins/meta",
     "opregistry-autograd": "plugins/autograd",
     "opregistry-vmap": "plugins/vmap",
+    "opregistry-autocast": "plugins/autocast",
+    "opregistry-torch-dispatch": "plugins/torchdispatch",
     "tutorial-ops": "examples/tutorial",
     "nnkit": "examples/nnkit",
     "nnkit-contrib": "examples/nnkit-contrib",
@@ -70,7 +72,7 @@ def _run(*cmd: str, cwd: Path) -> str:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """All ten wheels and the core's sdist, in one directory."""
+    """All twelve wheels and the core's sdist, in one directory."""
     tmp = tmp_path_factory.mktemp("wheels")
     src = _copy_checkout(tmp / "src")
     dist = tmp / "dist"

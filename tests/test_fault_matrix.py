@@ -335,6 +335,55 @@ def vmap_kwarg_only_tensor(env: Env) -> Fault:
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
 
 
+def autocast_unknown_device_type(env: Env) -> Fault:
+    # torch.library.register_autocast raises ValueError / AttributeError; the declaration says so
+    d = env.op_dist("bad", define("ok") + define("foo", extra=", autocast={'vulkan': 'bfloat16'}"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="no autocast dispatch key for device type 'vulkan'")
+
+
+def autocast_kwarg_only_argument(env: Env) -> Fault:
+    # torch's autocast kernel raises "Custom ops do not support kwargs yet" at the first call
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema="(Tensor x, *, float alpha=1.0) -> Tensor",
+        extra=", autocast={'cpu': 'bfloat16'}"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="keyword-only")
+
+
+def autocast_on_mutable_op(env: Env) -> Fault:
+    # torch accepts it, then mutates a cast copy: the caller's tensor never changes
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema="(Tensor(a!) x) -> ()", extra=", mutates_args=['x'], "
+        "autocast={'cpu': 'float16'}"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="losing the mutation")
+
+
+def torch_dispatch_rule_module_missing(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", extra=", torch_dispatch={'no_such_module_NS:Mode': 'KMOD:clone'}"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="no_such_module", live=True)
+
+
+def torch_dispatch_class_not_a_mode(env: Env) -> Fault:
+    # torch.library.register_torch_dispatch accepts any class, and the rule never runs
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", extra=", torch_dispatch={'KMOD:clone': 'KMOD:clone'}"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="neither a TorchDispatchMode nor a Tensor subclass", live=True)
+
+
+def triton_kernels_from_two_distributions(env: Env) -> Fault:
+    # the second FunctionalTensorMode rule would raise inside torch at registration
+    env.op_dist("owner", define("foo", kernels="{}", extra=", triton={'cpu': 'KMOD:clone'}, "
+                                "fake='KMOD:fake'"))
+    d = env.op_dist("contrib", "lib.impl('NS::foo', 'xpu', 'KMOD:clone', triton=True)\n",
+                    kind="IMPL")
+    return Fault({d}, source=env.at(d, BODY_LINE), says="must come from one distribution")
+
+
 def rollback_takes_dependents(env: Env) -> Fault:
     """A distribution whose kernel targets a rolled-back op is rolled back with it."""
     env.op_dist("base", define("foo") + define("bar", "{'cpu': 'KMOD:does_not_exist'}"))
@@ -656,6 +705,13 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "distribution-installed-twice": ("distribution-duplicate", distribution_installed_twice),
     "entry-point-name-twice": ("entry-point-duplicate", entry_point_name_twice),
     "one-bad-entry-point-of-two": ("plugin-missing-module", one_bad_entry_point_of_two),
+    "autocast-unknown-device-type": ("declaration-invalid", autocast_unknown_device_type),
+    "autocast-kwarg-only-argument": ("autocast-kwarg-only-argument", autocast_kwarg_only_argument),
+    "autocast-on-mutable-op": ("autocast-on-mutable-op", autocast_on_mutable_op),
+    "torch-dispatch-rule-module-missing": ("materialize-failed", torch_dispatch_rule_module_missing),
+    "torch-dispatch-class-not-a-mode": ("materialize-failed", torch_dispatch_class_not_a_mode),
+    "triton-kernels-from-two-distributions": ("triton-split",
+                                              triton_kernels_from_two_distributions),
 }
 
 
@@ -664,7 +720,7 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
 
 #: the backends the cases need; the others are left out so that a fault
 #: elsewhere in the environment cannot change what strict mode sees
-BACKENDS = ("opregistry-cpu", "opregistry-meta")
+BACKENDS = ("opregistry-cpu", "opregistry-meta", "opregistry-autocast", "opregistry-torch-dispatch")
 
 
 def scope(env: Env) -> list[str]:
@@ -932,6 +988,25 @@ def schema_of_100k_characters(env: Env, monkeypatch: pytest.MonkeyPatch,
 
 #: case id -> (the Problem code, the check); ``config-invalid`` is the code doctor
 #: reports for a :class:`~opregistry.ConfigError`
+def triton_not_installed(env: Env, monkeypatch: pytest.MonkeyPatch,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A Triton kernel without triton installed: that kernel is inactive, naming the
+    requirement; the package loads with its other kernels (declared as a plain kernel, the
+    module's ``import triton`` fails the whole distribution at registration)."""
+    d = env.op_dist("tritonpkg", define("foo", kernels="{}", extra=", triton={'cpu': 'KMOD:twice'}, "
+                                        "fake='KMOD:fake'") + define("bar"))
+    monkeypatch.setitem(sys.modules, "triton", None)  # importlib's find_spec: not installed
+    reg = load(env.dists, plugins=scope(env))
+    [warning] = [p for p in reg.problems if p.code == "triton-missing"]
+    assert f"{d}==1.0" in warning.message and "pip install triton" in warning.hint
+    [cpu] = [k for k in reg.op(env.op("foo")).kernels if k.kernel.key == "CPU"]
+    assert cpu.status == "inactive" and "triton" in cpu.reason
+    bar = getattr(getattr(torch.ops, env.ns), "bar")
+    assert torch.equal(bar(torch.arange(3.0)), torch.arange(3.0))  # the rest of it loads
+    rc, out, _ = _cli(capsys, "doctor", "--json")
+    assert "triton-missing" in out
+
+
 SETTING_CASES: dict[str, tuple[str, Callable[..., None]]] = {
     "strict-at-import-torch": ("plugin-missing-module", strict_at_import_torch),
     "second-backend-for-a-key": ("backend-shadowed", second_backend_for_a_key),
@@ -948,6 +1023,7 @@ SETTING_CASES: dict[str, tuple[str, Callable[..., None]]] = {
         "OPREGISTRY_CONFIG", "plugins = [\n", "OPREGISTRY_CONFIG={path}: not valid TOML")),
     "unknown-variable": ("config-unknown-variable", unknown_variable),
     "schema-of-100k-characters": ("schema-invalid", schema_of_100k_characters),
+    "triton-not-installed": ("triton-missing", triton_not_installed),
 }
 
 

@@ -272,17 +272,18 @@ def _check_kind(k: Kernel) -> None:
         dtype = k.fn.partition(":")[2] if isinstance(k.fn, str) and k.fn.startswith("torch:") else None
         if dtype not in _keys.AUTOCAST_DTYPES.values():
             raise DeclarationError(
-                f"autocast rule for {k.op} on {_keys.AUTOCAST_KEYS[k.key]}: cast_inputs must be a "
+                f"autocast rule for {k.op} on {_keys.AUTOCAST_KEYS[k.key]} (key {k.key!r}): "
+                f"cast_inputs must be a "
                 f"floating torch.dtype (torch.float16, torch.bfloat16, torch.float32 or "
                 f"torch.float64), got {describe_ref(k.fn)!r}", op=k.op, key=k.key)
     if k.triton and k.key not in _keys.DEVICE_KEYS:
         raise DeclarationError(
-            f"Triton kernel for {k.op}: {k.key} is not a device key; a Triton kernel is "
+            f"Triton kernel for {k.op}: {k.key!r} is not a device key; a Triton kernel is "
             f"declared for a device type (triton={{'cuda': ...}})", op=k.op, key=k.key)
     is_rule = _keys.family(k.key) == _keys.TORCH_DISPATCH
     if is_rule != (k.dispatch_class is not None) or k.key == _keys.TORCH_DISPATCH:
         raise DeclarationError(
-            f"kernel for {k.op} on {k.key}: a torch_dispatch rule needs its class "
+            f"kernel for {k.op} on {k.key!r}: a torch_dispatch rule needs its class "
             f"(torch_dispatch={{'module:Mode': 'module:rule'}}), and only a torch_dispatch rule "
             f"has one", op=k.op, key=k.key)
 

@@ -32,5 +32,5 @@ def opregistry_materialize_kernel(library: Any, op: OpDef | None, kernel: Kernel
     from ._torch_private import register_autocast_rule
 
     # ``fn`` is the torch.dtype (the declaration's "torch:bfloat16", imported)
-    register_autocast_rule(library, kernel.op, AUTOCAST_KEYS[kernel.key], fn)
+    register_autocast_rule(library, kernel.op, kernel.key, AUTOCAST_KEYS[kernel.key], fn)
     return True

@@ -19,20 +19,24 @@ from torch._library.utils import RegistrationHandle, lookup_op
 __all__ = ["register_autocast_rule"]
 
 
-def register_autocast_rule(library: Any, qualname: str, device_type: str, dtype: Any) -> None:
-    """``torch.library.register_autocast(qualname, device_type, dtype, lib=library)``, undone with it."""
+def register_autocast_rule(library: Any, qualname: str, key: str, device_type: str,
+                           dtype: Any) -> None:
+    """``torch.library.register_autocast(qualname, device_type, dtype, lib=library)``, undone with it.
+
+    ``key`` is the autocast dispatch key of ``device_type`` (``"AutocastCPU"``).
+    """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"cast_inputs must be a floating torch.dtype, got {dtype!r}")
     torch.library.register_autocast(qualname, device_type, dtype, lib=library)
     op = lookup_op(qualname)
-    key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
-    installed = op.py_kernels.get(key)
+    dispatch_key = getattr(torch._C.DispatchKey, key)
+    installed = op.py_kernels.get(dispatch_key)
     if installed is None:
         return  # a torch without the Python kernel (before 2.13): nothing outlives the library
 
     def remove() -> None:
-        if op.py_kernels.get(key) is installed:
-            op.py_kernels.pop(key, None)
+        if op.py_kernels.get(dispatch_key) is installed:
+            op.py_kernels.pop(dispatch_key, None)
             op._dispatch_cache.clear()
 
     # Library._destroy destroys these handles (torch's own register_torch_dispatch uses them)
@@ -43,7 +47,6 @@ def _check() -> None:
     """Fail at import if torch moved what this module uses (clear message, not a deep traceback)."""
     missing = [name for name, ok in (
         ("torch.library.register_autocast", callable(getattr(torch.library, "register_autocast", None))),
-        ("torch._C._dispatch_key_for_device", hasattr(torch._C, "_dispatch_key_for_device")),
         ("torch._library.utils.RegistrationHandle", callable(RegistrationHandle)),
     ) if not ok]
     if missing:

@@ -3,7 +3,10 @@
 Kernels name the dispatch key they implement.  Op authors may use the
 device-type spelling (``"cpu"``, ``"cuda"``) or the name of the feature
 (``"fake"``, ``"autograd"``, ``"vmap"``); the records store torch's own
-dispatch-key name.  A key in :data:`KNOWN_KEYS` whose backend is not
+dispatch-key name.  Autocast rules use torch's ``Autocast<Device>`` keys
+(:data:`AUTOCAST_KEYS`); ``torch_dispatch`` rules use one key per class,
+``TorchDispatch[module:Class]``, all served by the backend of the
+:data:`TORCH_DISPATCH` family (:func:`family`).  A key in :data:`KNOWN_KEYS` whose backend is not
 installed makes its kernels *inactive*; any other key is an error.
 
 The other torch facts the resolver needs before torch is imported live here

@@ -82,13 +82,14 @@ def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
         api = "torch.library.register_vmap"
     elif k.key in _keys.AUTOCAST_KEYS:
         refusal, what = op.parsed.autocast_refusal(), "an autocast rule"
-        api = "torch.library.register_autocast"
+        api = "the kernel of torch.library.register_autocast"
     else:
         return True
     if refusal is None:
         return True
     code, why = refusal
-    ctx.refuse(code, f"{k.origin} registers {what} for {k.op}, but {why}; {api} refuses such ops",
+    verdict = "cannot serve such ops" if k.key in _keys.AUTOCAST_KEYS else "refuses such ops"
+    ctx.refuse(code, f"{k.origin} registers {what} for {k.op}, but {why}; {api} {verdict}",
                _FIXES[code], (k.origin,), op=k.op, key=k.key, source=k.source)
     return False
 

@@ -406,7 +406,7 @@ lib.define("add(Tensor x, Tensor y) -> Tensor", triton={"cpu": "KMOD:clone"}, fa
     op_dist(dists, "tr-plain", ns, f"""
 lib.impl("{ns}::add", "cuda", "KMOD:clone")
 """, kind="IMPL")
-    assert not plan(dists).errors  # a plain kernel from another distribution is fine
+    assert "triton-split" not in _codes(plan(dists))  # a plain kernel from another is fine
     op_dist(dists, "tr-contrib", ns, f"""
 lib.impl("{ns}::add", "xpu", "KMOD:clone", triton=True)
 """, kind="IMPL")
@@ -465,3 +465,58 @@ def test_op_authors_triton_example_runs_under_the_interpreter(dists):
                            ",".join([*BACKENDS, *dists.names]), usage.code],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
+
+
+TRACEABLE_KERNELS = """
+import torch
+
+def double(x):
+    # a Triton kernel function may also call torch ops; this one calls only those,
+    # so that its decomposition can be seen on CPU without Triton's interpreter
+    return x * 2
+
+def double_fake(x):
+    return torch.empty_like(x)
+"""
+
+
+@needs_triton
+def test_compile_traces_into_the_triton_kernel_function(dists, ns, monkeypatch):
+    """The FunctionalTensorMode rule decomposes the op under torch.compile (AOTDispatcher):
+    the graph handed to the compiler holds the function's ops, not the op; export keeps it."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    op_dist(dists, "tr-trace", ns, """
+lib.define("double(Tensor x) -> Tensor", triton={"cpu": "KMOD:double"}, fake="KMOD:double_fake")
+""", kernels=TRACEABLE_KERNELS)
+    reg = load(dists)
+    assert not reg.errors, reg.errors
+    op = getattr(torch.ops, ns).double
+    graphs: list[str] = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    compiled = torch.compile(lambda x: op(x) + 1, fullgraph=True,
+                             backend=aot_autograd(fw_compiler=capture))
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x), x * 2 + 1)
+    [code] = graphs
+    assert "aten.mul" in code and f"{ns}.double" not in code, code
+    ep = torch.export.export(type("M", (torch.nn.Module,), {"forward": lambda s, a: op(a)})(), (x,))
+    assert [str(n.target) for n in ep.graph.nodes if n.op == "call_function"] == [
+        f"{ns}.double.default"]
+    # the same function as a plain CPU kernel: AOTDispatcher keeps the op whole
+    reg.unload()
+    graphs.clear()
+    op_dist(dists, "plain-trace", f"{ns}p", """
+lib.define("double(Tensor x) -> Tensor", kernels={"cpu": "KMOD:double"}, fake="KMOD:double_fake")
+""", kernels=TRACEABLE_KERNELS)
+    load(dists)
+    plain = getattr(torch.ops, f"{ns}p").double
+    torch._dynamo.reset()
+    torch.compile(lambda x: plain(x) + 1, fullgraph=True,
+                  backend=aot_autograd(fw_compiler=capture))(x)
+    assert f"{ns}p.double" in graphs[0]

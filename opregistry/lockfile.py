@@ -73,13 +73,16 @@ def _kernel_entry(k: KernelPlan) -> dict[str, Any]:
     from .model import describe_ref
 
     kernel = k.kernel
-    return {
+    entry = {
         "kernel": describe_ref(kernel.fn),
         "setup_context": describe_ref(kernel.setup_context),
         "distribution": kernel.origin.distribution if kernel.origin else None,
         "status": _LOCK_STATUS.get(k.status, k.status),
         "override": kernel.override,
     }
+    if kernel.triton:  # only then: the locks of every other kernel are unchanged
+        entry["triton"] = True
+    return entry
 
 
 def _kernels(kernels: Any) -> dict[str, Any]:

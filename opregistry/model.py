@@ -266,8 +266,14 @@ class Kernel:
         return self.op.split("::", 1)[0]
 
 
+#: keys whose kernels are plain functions: nothing more to check (the common case, first)
+_PLAIN_KEYS: frozenset[str] = frozenset(_keys.DEVICE_KEYS) | frozenset(_keys.FUNCTIONALITY_KEYS)
+
+
 def _check_kind(k: Kernel) -> None:
     """The rules of the registration kinds that are not plain kernels (autocast, Triton, torch_dispatch)."""
+    if k.key in _PLAIN_KEYS and not k.triton and k.dispatch_class is None:
+        return
     if k.key in _keys.AUTOCAST_KEYS:
         dtype = k.fn.partition(":")[2] if isinstance(k.fn, str) and k.fn.startswith("torch:") else None
         if dtype not in _keys.AUTOCAST_DTYPES.values():

@@ -12,6 +12,8 @@ running (on CPU under ``TRITON_INTERPRET=1``, on a GPU when there is one),
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 import os
 import subprocess
 import sys
@@ -520,3 +522,29 @@ lib.define("double(Tensor x) -> Tensor", kernels={"cpu": "KMOD:double"}, fake="K
     torch.compile(lambda x: plain(x) + 1, fullgraph=True,
                   backend=aot_autograd(fw_compiler=capture))(x)
     assert f"{ns}p.double" in graphs[0]
+
+
+def test_lock_records_each_kind_and_sees_a_kernel_become_triton(dists, ns):
+    from opregistry.lockfile import diff_lock, lock_data
+
+    op_dist(dists, "lk-ops", ns, """
+lib.define("f(Tensor x) -> Tensor", kernels={"cpu": "KMOD:clone"}, fake="KMOD:fake",
+           autocast={"cuda": "float16"}, torch_dispatch={"KMOD:Recording": "KMOD:rule"})
+""", kernels=DISPATCH_KERNELS + "\ndef fake(x):\n    return torch.empty_like(x)\n")
+    before = lock_data(plan(dists))
+    text = json.dumps(before)
+    assert '"AutocastCUDA"' in text and '"torch:float16"' in text
+    assert f'"TorchDispatch[{ns}_kernels:Recording]"' in text
+    assert '"triton"' not in text
+    # the same distribution, its CPU kernel now declared as a Triton kernel
+    dists.cleanup()
+    for info in dists.root.glob("lk_ops-*.dist-info"):
+        shutil.rmtree(info)
+    dists.names.remove("lk-ops")
+    op_dist(dists, "lk-ops", ns, """
+lib.define("f(Tensor x) -> Tensor", triton={"cpu": "KMOD:clone"}, fake="KMOD:fake",
+           autocast={"cuda": "float16"}, torch_dispatch={"KMOD:Recording": "KMOD:rule"})
+""", kernels=DISPATCH_KERNELS + "\ndef fake(x):\n    return torch.empty_like(x)\n")
+    after = lock_data(plan(dists))
+    diffs = diff_lock(before, after)
+    assert any("CPU" in d and "triton" in d for d in diffs), diffs

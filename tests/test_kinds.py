@@ -410,13 +410,15 @@ lib.impl("{ns}::add", "cuda", "KMOD:clone")
 """, kind="IMPL")
     assert "triton-split" not in _codes(plan(dists))  # a plain kernel from another is fine
     op_dist(dists, "tr-contrib", ns, f"""
-lib.impl("{ns}::add", "xpu", "KMOD:clone", triton=True)
+lib.impl("{ns}::add", "cpu", "KMOD:clone", triton=True)
 """, kind="IMPL")
     p = plan(dists)
     [split] = [x for x in p.errors if x.code == "triton-split"]
     assert [o.distribution for o in split.culprits] == ["tr-contrib"]
     assert "tr-owner==1.0" in split.message and "tr-contrib==1.0" in split.message
-    assert p.op(f"{ns}::add") is not None  # the owner's op and Triton kernel stand
+    # the owner's op and Triton kernel stand (the contrib's equal record is not mistaken for it)
+    cpu = p.op(f"{ns}::add").kernel("CPU")
+    assert cpu is not None and cpu.kernel.origin.distribution == "tr-owner"
 
 
 def test_functional_mode_rule_beside_a_triton_kernel_is_refused(dists, ns):

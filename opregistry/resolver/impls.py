@@ -148,11 +148,12 @@ def _check_triton(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
                        f"{rule.origin} registers a torch_dispatch rule for FunctionalTensorMode "
                        f"on {qualname}, whose Triton kernel already registers that rule "
                        f"(torch.library.triton_op semantics)",
-                       "drop the rule: the Triton kernel's decomposes the op under "
+                       "drop the rule: the Triton kernel's own rule decomposes the op under "
                        "torch.compile", (rule.origin,), op=qualname, key=rule.key,
                        source=rule.source)
+        gone = {id(k) for k in refused}  # by identity: records compare without their origin
         for key in {k.key for k in refused}:
-            groups[(qualname, key)] = [k for k in groups[(qualname, key)] if k not in refused]
+            groups[(qualname, key)] = [k for k in groups[(qualname, key)] if id(k) not in gone]
         if rules:
             del groups[(qualname, FUNCTIONAL_MODE_RULE)]
 

@@ -29,7 +29,7 @@ from .conftest import BACKENDS, load, op_dist, plan
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed "
-                                  "(pip install -r requirements-triton.txt)")
+                                  "(requirements-dev.txt installs it on Linux)")
 
 
 def _codes(p: object) -> list[str]:

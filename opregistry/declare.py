@@ -76,6 +76,29 @@ def _infer_schema(fn: Callable[..., Any], mutated: tuple[str, ...], tags: tuple[
     return torch.library.infer_schema(fn, mutates_args=mutated, **kwargs)
 
 
+def _device_keys(device_types: Any) -> tuple[str, ...]:
+    """``device_types`` of ``custom_op`` / ``register_kernel`` as kernel keys.
+
+    ``None`` is every device: ``CompositeExplicitAutograd``, what
+    :func:`torch.library.custom_op` registers when it is given no device types.
+    """
+    if device_types is None:
+        return ("CompositeExplicitAutograd",)
+    if isinstance(device_types, str):
+        return (device_types,)
+    try:
+        devices = tuple(device_types)
+    except TypeError:
+        raise DeclarationError(
+            f"device_types must be a device type ('cpu'), a sequence of them, or None "
+            f"(every device), not {type(device_types).__name__}") from None
+    if not devices or not all(isinstance(d, str) for d in devices):
+        raise DeclarationError(
+            f"device_types must be a device type ('cpu'), a non-empty sequence of them, or "
+            f"None (every device), not {device_types!r}")
+    return devices
+
+
 def _split_name(name: str) -> tuple[str, str]:
     base, _, overload = name.partition(".")
     return base, overload
@@ -109,9 +132,20 @@ class OpHandle:
         return _decorator_or_call(
             fn, lambda f: self._library._add_kernel(self.qualname, key, f, source=source))
 
-    def register_kernel(self, device_type: str, fn: KernelRef | None = None) -> Any:
-        """Add the kernel for one device type (``"cpu"``, ``"cuda"``, ...)."""
-        return self._register(device_type, fn, 2)
+    def register_kernel(self, device_types: str | Sequence[str] | None,
+                        fn: KernelRef | None = None) -> Any:
+        """Add the kernel for device types (``"cpu"``, ``["cpu", "cuda"]``).
+
+        ``None`` means every device (``CompositeExplicitAutograd``), as in
+        :func:`torch.library.register_kernel`.
+        """
+        source = _source(1)
+
+        def record(f: Any) -> None:
+            for device in _device_keys(device_types):
+                self._library._add_kernel(self.qualname, device, f, source=source)
+
+        return _decorator_or_call(fn, record)
 
     def register_fake(self, fn: KernelRef | None = None) -> Any:
         """Add the fake (meta) kernel, with :func:`torch.library.register_fake` semantics."""
@@ -254,7 +288,7 @@ class OpLibrary:
         name: str | None = None,
         *,
         mutates_args: Iterable[str] | str,
-        device_types: str | Sequence[str] = "cpu",
+        device_types: str | Sequence[str] | None = None,
         schema: str | None = None,
         tags: Iterable[str] = (),
     ) -> Callable[[Callable[..., Any]], OpHandle]:
@@ -262,7 +296,12 @@ class OpLibrary:
 
         As :func:`torch.library.custom_op`, the schema is inferred from type
         hints (pass ``schema=`` to write it yourself) and ``mutates_args``
-        is required.  The function becomes the kernel for ``device_types``.
+        is required.  The function becomes the kernel for ``device_types``:
+        by default (``None``) for every device, ``CompositeExplicitAutograd``,
+        as ``custom_op`` registers it; ``"cpu"`` or ``["cpu", "cuda"]`` for
+        those devices only.  An op that returns a mutated input
+        (``-> Tensor(a!)``) needs ``tags=["inplace"]`` (torch >= 2.13), so
+        that the inferred schema says the return aliases it.
         """
         if isinstance(mutates_args, str):
             raise DeclarationError(
@@ -271,7 +310,7 @@ class OpLibrary:
             )
         mutated = tuple(mutates_args)
         tag_names = tuple(tags)  # read twice below: a generator would be empty the second time
-        devices = (device_types,) if isinstance(device_types, str) else tuple(device_types)
+        devices = _device_keys(device_types)
         source = _source(1)
 
         def decorate(fn: Callable[..., Any]) -> OpHandle:

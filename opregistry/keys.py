@@ -26,6 +26,7 @@ from typing import NamedTuple
 __all__ = [
     "DEVICE_KEYS",
     "FUNCTIONALITY_KEYS",
+    "COMPOSITE_KEYS",
     "KNOWN_KEYS",
     "ALIASES",
     "PROVIDERS",
@@ -65,7 +66,13 @@ DEVICE_KEYS: dict[str, str] = {
     "PrivateUse1": "privateuseone",
 }
 FUNCTIONALITY_KEYS: tuple[str, ...] = ("Meta", "Autograd", "FuncTorchBatched")
-KNOWN_KEYS: frozenset[str] = frozenset(DEVICE_KEYS) | frozenset(FUNCTIONALITY_KEYS)
+#: torch's alias keys for one kernel that serves every device: ``CompositeExplicitAutograd``
+#: (a kernel of its own; a device kernel beside it wins for its device, an Autograd
+#: formula for gradients) and ``CompositeImplicitAutograd`` (built from other ops:
+#: autograd and fake come from the ops it calls)
+COMPOSITE_KEYS: tuple[str, ...] = ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
+KNOWN_KEYS: frozenset[str] = (frozenset(DEVICE_KEYS) | frozenset(FUNCTIONALITY_KEYS)
+                              | frozenset(COMPOSITE_KEYS))
 
 ALIASES: dict[str, str] = {
     **{device: key for key, device in DEVICE_KEYS.items()},
@@ -76,6 +83,8 @@ ALIASES: dict[str, str] = {
     "autograd": "Autograd",
     "vmap": "FuncTorchBatched",
     "batched": "FuncTorchBatched",
+    # torch.library.impl(..., "default") and custom_op(device_types=None): every device
+    "default": "CompositeExplicitAutograd",
 }
 
 #: The distribution that serves a key, named when its kernels are inactive.
@@ -85,6 +94,11 @@ PROVIDERS: dict[str, str] = {
     "Meta": "opregistry-meta",
     "Autograd": "opregistry-autograd",
     "FuncTorchBatched": "opregistry-vmap",
+    # a composite kernel is a plain Library.impl of a Python function, as a CPU
+    # kernel is, and every op package already depends on opregistry-cpu
+    # (docs/op-authors.md#kernels-for-every-device)
+    "CompositeExplicitAutograd": "opregistry-cpu",
+    "CompositeImplicitAutograd": "opregistry-cpu",
 }
 
 #: Human names of the functionality keys, for listings.

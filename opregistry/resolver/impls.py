@@ -34,6 +34,8 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
         if fits:
             groups[(k.op, k.key)].append(k)
 
+    _check_composite(ctx, groups, ops)
+
     planned: dict[str, list[KernelPlan]] = defaultdict(list)
     external: list[KernelPlan] = []
     for (qualname, key), group in sorted(groups.items()):
@@ -65,10 +67,82 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
         entry = _status(ctx, winner, owners, overrides)
         (planned[qualname] if op_plan else external).append(entry)
 
-    result = {qualname: attrs.evolve(plan, kernels=tuple(sorted(
-        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.status))))
+    result = {qualname: attrs.evolve(plan, kernels=_serving(tuple(sorted(
+        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.status)))))
         for qualname, plan in ops.items()}
     return result, tuple(external)
+
+
+#: what a kernel for every device may not share its op with (torch's rules, below)
+_IMPLICIT = _keys.COMPOSITE_KEYS[1]
+
+
+def _check_composite(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
+                     ops: dict[str, OpPlan]) -> None:
+    """The rules torch has (or should have) for a ``CompositeImplicitAutograd`` kernel.
+
+    Such a kernel is a decomposition: torch runs it on every device and
+    derives autograd and fake tensors from the ops it calls.  Beside it,
+    torch refuses a fake kernel (``Library.impl(..., "Meta")`` and
+    ``register_fake`` raise), and silently does not use it where another kernel
+    takes the call: an Autograd formula replaces the decomposition's autograd
+    in eager but not under ``torch.compile`` (which decomposes first), and a
+    device (or ``CompositeExplicitAutograd``) kernel takes that device away
+    from it -- and with it any gradient there.  The resolver refuses all of
+    them; only a vmap rule may stand beside it.  Whom it blames: the
+    distributions other than the op's definer, or the definer if it declared
+    both.  ``CompositeExplicitAutograd`` needs no rule of its own: a device
+    kernel beside it wins for its device, as in torch.
+    """
+    by_op: dict[str, dict[str, list[Kernel]]] = defaultdict(dict)
+    for (qualname, key), group in groups.items():
+        by_op[qualname][key] = group
+    for qualname, by_key in sorted(by_op.items()):
+        implicit = by_key.get(_IMPLICIT)
+        if not implicit:
+            continue
+        others = [k for key, group in sorted(by_key.items())
+                  if key not in (_IMPLICIT, "FuncTorchBatched") for k in group]
+        if not others:
+            continue
+        op_plan = ops.get(qualname)
+        definer = dist_name(op_plan.op.origin) if op_plan else None
+        involved = [*implicit, *others]
+        culprits = [k.origin for k in involved if dist_name(k.origin) != definer] or [
+            k.origin for k in involved]
+        keys = ", ".join(sorted({k.key for k in others}))
+        ctx.refuse("composite-implicit-mixed",
+                   f"{qualname} has a CompositeImplicitAutograd kernel (from "
+                   f"{names(k.origin for k in implicit)}) and {keys} kernel(s) (from "
+                   f"{names(k.origin for k in others)}); a CompositeImplicitAutograd kernel "
+                   f"serves every device and derives autograd and fake tensors from the ops it "
+                   f"calls, so torch refuses a fake kernel beside it and silently bypasses it "
+                   f"for the rest (gradients lost on the device with its own kernel, an "
+                   f"autograd formula used in eager but not under torch.compile)",
+                   "declare the kernel for every device as 'CompositeExplicitAutograd' (or "
+                   "'default') to add device kernels, a fake kernel or an autograd formula "
+                   "beside it; or drop the other kernels",
+                   culprits, others=tuple(sorted({k.origin for k in involved if k.origin}
+                                                 - {o for o in culprits if o})),
+                   op=qualname, key=_IMPLICIT,
+                   source=next((k.source for k in involved
+                                if k.origin in culprits and k.source), None))
+
+
+def _serving(kernels: tuple[KernelPlan, ...]) -> tuple[KernelPlan, ...]:
+    """Each active kernel for every device, with the devices it serves in its reason."""
+    if not any(k.kernel.key in _keys.COMPOSITE_KEYS for k in kernels):
+        return kernels
+    own = sorted({k.kernel.key for k in kernels
+                  if k.kernel.key in _keys.DEVICE_KEYS and k.status == "active"})
+    result = []
+    for k in kernels:
+        if k.kernel.key in _keys.COMPOSITE_KEYS and k.status == "active" and not k.reason:
+            reason = ("every device" if not own else
+                      f"every device but {', '.join(own)} (own kernel)")
+            k = attrs.evolve(k, reason=reason)
+        result.append(k)
+    return tuple(result)
 
 
 def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:

@@ -8,6 +8,8 @@ registers for the same declaration.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -263,3 +265,56 @@ def test_listing_names_what_a_default_kernel_serves(dists, ns, capsys, monkeypat
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.strip().startswith("CompositeExplicit"))
     assert "active" in line and "every device but CPU (own kernel)" in line, out
+
+
+def _table_cases() -> list[tuple[str, str]]:
+    """``(custom_op's device_types, @lib.op's)`` of each row of migrating.md's table naming them."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "migrating.md").read_text()
+    spelled = re.compile(r"device_types=(None|\"[^\"]*\"|\([^)]*\))")
+    cases = []
+    for line in text.splitlines():
+        cells = line.strip().strip("|").split("|")
+        if len(cells) == 2 and all("device_types=" in c for c in cells):
+            left, right = (spelled.search(c) for c in cells)
+            assert left and right, line
+            cases.append((left.group(1), right.group(1)))
+    return cases
+
+
+def test_migrating_table_has_the_device_types_rows() -> None:
+    assert [c[0] for c in _table_cases()] == ["None", '"cpu"', '("cpu", "cuda")']
+
+
+@pytest.mark.parametrize("custom_op_types,lib_op_types", _table_cases() + [("OMITTED", "OMITTED")])
+def test_migrating_table_device_types(dists, ns, custom_op_types, lib_op_types) -> None:
+    """Each row of docs/migrating.md registers the same dispatcher keys both ways."""
+    import ast
+
+    def kwargs(spelled: str) -> dict[str, object]:
+        return {} if spelled == "OMITTED" else {"device_types": ast.literal_eval(spelled)}
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    torch.library.custom_op(f"{ns}ref::f", f, mutates_args=(), **kwargs(custom_op_types))
+    lib_args = "" if lib_op_types == "OMITTED" else f", device_types={lib_op_types}"
+    dists.make("table-ops", ops={"ops": "table_ops:lib"}, modules={"table_ops": f"""
+        import torch
+        from opregistry import OpLibrary
+        lib = OpLibrary({ns!r})
+
+        @lib.op(mutates_args=(){lib_args})
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+    """})
+    registry = load(dists)
+    assert not registry.errors, registry.errors
+    keys = ("CompositeExplicitAutograd", "CompositeImplicitAutograd", "CPU", "CUDA")
+    # declared: a CUDA kernel is only registered where CUDA is available (never imported
+    # elsewhere), where custom_op registers it anyway
+    planned = registry.plan.op(f"{ns}::f").kernels
+    assert {k.kernel.key for k in planned} == {k for k in keys if _has(f"{ns}ref::f", k)}
+    active = {k.kernel.key for k in planned if k.status == "active"}
+    assert active and active == {k for k in keys if _has(f"{ns}::f", k)}

@@ -221,6 +221,26 @@ def two_kernels_for_one_key(env: Env) -> Fault:
     return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged)
 
 
+def composite_implicit_beside_device_kernel(env: Env) -> Fault:
+    env.op_dist("owner", define("foo", kernels="{'CompositeImplicitAutograd': 'KMOD:clone'}"))
+    d = env.op_dist("intruder", f"lib.impl('{env.ns}::foo', 'cpu', 'KMOD:twice')\n", kind="IMPL")
+
+    def unchanged() -> None:
+        x = torch.ones(3)
+        assert torch.equal(getattr(torch.ops, env.ns).foo(x), x), "the decomposition runs"
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(env.op("foo"), "CPU")
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged,
+                 says="CompositeImplicitAutograd")
+
+
+def composite_implicit_with_fake(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", kernels="{'CompositeImplicitAutograd': 'KMOD:clone'}", extra=", fake='KMOD:fake'"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="Meta")
+
+
 def kernel_for_undefined_op(env: Env) -> Fault:
     d = env.op_dist("bad", f"lib.impl('{env.ns}::nope', 'cpu', 'KMOD:clone')\n", kind="IMPL")
     return Fault({d}, absent=(env.op("nope"),), source=env.at(d, BODY_LINE))
@@ -610,6 +630,9 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "def-namespace-held-outside": ("namespace-held-by-torch", def_of_namespace_held_outside),
     "two-kernels-for-one-key": ("kernel-conflict", two_kernels_for_one_key),
     "kernel-for-undefined-op": ("kernel-for-undefined-op", kernel_for_undefined_op),
+    "composite-implicit-beside-device-kernel": ("composite-implicit-mixed",
+                                                composite_implicit_beside_device_kernel),
+    "composite-implicit-with-fake": ("composite-implicit-mixed", composite_implicit_with_fake),
     "unknown-dispatch-key": ("declaration-invalid", unknown_dispatch_key),
     "misspelt-dispatch-key": ("declaration-invalid", misspelt_dispatch_key),
     "aten-add-without-policy": ("kernel-torch-op-denied", aten_add_without_policy),

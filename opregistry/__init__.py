@@ -24,12 +24,15 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
-from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
+from .model import Backend, Candidate, Kernel, Namespace, OpDef, Origin, Problem
+from .selection import Condition
 from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
 
 __all__ = [
     "Backend",
+    "Candidate",
+    "Condition",
     "ConfigError",
     "DeclarationError",
     "Kernel",

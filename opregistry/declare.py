@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar,
 
 from .errors import DeclarationError
 from .hookspecs import hookimpl
-from .model import Kernel, KernelRef, Namespace, OpDef, source_of
+from .model import Candidate, Kernel, KernelRef, Namespace, OpDef, source_of
 
 __all__ = ["OpLibrary", "OpHandle"]
 
@@ -255,8 +255,13 @@ class OpLibrary:
             source=_source(1),
         )
         qualname = handle.qualname
-        for key, fn in (kernels or {}).items():
-            self._add_kernel(qualname, key, fn, source=_source(1))
+        for key, value in (kernels or {}).items():
+            for fn in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(fn, Candidate):
+                    self._add_kernel(qualname, key, fn.fn, when=fn.when, predicate=fn.predicate,
+                                     priority=fn.priority, source=_source(1))
+                else:
+                    self._add_kernel(qualname, key, fn, source=_source(1))
         if fake is not None:
             self._add_kernel(qualname, "Meta", fake, source=_source(1))
         if autograd is not None:
@@ -271,16 +276,24 @@ class OpLibrary:
     @overload
     def impl(self, op: str, key: str, fn: F, *, override: bool = False) -> F: ...
 
-    def impl(self, op: str, key: str, fn: Any = None, *, override: bool = False) -> Any:
+    def impl(self, op: str, key: str, fn: Any = None, *, override: bool = False,
+             when: Any = None, predicate: KernelRef | None = None, priority: int = 0) -> Any:
         """Add a kernel for ``op`` (``"name"`` in this namespace, or ``"ns::name"``).
 
         ``override=True`` declares the intent to replace a kernel another
         distribution or torch registered for that key; policy must allow it.
+        ``when`` (``{"torch": ">=2.10", "requires": ["triton>=3.2"],
+        "capability": ">=9.0", "platform": "linux"}``) and ``predicate`` (a
+        function of the op's arguments) make it a *candidate* that serves
+        where they hold, in front of the key's other kernels; ``priority``
+        orders candidates (highest first).
         """
         qualname = op if "::" in op else f"{self.namespace}::{op}"
         source = _source(1)
         return _decorator_or_call(
-            fn, lambda f: self._add_kernel(qualname, key, f, override=override, source=source))
+            fn, lambda f: self._add_kernel(qualname, key, f, override=override, when=when,
+                                           predicate=predicate, priority=priority,
+                                           source=source))
 
     # -- decorator style ---------------------------------------------------
     def op(

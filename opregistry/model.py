@@ -23,12 +23,14 @@ from attrs import field, frozen
 
 from . import keys as _keys
 from .errors import DeclarationError
+from .selection import Condition
 
 __all__ = [
     "Origin",
     "Namespace",
     "OpDef",
     "Kernel",
+    "Candidate",
     "Backend",
     "Problem",
     "Severity",
@@ -234,8 +236,25 @@ class Kernel:
     fn: KernelRef = field(validator=_check_ref)
     setup_context: KernelRef | None = field(default=None, validator=_check_ref)
     override: bool = False
+    #: a candidate's conditions (:mod:`opregistry.selection`): checked once at load ...
+    when: Condition | None = field(default=None, converter=Condition.of)
+    #: ... and per call: a function of the op's arguments, true to take the call
+    predicate: KernelRef | None = field(default=None, validator=_check_ref)
+    #: candidates of one (op, key) are tried by priority, highest first
+    priority: int = 0
     source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
+
+    @property
+    def conditional(self) -> bool:
+        """Whether this kernel is a candidate with conditions (it may decline)."""
+        return self.when is not None or self.predicate is not None
+
+    @property
+    def per_call(self) -> bool:
+        """Whether a call may be declined by this kernel's conditions."""
+        return self.predicate is not None or (
+            self.when is not None and self.when.capability is not None)
 
     def __attrs_post_init__(self) -> None:
         if not _keys.is_known_key(self.key):
@@ -250,10 +269,39 @@ class Kernel:
                 f"kernel for {self.op} on {self.key}: setup_context only belongs to "
                 f"an Autograd kernel"
             )
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise DeclarationError(
+                f"kernel for {self.op} on {self.key}: priority must be an int, "
+                f"not {self.priority!r}", op=self.op, key=self.key)
+        if (self.conditional or self.priority) and self.key not in _keys.DEVICE_KEYS \
+                and self.key not in _keys.COMPOSITE_KEYS:
+            raise DeclarationError(
+                f"kernel for {self.op} on {self.key}: conditions and priorities choose "
+                f"between device kernels (a key such as CPU, CUDA, or 'default'); a {self.key} "
+                f"kernel has none", op=self.op, key=self.key)
+        if self.when is not None and self.when.capability is not None and self.key != "CUDA":
+            raise DeclarationError(
+                f"kernel for {self.op} on {self.key}: a compute-capability condition "
+                f"belongs to a CUDA kernel", op=self.op, key=self.key)
 
     @property
     def namespace(self) -> str:
         return self.op.split("::", 1)[0]
+
+
+@frozen
+class Candidate:
+    """A kernel with conditions, as a value of ``define(kernels={...})``.
+
+    ``kernels={"cuda": [Candidate("pkg.triton:f", when={"requires": "triton>=3.2"},
+    predicate="pkg.triton:fits"), "pkg.kernels:f"]}``: the first whose
+    conditions hold serves, the others are fallbacks (``docs/op-authors.md``).
+    """
+
+    fn: KernelRef = field(validator=_check_ref)
+    when: Any = None
+    predicate: KernelRef | None = field(default=None, kw_only=True, validator=_check_ref)
+    priority: int = field(default=0, kw_only=True)
 
 
 @frozen(kw_only=True)

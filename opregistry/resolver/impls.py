@@ -15,7 +15,7 @@ from collections import defaultdict
 import attrs
 
 from .. import keys as _keys
-from ..model import Backend, Kernel
+from ..model import Backend, Kernel, describe_ref
 from ..plan import KernelPlan, OpPlan
 from .context import Context, dist_name, names
 
@@ -38,9 +38,23 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
 
     planned: dict[str, list[KernelPlan]] = defaultdict(list)
     external: list[KernelPlan] = []
-    for (qualname, key), group in sorted(groups.items()):
+    for (qualname, key), declared in sorted(groups.items()):
         op_plan = ops.get(qualname)
         definer = dist_name(op_plan.op.origin) if op_plan else None
+        # candidates with conditions sit in front of the key's one plain kernel (rule 5b)
+        conditioned = [k for k in declared if k.conditional]
+        group = [k for k in declared if not k.conditional]
+        if conditioned and op_plan is None:
+            for k in conditioned:
+                ctx.refuse("kernel-condition-unsupported",
+                           f"{k.origin} declares a {key} kernel with conditions for {qualname}, "
+                           f"an op torch owns; conditions choose between kernels of ops "
+                           f"opregistry defines", "drop when=/predicate=, or define your own op",
+                           (k.origin,), op=qualname, key=key, source=k.source)
+            continue
+        if not group:
+            planned[qualname].extend(_candidates(ctx, conditioned, None, owners))
+            continue
         winner, losers = _choose(ctx, qualname, key, group, definer)
         if winner is None:
             continue
@@ -65,10 +79,13 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
                                                 backend=backend.name if backend else None))
         overrides = existing or (names(l.origin for l in losers) if losers else None)
         entry = _status(ctx, winner, owners, overrides)
+        if conditioned:
+            planned[qualname].extend(_candidates(ctx, conditioned, entry, owners))
+            continue
         (planned[qualname] if op_plan else external).append(entry)
 
     result = {qualname: attrs.evolve(plan, kernels=_serving(tuple(sorted(
-        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.status)))))
+        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.rank or 0, k.status)))))
         for qualname, plan in ops.items()}
     return result, tuple(external)
 
@@ -143,6 +160,60 @@ def _serving(kernels: tuple[KernelPlan, ...]) -> tuple[KernelPlan, ...]:
             k = attrs.evolve(k, reason=reason)
         result.append(k)
     return tuple(result)
+
+
+def candidate_order(k: Kernel) -> tuple[int, str, str, str]:
+    """How candidates of one (op, key) are tried: priority (highest first), then by
+    distribution name, kernel reference and declaration line -- never install order."""
+    return (-k.priority, dist_name(k.origin), describe_ref(k.fn) or "", k.source or "")
+
+
+def _candidates(ctx: Context, conditioned: list[Kernel], fallback: KernelPlan | None,
+                owners: dict[str, Backend]) -> list[KernelPlan]:
+    """Every candidate of one (op, key), in the order tried, with why it serves or not.
+
+    The plain kernel (``fallback``), if any, comes last: it accepts every call.
+    """
+    facts = ctx.installed_torch()
+    version = facts.version if facts is not None else None
+    result: list[KernelPlan] = []
+    taker: str | None = None  # the first candidate that takes every call
+    position = 0
+    for k in sorted(conditioned, key=candidate_order):
+        plan = _status(ctx, k, owners, None)
+        unmet = k.when.unmet(version) if k.when is not None else None
+        ref = describe_ref(k.fn)
+        if unmet is not None:
+            plan = attrs.evolve(plan, status="unmet", reason=f"condition not met: {unmet}")
+        elif taker is not None:
+            plan = attrs.evolve(plan, status="unreached",
+                                reason=f"never tried: {taker} takes every call before it")
+        elif plan.status == "active":
+            position += 1
+            tests = [f"per call: {describe_ref(k.predicate)}"] if k.predicate else []
+            if k.when is not None and k.when.capability:
+                tests.insert(0, f"per CUDA device: capability{k.when.capability}")
+            held = f"{k.when.describe()} holds; " if k.when is not None and k.when.describe() else ""
+            if tests:
+                plan = attrs.evolve(plan, reason=f"candidate {position}: {held}"
+                                                 f"takes the calls it accepts ({'; '.join(tests)})")
+            else:
+                taker = ref
+                plan = attrs.evolve(plan, reason=f"candidate {position}: {held}takes every call")
+        result.append(plan)
+    if fallback is not None:
+        if taker is not None and fallback.status == "active":
+            fallback = attrs.evolve(fallback, status="unreached",
+                                    reason=f"never tried: {taker} takes every call before it")
+        elif fallback.status == "active":
+            position += 1
+            note = "fallback: the calls the candidates before it decline" if position > 1 \
+                else "fallback: no candidate before it is in effect"
+            fallback = attrs.evolve(fallback, reason=f"candidate {position}, {note}"
+                                    + (f"; overrides {fallback.overrides}" if fallback.overrides
+                                       else ""))
+        result.append(fallback)
+    return [attrs.evolve(p, rank=i) for i, p in enumerate(result)]
 
 
 def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:

@@ -1,0 +1,311 @@
+"""Kernel candidates: load-time conditions, per-call conditions, and the chain that tries them.
+
+Several kernels may serve one (op, dispatch key) as *candidates*, each with
+conditions (``docs/op-authors.md#several-kernels-for-one-device``):
+
+* checked once, when the registry is resolved, without importing torch or
+  the package named: the torch version (read from its files), Python
+  packages (``importlib.metadata``), the platform (``sys.platform``);
+* checked per call: the CUDA compute capability of the call's device (read
+  on the first call on each device, then cached: CUDA is never initialized
+  by opregistry at ``import torch``) and a predicate on the call's arguments.
+
+:func:`chain` builds the one function torch's dispatcher calls for such an
+(op, key): it tries the candidates in order and runs the first that
+accepts the call.  A single candidate with no per-call condition is
+registered as is: nothing is added to its calls.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import attrs
+from attrs import field, frozen
+
+from .containment import must_propagate
+from .errors import DeclarationError
+
+__all__ = ["Condition", "parse_range", "in_range", "parse_requirement", "chain", "Step",
+           "ordinal"]
+
+_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*\Z")
+_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(.*)\Z")
+_RELEASE = re.compile(r"\d+(?:\.\d+)*")
+_COMPARE: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
+    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+}
+_EXAMPLE = "'>=2.10,<2.15'"
+
+
+def parse_range(text: str, what: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``">=2.10,<2.15"`` as ``((">=", (2, 10)), ("<", (2, 15)))``.
+
+    The subset of PEP 440 specifiers conditions need: comparisons of release
+    numbers, joined by commas.  Anything else is a :class:`DeclarationError`.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise DeclarationError(f"{what}: {text!r} is not a version range; write e.g. {_EXAMPLE}")
+    clauses = []
+    for part in text.split(","):
+        found = _CLAUSE.match(part)
+        if found is None:
+            raise DeclarationError(
+                f"{what}: {part.strip()!r} in {text!r} is not a version comparison; write "
+                f"e.g. {_EXAMPLE} (operators >=, <=, ==, !=, >, <; release numbers only)")
+        clauses.append((found.group(1), tuple(int(p) for p in found.group(2).split("."))))
+    return tuple(clauses)
+
+
+def in_range(version: str | tuple[int, ...], clauses: Iterable[tuple[str, tuple[int, ...]]]) -> bool:
+    """Whether ``version`` (``"2.13.0+cpu"`` or a tuple) satisfies every clause."""
+    if isinstance(version, str):
+        found = _RELEASE.match(version)
+        release: tuple[int, ...] = tuple(int(p) for p in found.group(0).split(".")) if found else ()
+    else:
+        release = tuple(version)
+    for op, wanted in clauses:
+        width = max(len(release), len(wanted))
+        a = release + (0,) * (width - len(release))
+        b = wanted + (0,) * (width - len(wanted))
+        if not _COMPARE[op](a, b):
+            return False
+    return True
+
+
+def parse_requirement(text: str) -> tuple[str, str]:
+    """``"triton>=3.2"`` as ``("triton", ">=3.2")``; the range may be empty."""
+    found = _NAME.match(text) if isinstance(text, str) else None
+    if found is None:
+        raise DeclarationError(
+            f"requires: {text!r} is not a requirement; write e.g. 'triton>=3.2'")
+    name, spec = found.group(1), found.group(2).strip()
+    if spec:
+        parse_range(spec, f"requires {text!r}")
+    return name, spec
+
+
+def _strings(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise DeclarationError(f"{what} must be a string or a list of strings, not {value!r}")
+
+
+@frozen(kw_only=True)
+class Condition:
+    """When a kernel candidate may serve: all of the given conditions must hold.
+
+    :param torch: torch versions, ``">=2.10,<2.15"`` (read from torch's files).
+    :param requires: installed Python distributions, ``["triton>=3.2"]``
+        (``importlib.metadata``; nothing is imported).
+    :param capability: CUDA compute capability of the call's device,
+        ``">=9.0"`` (a CUDA kernel only; read on the first call on each device).
+    :param platform: ``sys.platform`` prefixes, ``"linux"`` or ``["linux", "win32"]``.
+    """
+
+    torch: str | None = None
+    requires: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "requires"))
+    capability: str | None = None
+    platform: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "platform"))
+
+    def __attrs_post_init__(self) -> None:
+        if self.torch is not None:
+            parse_range(self.torch, "torch")
+        for requirement in self.requires:
+            parse_requirement(requirement)
+        if self.capability is not None:
+            parse_range(self.capability, "capability")
+
+    @classmethod
+    def of(cls, value: Condition | Mapping[str, Any] | None) -> Condition | None:
+        """A :class:`Condition` from itself or a mapping of its fields (``when={...}``)."""
+        if value is None or isinstance(value, Condition):
+            return value
+        if not isinstance(value, Mapping):
+            raise DeclarationError(
+                f"when= must be a dict (torch, requires, capability, platform) or an "
+                f"opregistry.Condition, not {type(value).__name__}")
+        unknown = sorted(set(value) - {f.name for f in attrs.fields(cls)})
+        if unknown:
+            raise DeclarationError(
+                f"when= has unknown condition(s) {unknown}; known: torch, requires, "
+                f"capability, platform")
+        return cls(**value)
+
+    def describe(self) -> str:
+        parts = []
+        if self.torch:
+            parts.append(f"torch{self.torch}")
+        parts += list(self.requires)
+        if self.capability:
+            parts.append(f"capability{self.capability}")
+        if self.platform:
+            parts.append("platform " + "|".join(self.platform))
+        return ", ".join(parts)
+
+    def unmet(self, torch_version: str | None) -> str | None:
+        """Why the load-time conditions fail here, or ``None`` when they hold."""
+        from importlib import metadata
+
+        if self.torch is not None:
+            if torch_version is None:
+                return "torch is not installed"
+            if not in_range(torch_version, parse_range(self.torch, "torch")):
+                return f"torch {torch_version} is not {self.torch}"
+        for requirement in self.requires:
+            name, spec = parse_requirement(requirement)
+            try:
+                installed = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                return f"{name} is not installed (needs {requirement})"
+            if spec and not in_range(installed, parse_range(spec, requirement)):
+                return f"{name} {installed} is not {spec}"
+        if self.platform and not any(sys.platform.startswith(p) for p in self.platform):
+            return f"platform {sys.platform} is not {'|'.join(self.platform)}"
+        return None
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'tsnrhtdd'[(n // 10 % 10 != 1) * (n % 10 < 4) * n % 10::4]}"
+
+
+@frozen
+class Step:
+    """One candidate of a chain: the kernel and what it needs of a call (``None``: nothing)."""
+
+    fn: Callable[..., Any]
+    predicate: Callable[..., Any] | None = None
+    capability: str | None = None
+    label: str = ""
+
+
+def _capability_check(spec: str) -> Callable[..., bool]:
+    """Whether the first CUDA tensor's device has a capability in ``spec``; cached per device."""
+    clauses = parse_range(spec, "capability")
+    cache: dict[int, bool] = {}
+
+    def accepts(*args: Any, **kwargs: Any) -> bool:
+        import torch
+
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                index = value.device.index if value.device.index is not None else \
+                    torch.cuda.current_device()
+                found = cache.get(index)
+                if found is None:
+                    found = cache[index] = in_range(
+                        torch.cuda.get_device_capability(index), clauses)
+                return found
+        return False
+
+    return accepts
+
+
+def _declined(label: str, qualname: str) -> Callable[[BaseException], bool]:
+    """What an exception from a predicate means: the call is declined (reported once).
+
+    The next candidate computes the same op, so falling back is safe; failing
+    the user's call for a bug in a package's predicate is not.  A real
+    Ctrl-C (and ``SystemExit``) still propagates.
+    """
+    reported: list[bool] = []
+
+    def declined(exc: BaseException) -> bool:
+        if must_propagate(exc):
+            raise exc
+        if not reported:
+            reported.append(True)
+            import warnings
+
+            warnings.warn(
+                f"opregistry: the per-call condition of {label} for {qualname} raised "
+                f"{type(exc).__name__}: {exc}; the next candidate serves the call (and every "
+                f"call it raises on; reported once)", RuntimeWarning, stacklevel=3)
+        return False
+
+    return declined
+
+
+def _contained(predicate: Callable[..., Any], label: str, qualname: str) -> Callable[..., bool]:
+    """``predicate``, an exception from which declines the call instead of failing it."""
+    declined = _declined(label, qualname)
+
+    def accepts(*args: Any, **kwargs: Any) -> bool:
+        try:
+            return bool(predicate(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+            return declined(exc)
+
+    return accepts
+
+
+def chain(qualname: str, key: str, steps: Sequence[Step],
+          observe: Callable[[int], None] | None = None) -> Callable[..., Any]:
+    """The function torch calls for (``qualname``, ``key``): the first candidate that accepts.
+
+    A step without per-call conditions accepts every call, so nothing after
+    it is ever tried; a single such step is returned as is.  When every step
+    declines, the call raises ``NotImplementedError`` naming them.
+    ``observe(i)``, when given, is told the index of the step that ran.
+    """
+    checks: list[tuple[Callable[..., bool] | None, Callable[..., Any]]] = []
+    for step in steps:
+        tests = []
+        if step.capability is not None:
+            tests.append(_capability_check(step.capability))
+        if step.predicate is not None:
+            tests.append(_contained(step.predicate, step.label, qualname))
+        if not tests:
+            checks.append((None, step.fn))
+            break
+        if len(tests) == 1:
+            checks.append((tests[0], step.fn))
+        else:
+            first, second = tests
+            checks.append((lambda *a, _f=first, _s=second, **k: _f(*a, **k) and _s(*a, **k),
+                           step.fn))
+    labels = [s.label for s in steps[:len(checks)]]
+
+    def none_accepts(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"{qualname}: no {key} kernel accepts this call; every candidate's condition "
+            f"declined it: {', '.join(labels)}")
+
+    if observe is None and len(checks) == 1 and checks[0][0] is None:
+        return checks[0][1]
+    first = steps[0]
+    if (observe is None and len(checks) == 2 and checks[1][0] is None
+            and first.capability is None and first.predicate is not None):
+        # the common case, a fast kernel with a predicate and a fallback: one predicate
+        # call per call, the exception handling inline (free in Python >= 3.11)
+        predicate, fast, fallback = first.predicate, first.fn, checks[1][1]
+        declined = _declined(first.label, qualname)
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            try:
+                ok = predicate(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+                ok = declined(exc)
+            if ok:
+                return fast(*args, **kwargs)
+            return fallback(*args, **kwargs)
+    else:
+        tail = none_accepts
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            for index, (accepts, fn) in enumerate(checks):
+                if accepts is None or accepts(*args, **kwargs):
+                    if observe is not None:
+                        observe(index)
+                    return fn(*args, **kwargs)
+            return tail(*args, **kwargs)
+
+    kernel.__qualname__ = kernel.__name__ = f"candidates[{qualname}/{key}]"
+    return kernel

@@ -294,6 +294,9 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
     for op in data["ops"]:
         t.line(_op_line(op), wrap="      ")
         t.table(rows[op["name"]], indent="      ", widths=widths)
+    if data.get("switches"):
+        t.line("\nKernel switches (in order; the last that matches a kernel decides)")
+        t.table([(s["switch"], s["source"]) for s in data["switches"]])
     if data.get("external_kernels"):
         t.line("\nKernels for torch's own ops (allowed by policy)")
         t.table([(k["op"], k["key"], k["status"], k["kernel"], _dist(k["distribution"]))

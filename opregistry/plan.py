@@ -33,8 +33,9 @@ __all__ = [
 #: refused (see :meth:`Plan.refused_kernels`)
 #: ``unmet`` and ``unreached`` are candidates (several kernels for one key) that do
 #: not serve: a load-time condition fails, or an earlier candidate takes every call
+#: ``disabled``: turned off by a kernel switch (``OPREGISTRY_KERNELS``)
 KernelStatus = Literal["active", "inactive", "unavailable", "overridden", "conflict", "unmet",
-                       "unreached"]
+                       "unreached", "disabled"]
 
 
 @frozen(kw_only=True)
@@ -195,6 +196,8 @@ class Plan:
     #: the ``opregistry_*`` hooks each loaded plugin implements, from the
     #: plugin manager (``opregistry plugins`` shows them)
     hooks: dict[Origin, tuple[str, ...]] = field(factory=dict, eq=False, repr=False)
+    #: the kernel switches in effect, ``("-nnkit::rms_norm:CUDA", "OPREGISTRY_KERNELS")``, in order
+    switches: tuple[tuple[str, str], ...] = ()
 
     @property
     def errors(self) -> tuple[Problem, ...]:
@@ -230,4 +233,5 @@ class Plan:
             "excluded": sorted({o.dist for o in self.excluded}),
             "skipped": [s.to_dict() for s in self.skipped],
             "problems": [p.to_dict() for p in self.problems],
+            "switches": [{"switch": text, "source": source} for text, source in self.switches],
         }

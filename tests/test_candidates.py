@@ -190,3 +190,16 @@ def test_ranges() -> None:
     assert not in_range((8, 6), parse_range(">=9.0", "capability"))
     assert Condition(requires="pytest>=1").unmet(None) is None
     assert "is not <1" in Condition(requires="pytest<1").unmet(None)
+
+
+def test_lock_records_candidates_in_order_with_their_conditions(dists, ns) -> None:
+    from opregistry.lockfile import lock_data
+
+    make(dists, ns, 'lib.impl("scale", "cpu", "cand_fast:fast", predicate="cand_fast:small", '
+                    'when={"requires": "no-such-dist-xyz"})')
+    data = lock_data(plan(dists))
+    op = data["ops"][f"{ns}::scale"]
+    entries = op["kernels"]["CPU (candidates)"]
+    assert [(e["kernel"], e["when"], e["predicate"], e["status"]) for e in entries] == [
+        ("cand_fast:fast", "no-such-dist-xyz", "cand_fast:small", "candidate"),
+        ("cand_owner:plain", None, None, "candidate")]

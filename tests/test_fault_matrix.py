@@ -251,6 +251,24 @@ def unknown_dispatch_key(env: Env) -> Fault:
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
 
 
+def bad_condition_spec(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", kernels="{'cpu': 'KMOD:clone'}", extra=", fake='KMOD:fake'")
+        + "lib.impl('foo', 'cpu', 'KMOD:twice', when={'torch': '>=2.x'})\n")
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 2),
+                 says="not a version comparison")
+
+
+def condition_on_torch_op(env: Env) -> Fault:
+    d = env.op_dist("evil", "lib.impl('add.Tensor', 'cpu', 'KMOD:sub', predicate='KMOD:clone')\n",
+                    namespace="aten", kind="IMPL")
+
+    def unchanged() -> None:
+        assert torch.equal(torch.ones(2) + torch.ones(2), torch.full((2,), 2.0))
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged, says="an op torch owns")
+
+
 def misspelt_dispatch_key(env: Env) -> Fault:
     d = env.op_dist("bad", define("ok") + define("foo", kernels="{'CPu': 'KMOD:clone'}"))
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
@@ -635,6 +653,8 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "composite-implicit-with-fake": ("composite-implicit-mixed", composite_implicit_with_fake),
     "unknown-dispatch-key": ("declaration-invalid", unknown_dispatch_key),
     "misspelt-dispatch-key": ("declaration-invalid", misspelt_dispatch_key),
+    "bad-condition-spec": ("declaration-invalid", bad_condition_spec),
+    "condition-on-torch-op": ("kernel-condition-unsupported", condition_on_torch_op),
     "aten-add-without-policy": ("kernel-torch-op-denied", aten_add_without_policy),
     "override-without-policy": ("kernel-override-denied", override_without_policy),
     "fake-registered-twice": ("kernel-duplicate", fake_registered_twice),

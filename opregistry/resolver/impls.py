@@ -27,16 +27,30 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
     """``ops`` with their kernels planned, and the kernels for torch's own ops."""
     groups: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
     declared_here = {op.qualname for op in ctx.ops}
+    planned: dict[str, list[KernelPlan]] = defaultdict(list)
+    _check_switches(ctx)
     for k in ctx.kernels:
         if k.op not in ops and k.op in declared_here:
             continue  # its op was refused, and that is reported; dependents next pass
+        if k.op not in ops and k.conditional and ctx.torch_owns(k.namespace):
+            ctx.refuse("kernel-condition-unsupported",
+                       f"{k.origin} declares a {k.key} kernel with conditions for {k.op}, an "
+                       f"op torch owns; conditions choose between kernels of ops opregistry "
+                       f"defines", "drop when=/predicate=, or define an op of your own",
+                       (k.origin,), op=k.op, key=k.key, source=k.source)
+            continue
         fits = _fits(ctx, k, ops[k.op]) if k.op in ops else _external_allowed(ctx, k)
-        if fits:
-            groups[(k.op, k.key)].append(k)
+        if not fits:
+            continue
+        switch = _switched_off(ctx, k) if k.op in ops else None
+        if switch is not None:  # the user's switch: the next candidate takes over
+            planned[k.op].append(KernelPlan(
+                kernel=k, status="disabled", reason=f"disabled by {switch.source} ({switch.text})"))
+            continue
+        groups[(k.op, k.key)].append(k)
 
     _check_composite(ctx, groups, ops)
 
-    planned: dict[str, list[KernelPlan]] = defaultdict(list)
     external: list[KernelPlan] = []
     for (qualname, key), declared in sorted(groups.items()):
         op_plan = ops.get(qualname)
@@ -44,14 +58,6 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
         # candidates with conditions sit in front of the key's one plain kernel (rule 5b)
         conditioned = [k for k in declared if k.conditional]
         group = [k for k in declared if not k.conditional]
-        if conditioned and op_plan is None:
-            for k in conditioned:
-                ctx.refuse("kernel-condition-unsupported",
-                           f"{k.origin} declares a {key} kernel with conditions for {qualname}, "
-                           f"an op torch owns; conditions choose between kernels of ops "
-                           f"opregistry defines", "drop when=/predicate=, or define your own op",
-                           (k.origin,), op=qualname, key=key, source=k.source)
-            continue
         if not group:
             planned[qualname].extend(_candidates(ctx, conditioned, None, owners))
             continue
@@ -160,6 +166,37 @@ def _serving(kernels: tuple[KernelPlan, ...]) -> tuple[KernelPlan, ...]:
             k = attrs.evolve(k, reason=reason)
         result.append(k)
     return tuple(result)
+
+
+def _switched_off(ctx: Context, k: Kernel):  # type: ignore[no-untyped-def]
+    """The kernel switch (``OPREGISTRY_KERNELS``, config ``kernels``) that disables ``k``."""
+    if not ctx.policy.kernels or (k.key not in _keys.DEVICE_KEYS
+                                  and k.key not in _keys.COMPOSITE_KEYS):
+        return None
+    return ctx.policy.disabled_by(k.op, k.key, dist_name(k.origin),
+                                  k.key in _keys.COMPOSITE_KEYS, k.conditional)
+
+
+def _check_switches(ctx: Context) -> None:
+    """A switch must name a declared op or a distribution that declares kernels."""
+    if not ctx.policy.kernels:
+        return
+    import difflib
+
+    ops = {op.qualname for op in ctx.ops} | {op.base_qualname for op in ctx.ops}
+    dists = {dist_name(k.origin) for k in ctx.kernels}
+    for switch in ctx.policy.kernels:
+        known = dists if switch.distribution is not None else ops
+        name = switch.distribution or switch.op or ""
+        if name in known:
+            continue
+        what = "distribution declaring kernels" if switch.distribution else "op"
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        ctx.warn("kernel-switch-unknown",
+                 f"{switch.source} switches {switch.text!r}, but no {what} {name!r} is loaded"
+                 + (f"; did you mean {close[0]!r}?" if close else ""),
+                 f"correct or remove {switch.text!r} in {switch.source}", severity="error",
+                 op=switch.op, key=switch.key)
 
 
 def candidate_order(k: Kernel) -> tuple[int, str, str, str]:

@@ -107,6 +107,38 @@ def _write_candidates(root: Path, ns: str) -> None:
     (root / f"{module}.py").write_text("\n".join(lines) + "\n")
 
 
+def chain_overhead(number: int = 200_000) -> dict[str, float]:
+    """What :func:`opregistry.selection.chain` adds to a call, measured without the dispatcher."""
+    import timeit
+
+    from opregistry.selection import Step, chain
+
+    x = torch.ones(1)
+
+    def kernel(x: Any) -> Any:
+        return x
+
+    def yes(x: Any) -> bool:
+        return True
+
+    def no(x: Any) -> bool:
+        return False
+
+    calls = {
+        "kernel": kernel,
+        "predicate": yes,
+        "chain of one candidate (is the kernel)": chain("b::op", "CPU", [Step(kernel)]),
+        "chain, predicate accepts": chain("b::op", "CPU", [Step(kernel, yes), Step(kernel)],
+                                          keywords=False),
+        "chain, predicate declines": chain("b::op", "CPU", [Step(kernel, no), Step(kernel)],
+                                           keywords=False),
+        "chain, predicate accepts (with **kwargs)": chain(
+            "b::op", "CPU", [Step(kernel, yes), Step(kernel)]),
+    }
+    return {label: min(timeit.repeat(lambda f=f: f(x), number=number, repeat=7)) / number * 1e6
+            for label, f in calls.items()}
+
+
 def runner(fn: Callable[..., Any], args: tuple[Any, ...], mode: str, grad_out: Any
            ) -> Callable[[int], float]:
     """A loop of ``n`` calls in ``mode``; returns seconds."""
@@ -212,6 +244,16 @@ def main() -> int:
                 print(f"  {name:7s} {mode:15s} {style:18s} {us:7.2f} us = {us / plain:4.2f}x "
                       f"opregistry cpu; +{us - plain:5.2f} us = {(us - plain) / alone:4.2f} "
                       f"predicate calls ({alone:.2f} us each)")
+    chain_us = chain_overhead()
+    print("\nthe candidates' chain alone, in Python (no dispatcher: less noise), us per call, "
+          "min of 7")
+    for label, us in chain_us.items():
+        print(f"  {label:40s} {us:6.3f} us")
+    extra = chain_us["chain, predicate accepts"] - chain_us["kernel"]
+    print(f"  extra cost of a predicate candidate: {extra:.3f} us = "
+          f"{extra / chain_us['predicate'] :.2f}x one predicate call")
+    rows.append({"op": "one", "target": "chain extra / predicate call", "bound": "report",
+                 "ratio": round(extra / chain_us["predicate"], 3), "met": True})
     if opts.json:
         opts.json.write_text(json.dumps({
             "device": opts.device, "torch": torch.__version__,

@@ -350,7 +350,9 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
         try:
             done = materializers[alive[-1].backend](
                 library=libs[anchor.origin.distribution].get(anchor.namespace), op=op.op,
-                kernel=anchor, fn=chain(qualname, key, steps), setup_context=None)
+                kernel=anchor, setup_context=None,
+                fn=chain(qualname, key, steps,
+                         keywords=any(a.kwarg_only for a in op.parsed.arguments)))
             if not done:
                 raise MaterializationError(
                     f"backend {alive[-1].backend} did not register it (returned {done!r})")

@@ -247,13 +247,17 @@ def _contained(predicate: Callable[..., Any], label: str, qualname: str) -> Call
 
 
 def chain(qualname: str, key: str, steps: Sequence[Step],
-          observe: Callable[[int], None] | None = None) -> Callable[..., Any]:
+          observe: Callable[[int], None] | None = None, *,
+          keywords: bool = True) -> Callable[..., Any]:
     """The function torch calls for (``qualname``, ``key``): the first candidate that accepts.
 
     A step without per-call conditions accepts every call, so nothing after
     it is ever tried; a single such step is returned as is.  When every step
     declines, the call raises ``NotImplementedError`` naming them.
     ``observe(i)``, when given, is told the index of the step that ran.
+    ``keywords=False`` (an op without keyword-only arguments: torch then
+    calls its kernels with positional arguments only) spares the common
+    case packing and passing an empty ``**kwargs``.
     """
     checks: list[tuple[Callable[..., bool] | None, Callable[..., Any]]] = []
     for step in steps:
@@ -288,14 +292,24 @@ def chain(qualname: str, key: str, steps: Sequence[Step],
         predicate, fast, fallback = first.predicate, first.fn, checks[1][1]
         declined = _declined(first.label, qualname)
 
-        def kernel(*args: Any, **kwargs: Any) -> Any:
-            try:
-                ok = predicate(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
-                ok = declined(exc)
-            if ok:
-                return fast(*args, **kwargs)
-            return fallback(*args, **kwargs)
+        if keywords:
+            def kernel(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    ok = predicate(*args, **kwargs)
+                except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+                    ok = declined(exc)
+                if ok:
+                    return fast(*args, **kwargs)
+                return fallback(*args, **kwargs)
+        else:
+            def kernel(*args: Any) -> Any:  # type: ignore[misc]
+                try:
+                    ok = predicate(*args)
+                except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+                    ok = declined(exc)
+                if ok:
+                    return fast(*args)
+                return fallback(*args)
     else:
         tail = none_accepts
 

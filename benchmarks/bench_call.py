@@ -111,7 +111,7 @@ def chain_overhead(number: int = 200_000) -> dict[str, float]:
     """What :func:`opregistry.selection.chain` adds to a call, measured without the dispatcher."""
     import timeit
 
-    from opregistry.selection import Step, chain
+    from opregistry.selection import Step, chain, counted, observer
 
     x = torch.ones(1)
 
@@ -134,6 +134,11 @@ def chain_overhead(number: int = 200_000) -> dict[str, float]:
                                            keywords=False),
         "chain, predicate accepts (with **kwargs)": chain(
             "b::op", "CPU", [Step(kernel, yes), Step(kernel)]),
+        # which kernel ran (OPREGISTRY_KERNEL_COUNTS=1); off, torch calls `kernel` itself
+        "kernel, counting on": counted("b::op", "CPU", "k", kernel),
+        "chain, predicate accepts, counting on": chain(
+            "b::op", "CPU", [Step(kernel, yes), Step(kernel)],
+            observer("b::op", "CPU", ["a", "b"]), keywords=False),
     }
     return {label: min(timeit.repeat(lambda f=f: f(x), number=number, repeat=7)) / number * 1e6
             for label, f in calls.items()}

@@ -25,7 +25,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl, hookspec
 from .model import Backend, Candidate, Kernel, Namespace, OpDef, Origin, Problem
-from .selection import Condition
+from .selection import Condition, KernelCounts, kernel_counts
 from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
 
@@ -53,7 +53,9 @@ __all__ = [
     "ResolutionError",
     "SchemaError",
     "Settings",
+    "KernelCounts",
     "get_registry",
+    "kernel_counts",
     "hookimpl",
     "hookspec",
     "load",

@@ -33,7 +33,7 @@ from .keys import ALIASES, KNOWN_KEYS
 
 __all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled",
            "strict_requested", "parse_flag", "dispatch_key", "CONFIG_VAR", "BACKEND_VAR_PREFIX",
-           "KNOWN_VARIABLES", "KERNELS_VAR", "Switch"]
+           "KNOWN_VARIABLES", "KERNELS_VAR", "COUNTS_VAR", "Switch"]
 
 #: the environment variable naming the configuration file
 CONFIG_VAR = "OPREGISTRY_CONFIG"
@@ -48,7 +48,10 @@ KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_LOCK",  # locked mode: Settings.lock, opregistry/locked.py
     "OPREGISTRY_FUZZ_EXAMPLES",  # the test suite's fuzzers
     KERNELS_VAR,  # kernel switches: Policy.kernels
+    "OPREGISTRY_KERNEL_COUNTS",  # which kernel ran: opregistry.selection, read by the materializer
 }
+#: count which kernel serves each op call (``opregistry.kernel_counts``)
+COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"
 #: key in the file -> its kind
 _CONFIG_KEYS: dict[str, str] = {"plugins": "list", "block": "list", "allow_override": "list",
                                 "strict": "bool", "backends": "table", "kernels": "list"}
@@ -365,6 +368,7 @@ class Settings:
         strict_file = bool(file.get("strict", False))
         strict = parse_flag(env.get("OPREGISTRY_STRICT"), strict_file, "OPREGISTRY_STRICT")
         parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")  # validated here too
+        parse_flag(env.get(COUNTS_VAR), False, COUNTS_VAR)  # read when kernels are registered
         unknown = tuple(sorted(
             v for v in env if v.startswith("OPREGISTRY_") and v not in KNOWN_VARIABLES
             and not v.startswith(BACKEND_VAR_PREFIX)))

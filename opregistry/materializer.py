@@ -28,7 +28,8 @@ from .errors import MaterializationError
 from .logs import get_logger
 from .model import Origin, Problem, describe_ref, resolve_ref
 from .plan import OpPlan, Plan
-from .selection import Step, chain
+from .keys import COMPOSITE_KEYS, DEVICE_KEYS
+from .selection import Step, chain, counted, counting_forced, observer, print_counts_at_exit
 from .torch_state import destroy_library, device_keyset, lookup_op
 
 __all__ = ["Materialized", "materialize", "gc_paused", "defined_ops"]
@@ -177,7 +178,19 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
               for b in plan.backends if b.backend.origin is not None
               and (b.backend.origin.distribution, b.backend.name) in materializers}
     with gc_paused():
-        return _materialize(plan, chosen, policy or Policy())
+        return _materialize(plan, chosen, policy or Policy(), _counting())
+
+
+def _counting() -> bool:
+    """Whether kernels are registered counting (``OPREGISTRY_KERNEL_COUNTS``, ``kernel_counts()``)."""
+    import os
+
+    from .config import COUNTS_VAR, parse_flag
+
+    if parse_flag(os.environ.get(COUNTS_VAR), False, COUNTS_VAR):
+        print_counts_at_exit()
+        return True
+    return counting_forced()
 
 
 def _chained(op: OpPlan) -> dict[tuple[str, str], list[Any]]:
@@ -217,7 +230,7 @@ def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
 
 
 def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
-                 policy: Policy) -> Materialized:
+                 policy: Policy, count: bool = False) -> Materialized:
     owned: dict[str, dict[str, str]] = defaultdict(dict)
     origins: dict[str, Origin] = {}
     for ns in plan.namespaces:
@@ -278,6 +291,8 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
             if problem is not None:
                 failed[dist] = problem
                 break
+            if count and (kernel.key in DEVICE_KEYS or kernel.key in COMPOSITE_KEYS):
+                fn = counted(kernel.op, kernel.key, f"{describe_ref(kernel.fn)} ({kernel.origin.dist})", fn)
             try:
                 done = materializers[k.backend](
                     library=libs[dist].get(kernel.namespace),
@@ -352,6 +367,7 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                 library=libs[anchor.origin.distribution].get(anchor.namespace), op=op.op,
                 kernel=anchor, setup_context=None,
                 fn=chain(qualname, key, steps,
+                         observer(qualname, key, [s.label for s in steps]) if count else None,
                          keywords=any(a.kwarg_only for a in op.parsed.arguments)))
             if not done:
                 raise MaterializationError(

@@ -29,7 +29,8 @@ from .containment import must_propagate
 from .errors import DeclarationError
 
 __all__ = ["Condition", "parse_range", "in_range", "parse_requirement", "chain", "Step",
-           "ordinal"]
+           "ordinal", "counted", "observer", "kernel_counts", "KernelCounts",
+           "counting_forced", "print_counts_at_exit"]
 
 _CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*\Z")
 _NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(.*)\Z")
@@ -323,3 +324,128 @@ def chain(qualname: str, key: str, steps: Sequence[Step],
 
     kernel.__qualname__ = kernel.__name__ = f"candidates[{qualname}/{key}]"
     return kernel
+
+
+# -- which kernel ran ------------------------------------------------------------------
+#
+# Counting is decided when kernels are registered: off (the default), the function
+# torch calls is the kernel itself, so it costs nothing; on (OPREGISTRY_KERNEL_COUNTS=1,
+# or a load inside kernel_counts()), each device kernel is registered through a counting
+# wrapper and each chain of candidates reports the one that ran.
+
+#: (op, key, kernel label) -> calls; (op, key) -> calls a candidate after the first served
+_calls: dict[tuple[str, str, str], int] = {}
+_fallbacks: dict[tuple[str, str], int] = {}
+_forced: list[bool] = []
+
+
+def counting_forced() -> bool:
+    """Whether a :func:`kernel_counts` block asks the next load to count."""
+    return bool(_forced)
+
+
+def counted(qualname: str, key: str, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, counting its calls under (``qualname``, ``key``, ``label``)."""
+    slot = (qualname, key, label)
+    _calls.setdefault(slot, 0)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        _calls[slot] += 1
+        return fn(*args, **kwargs)
+
+    kernel.__qualname__ = kernel.__name__ = f"counted[{qualname}/{key}]"
+    return kernel
+
+
+def observer(qualname: str, key: str, labels: Sequence[str]) -> Callable[[int], None]:
+    """The ``observe`` of :func:`chain`: counts the candidate that ran, and fallbacks."""
+    slots = [(qualname, key, label) for label in labels]
+    for slot in slots:
+        _calls.setdefault(slot, 0)
+    pair = (qualname, key)
+    _fallbacks.setdefault(pair, 0)
+
+    def observe(index: int) -> None:
+        _calls[slots[index]] += 1
+        if index:
+            _fallbacks[pair] += 1
+
+    return observe
+
+
+class KernelCounts:
+    """Which kernel served each op call in a :func:`kernel_counts` block, and fallbacks taken.
+
+    ``rows``: ``(op, key, kernel, calls, fallbacks)``, for every counted kernel
+    (``fallbacks``: calls of that (op, key) that a later candidate served);
+    ``str()`` is the table.  ``counting`` says whether kernels were registered
+    counting: if not, the rows are empty.
+    """
+
+    def __init__(self) -> None:
+        self.counting = False
+        self._start: dict[Any, int] = {}
+        self._start_fallbacks: dict[Any, int] = {}
+        self.rows: list[tuple[str, str, str, int, int]] = []
+
+    def _begin(self) -> None:
+        self._start, self._start_fallbacks = dict(_calls), dict(_fallbacks)
+
+    def _end(self) -> None:
+        self.counting = bool(_calls)
+        self.rows = []
+        for (op, key, label), n in sorted(_calls.items()):
+            calls = n - self._start.get((op, key, label), 0)
+            fallbacks = _fallbacks.get((op, key), 0) - self._start_fallbacks.get((op, key), 0)
+            if calls:
+                self.rows.append((op, key, label, calls, fallbacks))
+
+    def table(self) -> str:
+        if not self.counting:
+            return ("kernel counts: off (set OPREGISTRY_KERNEL_COUNTS=1 before import torch, "
+                    "or load inside opregistry.kernel_counts())")
+        header = ("OP", "KEY", "KERNEL", "CALLS", "FALLBACKS")
+        rows = [header] + [(o, k, label, str(c), str(f)) for o, k, label, c, f in self.rows]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines) if self.rows else lines[0] + "\n(no op calls counted)"
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+class kernel_counts:  # noqa: N801 - a context manager, used as ``with opregistry.kernel_counts()``
+    """Count, for the calls made inside the block, which kernel served each op call.
+
+    ``with opregistry.kernel_counts() as counts: ...`` then ``print(counts)``.
+    Counting needs kernels registered counting: with ``OPREGISTRY_KERNEL_COUNTS=1``
+    set before ``import torch``, or when the registry is loaded inside the block
+    (``import torch`` or ``opregistry.load()`` there).  Otherwise the block
+    counts nothing and says so: kernels registered without counting cost nothing.
+    """
+
+    def __enter__(self) -> KernelCounts:
+        _forced.append(True)
+        self.counts = KernelCounts()
+        self.counts._begin()
+        return self.counts
+
+    def __exit__(self, *exc: object) -> None:
+        _forced.pop()
+        self.counts._end()
+
+
+def print_counts_at_exit() -> None:
+    """At interpreter exit, the whole run's table on stderr (``OPREGISTRY_KERNEL_COUNTS=1``)."""
+    import atexit
+
+    if getattr(print_counts_at_exit, "registered", False):
+        return
+    print_counts_at_exit.registered = True  # type: ignore[attr-defined]
+    whole = KernelCounts()
+
+    def report() -> None:
+        whole._end()
+        sys.stderr.write("opregistry: which kernel served each op call\n" + whole.table() + "\n")
+
+    atexit.register(report)

@@ -954,6 +954,19 @@ def unknown_variable(env: Env, monkeypatch: pytest.MonkeyPatch,
     assert "did you mean 'OPREGISTRY_STRICT'?" in warning.message
 
 
+def kernel_switch_unknown_target(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """OPREGISTRY_KERNELS=-ns::fin (a typo): an error with a "did you mean"; nothing left out."""
+    monkeypatch.setenv("OPREGISTRY_KERNELS", f"-{env.ns}ok::fin")
+    reg = load(env.dists, plugins=scope(env))
+    [problem] = [p for p in reg.errors if p.code == "kernel-switch-unknown"]
+    assert f"did you mean '{env.ns}ok::fine'?" in problem.message
+    assert "OPREGISTRY_KERNELS" in problem.message and not problem.culprits
+    assert f"{env.ns}ok::fine" in reg.op_names, "the op still loads, with its kernels"
+    with pytest.raises(ResolutionError):
+        load(env.dists, plugins=scope(env), strict=True)
+
+
 def schema_of_100k_characters(env: Env, monkeypatch: pytest.MonkeyPatch,
                               capsys: pytest.CaptureFixture[str]) -> None:
     """The text of a problem is bounded; the data (to_dict, --json) keeps it whole."""
@@ -990,6 +1003,13 @@ SETTING_CASES: dict[str, tuple[str, Callable[..., None]]] = {
     "config-file-malformed": ("config-invalid", _config_fault(
         "OPREGISTRY_CONFIG", "plugins = [\n", "OPREGISTRY_CONFIG={path}: not valid TOML")),
     "unknown-variable": ("config-unknown-variable", unknown_variable),
+    "kernel-switch-syntax": ("config-invalid", _config_fault(
+        "OPREGISTRY_KERNELS", "rms_norm",
+        "OPREGISTRY_KERNELS: 'rms_norm' must start with '-' (disable) or '+' (enable)")),
+    "kernel-counts-not-a-boolean": ("config-invalid", _config_fault(
+        "OPREGISTRY_KERNEL_COUNTS", "sure",
+        f"OPREGISTRY_KERNEL_COUNTS='sure' is not a boolean: {ACCEPTED}")),
+    "kernel-switch-unknown-target": ("kernel-switch-unknown", kernel_switch_unknown_target),
     "schema-of-100k-characters": ("schema-invalid", schema_of_100k_characters),
 }
 

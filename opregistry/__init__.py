@@ -24,8 +24,8 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
-from .model import Backend, Candidate, Kernel, Namespace, OpDef, Origin, Problem
-from .selection import Condition, KernelCounts, kernel_counts
+from .model import Backend, Candidate, Condition, Kernel, Namespace, OpDef, Origin, Problem
+from .selection import KernelCounts, kernel_counts
 from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
 

@@ -1,7 +1,7 @@
 """Kernel candidates: load-time conditions, per-call conditions, and the chain that tries them.
 
 Several kernels may serve one (op, dispatch key) as *candidates*, each with
-conditions (``docs/op-authors.md#several-kernels-for-one-device``):
+conditions (:class:`~opregistry.model.Condition`; see ``docs/op-authors.md``):
 
 * checked once, when the registry is resolved, without importing torch or
   the package named: the torch version (read from its files), Python
@@ -18,163 +18,16 @@ registered as is: nothing is added to its calls.
 
 from __future__ import annotations
 
-import re
 import sys
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
-import attrs
-from attrs import field, frozen
+from attrs import frozen
 
 from .containment import must_propagate
-from .errors import DeclarationError
+from .model import in_range, parse_range
 
-__all__ = ["Condition", "parse_range", "in_range", "parse_requirement", "chain", "Step",
-           "ordinal", "counted", "observer", "kernel_counts", "KernelCounts",
+__all__ = ["chain", "Step", "counted", "observer", "kernel_counts", "KernelCounts",
            "counting_forced", "print_counts_at_exit"]
-
-_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*\Z")
-_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(.*)\Z")
-_RELEASE = re.compile(r"\d+(?:\.\d+)*")
-_COMPARE: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
-    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-}
-_EXAMPLE = "'>=2.10,<2.15'"
-
-
-def parse_range(text: str, what: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """``">=2.10,<2.15"`` as ``((">=", (2, 10)), ("<", (2, 15)))``.
-
-    The subset of PEP 440 specifiers conditions need: comparisons of release
-    numbers, joined by commas.  Anything else is a :class:`DeclarationError`.
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise DeclarationError(f"{what}: {text!r} is not a version range; write e.g. {_EXAMPLE}")
-    clauses = []
-    for part in text.split(","):
-        found = _CLAUSE.match(part)
-        if found is None:
-            raise DeclarationError(
-                f"{what}: {part.strip()!r} in {text!r} is not a version comparison; write "
-                f"e.g. {_EXAMPLE} (operators >=, <=, ==, !=, >, <; release numbers only)")
-        clauses.append((found.group(1), tuple(int(p) for p in found.group(2).split("."))))
-    return tuple(clauses)
-
-
-def in_range(version: str | tuple[int, ...], clauses: Iterable[tuple[str, tuple[int, ...]]]) -> bool:
-    """Whether ``version`` (``"2.13.0+cpu"`` or a tuple) satisfies every clause."""
-    if isinstance(version, str):
-        found = _RELEASE.match(version)
-        release: tuple[int, ...] = tuple(int(p) for p in found.group(0).split(".")) if found else ()
-    else:
-        release = tuple(version)
-    for op, wanted in clauses:
-        width = max(len(release), len(wanted))
-        a = release + (0,) * (width - len(release))
-        b = wanted + (0,) * (width - len(wanted))
-        if not _COMPARE[op](a, b):
-            return False
-    return True
-
-
-def parse_requirement(text: str) -> tuple[str, str]:
-    """``"triton>=3.2"`` as ``("triton", ">=3.2")``; the range may be empty."""
-    found = _NAME.match(text) if isinstance(text, str) else None
-    if found is None:
-        raise DeclarationError(
-            f"requires: {text!r} is not a requirement; write e.g. 'triton>=3.2'")
-    name, spec = found.group(1), found.group(2).strip()
-    if spec:
-        parse_range(spec, f"requires {text!r}")
-    return name, spec
-
-
-def _strings(value: Any, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise DeclarationError(f"{what} must be a string or a list of strings, not {value!r}")
-
-
-@frozen(kw_only=True)
-class Condition:
-    """When a kernel candidate may serve: all of the given conditions must hold.
-
-    :param torch: torch versions, ``">=2.10,<2.15"`` (read from torch's files).
-    :param requires: installed Python distributions, ``["triton>=3.2"]``
-        (``importlib.metadata``; nothing is imported).
-    :param capability: CUDA compute capability of the call's device,
-        ``">=9.0"`` (a CUDA kernel only; read on the first call on each device).
-    :param platform: ``sys.platform`` prefixes, ``"linux"`` or ``["linux", "win32"]``.
-    """
-
-    torch: str | None = None
-    requires: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "requires"))
-    capability: str | None = None
-    platform: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "platform"))
-
-    def __attrs_post_init__(self) -> None:
-        if self.torch is not None:
-            parse_range(self.torch, "torch")
-        for requirement in self.requires:
-            parse_requirement(requirement)
-        if self.capability is not None:
-            parse_range(self.capability, "capability")
-
-    @classmethod
-    def of(cls, value: Condition | Mapping[str, Any] | None) -> Condition | None:
-        """A :class:`Condition` from itself or a mapping of its fields (``when={...}``)."""
-        if value is None or isinstance(value, Condition):
-            return value
-        if not isinstance(value, Mapping):
-            raise DeclarationError(
-                f"when= must be a dict (torch, requires, capability, platform) or an "
-                f"opregistry.Condition, not {type(value).__name__}")
-        unknown = sorted(set(value) - {f.name for f in attrs.fields(cls)})
-        if unknown:
-            raise DeclarationError(
-                f"when= has unknown condition(s) {unknown}; known: torch, requires, "
-                f"capability, platform")
-        return cls(**value)
-
-    def describe(self) -> str:
-        parts = []
-        if self.torch:
-            parts.append(f"torch{self.torch}")
-        parts += list(self.requires)
-        if self.capability:
-            parts.append(f"capability{self.capability}")
-        if self.platform:
-            parts.append("platform " + "|".join(self.platform))
-        return ", ".join(parts)
-
-    def unmet(self, torch_version: str | None) -> str | None:
-        """Why the load-time conditions fail here, or ``None`` when they hold."""
-        from importlib import metadata
-
-        if self.torch is not None:
-            if torch_version is None:
-                return "torch is not installed"
-            if not in_range(torch_version, parse_range(self.torch, "torch")):
-                return f"torch {torch_version} is not {self.torch}"
-        for requirement in self.requires:
-            name, spec = parse_requirement(requirement)
-            try:
-                installed = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                return f"{name} is not installed (needs {requirement})"
-            if spec and not in_range(installed, parse_range(spec, requirement)):
-                return f"{name} {installed} is not {spec}"
-        if self.platform and not any(sys.platform.startswith(p) for p in self.platform):
-            return f"platform {sys.platform} is not {'|'.join(self.platform)}"
-        return None
-
-
-def ordinal(n: int) -> str:
-    return f"{n}{'tsnrhtdd'[(n // 10 % 10 != 1) * (n % 10 < 4) * n % 10::4]}"
 
 
 @frozen

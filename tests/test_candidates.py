@@ -13,7 +13,7 @@ import torch
 
 import opregistry
 from opregistry.errors import DeclarationError
-from opregistry.selection import Condition, in_range, parse_range
+from opregistry.model import Condition, in_range, parse_range
 
 from .conftest import load, plan
 

@@ -91,7 +91,8 @@ def test_environment_switch_prints_the_table_at_exit(kc, dists) -> None:
 
 
 def test_invalid_switch_value_is_a_config_error() -> None:
-    from opregistry.config import ConfigError, Settings
+    from opregistry.config import Settings
+    from opregistry.errors import ConfigError
 
     with pytest.raises(ConfigError, match="OPREGISTRY_KERNEL_COUNTS"):
         Settings.from_env({"OPREGISTRY_KERNEL_COUNTS": "maybe"})

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from opregistry.config import ConfigError, Settings
+from opregistry.config import Settings
+from opregistry.errors import ConfigError
 from opregistry.lockfile import diff_lock, lock_data
 
 from .conftest import BACKENDS, load, plan

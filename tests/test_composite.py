@@ -106,6 +106,9 @@ def test_default_kernel_alone_runs_and_checks_on_every_device(dists, ns) -> None
     y.sum().backward()
     assert torch.equal(x.grad, torch.ones(3))
     # the no-grad fast path of the autograd backend finds the default kernel for CPU
+    from opregistry.backend import device_kernel
+
+    assert device_kernel(f"{ns}::plus1", "CPU")[1].__name__ == "plus1"
     assert torch.equal(getattr(torch.ops, ns).plus1(torch.zeros(2)), torch.ones(2))
     results, _ = run_checks(registry, [f"{ns}::plus1"])
     assert results and all(r.status == "ok" for r in results), results

@@ -27,8 +27,8 @@ from .containment import describe, must_propagate
 from .errors import MaterializationError
 from .logs import get_logger
 from .model import Origin, Problem, describe_ref, resolve_ref
-from .plan import OpPlan, Plan
 from .keys import COMPOSITE_KEYS, DEVICE_KEYS
+from .plan import OpPlan, Plan
 from .selection import Step, chain, counted, counting_forced, observer, print_counts_at_exit
 from .torch_state import destroy_library, device_keyset, lookup_op
 
@@ -292,7 +292,8 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                 failed[dist] = problem
                 break
             if count and (kernel.key in DEVICE_KEYS or kernel.key in COMPOSITE_KEYS):
-                fn = counted(kernel.op, kernel.key, f"{describe_ref(kernel.fn)} ({kernel.origin.dist})", fn)
+                label = f"{describe_ref(kernel.fn)} ({kernel.origin.dist})"
+                fn = counted(kernel.op, kernel.key, label, fn)
             try:
                 done = materializers[k.backend](
                     library=libs[dist].get(kernel.namespace),

@@ -203,3 +203,27 @@ def test_lock_records_candidates_in_order_with_their_conditions(dists, ns) -> No
     assert [(e["kernel"], e["when"], e["predicate"], e["status"]) for e in entries] == [
         ("cand_fast:fast", "no-such-dist-xyz", "cand_fast:small", "candidate"),
         ("cand_owner:plain", None, None, "candidate")]
+
+
+def test_capability_condition_is_read_per_device_and_cached(monkeypatch) -> None:
+    """``when={"capability": ">=9.0"}``: each CUDA device is asked once (no GPU needed:
+    fake CUDA tensors, and torch.cuda.get_device_capability answered by the test)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from opregistry.selection import Step, chain
+
+    asked: list[int] = []
+    capabilities = {0: (8, 6), 1: (9, 0)}
+
+    def capability(index: int) -> tuple[int, int]:
+        asked.append(index)
+        return capabilities[index]
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    kernel = chain("a::op", "CUDA", [Step(lambda x: "sm90", capability=">=9.0", label="fast"),
+                                     Step(lambda x: "portable", label="portable")])
+    with FakeTensorMode():
+        on0, on1 = torch.empty(2, device="cuda:0"), torch.empty(2, device="cuda:1")
+    assert [kernel(on0), kernel(on1), kernel(on1), kernel(on0)] == \
+        ["portable", "sm90", "sm90", "portable"]
+    assert asked == [0, 1]

@@ -29,7 +29,10 @@ import torch  # noqa: E402
 import opregistry  # noqa: E402
 
 STYLES = ["direct", "define/impl", "define/impl+full", "custom_op", "custom_op+autograd",
-          "opregistry cpu", "opregistry full"]
+          "opregistry cpu", "opregistry full",
+          # kernel candidates (docs/op-authors.md): a CPU kernel with a predicate in front
+          # of a fallback, the predicate accepting / declining; and the predicate alone
+          "candidate accepts", "candidate declines", "predicate alone"]
 MODES = ["no-grad", "grad fwd+bwd", "inference_mode"]
 #: styles that can run backward (the others have no autograd formula)
 GRAD_STYLES = ["direct", "define/impl+full", "custom_op+autograd", "opregistry full"]
@@ -64,14 +67,81 @@ def build(ns: str, root: Path) -> tuple[dict[str, dict[str, Callable[..., Any]]]
     sys.path.insert(0, str(root))
     benchops.write_distribution(root, f"bench-cpu-{ns}", f"{ns}_oc", full=False)
     benchops.write_distribution(root, f"bench-full-{ns}", f"{ns}_of", full=True)
+    _write_candidates(root, ns)
     registry = opregistry.load(plugins=[*benchops.BACKENDS, f"bench-cpu-{ns}",
-                                        f"bench-full-{ns}"], strict=True,
+                                        f"bench-full-{ns}", f"bench-cand-{ns}"], strict=True,
                                 reload=True)
+    import importlib
+
+    predicates = importlib.import_module(f"{ns}_preds")
     for name in ops:
         ops[name]["opregistry cpu"] = getattr(getattr(torch.ops, f"{ns}_oc"), name).default
         ops[name]["opregistry full"] = getattr(getattr(torch.ops, f"{ns}_of"), name).default
+        ops[name]["candidate accepts"] = getattr(getattr(torch.ops, f"{ns}_ca"), name).default
+        ops[name]["candidate declines"] = getattr(getattr(torch.ops, f"{ns}_cd"), name).default
+        ops[name]["predicate alone"] = predicates.yes
     build.keep = keep  # type: ignore[attr-defined]
     return ops, registry
+
+
+def _write_candidates(root: Path, ns: str) -> None:
+    """Distribution ``bench-cand-NS``: both ops, CPU only, as a candidate with a predicate
+    (``NS_ca``: it accepts every call; ``NS_cd``: it declines every call) and a fallback."""
+    (root / f"{ns}_preds.py").write_text(
+        "def yes(*args, **kwargs):\n    return True\n\n\n"
+        "def no(*args, **kwargs):\n    return False\n")
+    lines = ["from opregistry import Candidate, OpLibrary"]
+    for suffix, predicate in (("ca", "yes"), ("cd", "no")):
+        lines.append(f"lib_{suffix} = OpLibrary('{ns}_{suffix}')")
+        for name in ("one", "twelve"):
+            lines.append(
+                f"lib_{suffix}.define({name + benchops.SCHEMAS[name]!r}, kernels={{'cpu': ["
+                f"Candidate('benchops:{name}', predicate='{ns}_preds:{predicate}'), "
+                f"'benchops:{name}']}})")
+    module = f"bench_cand_{ns}"
+    info = root / f"{module}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: bench-cand-{ns}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[opregistry.ops]\nca = {module}:lib_ca\ncd = {module}:lib_cd\n")
+    (root / f"{module}.py").write_text("\n".join(lines) + "\n")
+
+
+def chain_overhead(number: int = 200_000) -> dict[str, float]:
+    """What :func:`opregistry.selection.chain` adds to a call, measured without the dispatcher."""
+    import timeit
+
+    from opregistry.selection import Step, chain, counted, observer
+
+    x = torch.ones(1)
+
+    def kernel(x: Any) -> Any:
+        return x
+
+    def yes(x: Any) -> bool:
+        return True
+
+    def no(x: Any) -> bool:
+        return False
+
+    calls = {
+        "kernel": kernel,
+        "predicate": yes,
+        "chain of one candidate (is the kernel)": chain("b::op", "CPU", [Step(kernel)]),
+        "chain, predicate accepts": chain("b::op", "CPU", [Step(kernel, yes), Step(kernel)],
+                                          keywords=False),
+        "chain, predicate declines": chain("b::op", "CPU", [Step(kernel, no), Step(kernel)],
+                                           keywords=False),
+        "chain, predicate accepts (with **kwargs)": chain(
+            "b::op", "CPU", [Step(kernel, yes), Step(kernel)]),
+        # which kernel ran (OPREGISTRY_KERNEL_COUNTS=1); off, torch calls `kernel` itself
+        "kernel, counting on": counted("b::op", "CPU", "k", kernel),
+        "chain, predicate accepts, counting on": chain(
+            "b::op", "CPU", [Step(kernel, yes), Step(kernel)],
+            observer("b::op", "CPU", ["a", "b"]), keywords=False),
+    }
+    return {label: min(timeit.repeat(lambda f=f: f(x), number=number, repeat=7)) / number * 1e6
+            for label, f in calls.items()}
 
 
 def runner(fn: Callable[..., Any], args: tuple[Any, ...], mode: str, grad_out: Any
@@ -166,11 +236,36 @@ def main() -> int:
                          "bound": f"{cmp} {bound}", "met": met})
             print(f"  {name:7s} {text:50s} {ratio:5.2f}  (target {cmp} {bound})  "
                   f"{'met' if met else 'NOT MET'}")
+    candidates: list[dict[str, Any]] = []
+    print("\nkernel candidates (CPU kernel, no autograd): extra cost over the plain kernel, "
+          "in predicate calls")
+    for name in ops:
+        for mode in ("no-grad", "inference_mode"):
+            plain = results[(name, mode, "opregistry cpu")]
+            alone = results[(name, mode, "predicate alone")]
+            for style in ("candidate accepts", "candidate declines"):
+                us = results[(name, mode, style)]
+                candidates.append({"op": name, "case": f"{style} / opregistry cpu, {mode}",
+                                   "ratio": round(us / plain, 3)})
+                print(f"  {name:7s} {mode:15s} {style:18s} {us:7.2f} us = {us / plain:4.2f}x "
+                      f"opregistry cpu; +{us - plain:5.2f} us = {(us - plain) / alone:4.2f} "
+                      f"predicate calls ({alone:.2f} us each)")
+    chain_us = chain_overhead()
+    print("\nthe candidates' chain alone, in Python (no dispatcher: less noise), us per call, "
+          "min of 7")
+    for label, us in chain_us.items():
+        print(f"  {label:40s} {us:6.3f} us")
+    extra = chain_us["chain, predicate accepts"] - chain_us["kernel"]
+    print(f"  extra cost of a predicate candidate: {extra:.3f} us = "
+          f"{extra / chain_us['predicate'] :.2f}x one predicate call")
+    candidates.append({"op": "-", "case": "chain extra / predicate call (chain alone)",
+                       "ratio": round(extra / chain_us["predicate"], 3)})
     if opts.json:
         opts.json.write_text(json.dumps({
             "device": opts.device, "torch": torch.__version__,
             "us": {" | ".join(k): round(v, 3) for k, v in results.items()},
-            "targets": rows}, indent=1))
+            "targets": rows, "candidates": candidates,
+            "chain_us": {k: round(v, 4) for k, v in chain_us.items()}}, indent=1))
     return 0
 
 

@@ -24,12 +24,15 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
-from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
+from .model import Backend, Candidate, Condition, Kernel, Namespace, OpDef, Origin, Problem
+from .selection import KernelCounts, kernel_counts
 from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
 
 __all__ = [
     "Backend",
+    "Candidate",
+    "Condition",
     "ConfigError",
     "DeclarationError",
     "Kernel",
@@ -50,7 +53,9 @@ __all__ = [
     "ResolutionError",
     "SchemaError",
     "Settings",
+    "KernelCounts",
     "get_registry",
+    "kernel_counts",
     "hookimpl",
     "hookspec",
     "load",

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from .errors import DeclarationError
 from .hookspecs import hookimpl
-from .keys import DEVICE_KEYS, canonical_key
+from .keys import COMPOSITE_KEYS, DEVICE_KEYS, canonical_key
 from .model import Backend, Kernel
 from .torch_state import library_alive
 
@@ -42,6 +42,10 @@ def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | N
     if entry is None and "." not in qualname.split("::", 1)[-1]:
         found = (f"{qualname}.default", key)
         entry = _device_kernels.get(found)
+    if entry is None and key in DEVICE_KEYS:
+        # no kernel of its own for this device: torch runs the op's
+        # CompositeExplicitAutograd kernel there, if it has one
+        return device_kernel(qualname, COMPOSITE_KEYS[0])
     if entry is None:
         return None
     if not library_alive(entry[0]):  # its Library was destroyed: forget it
@@ -64,20 +68,24 @@ class DeviceBackend:
         torch's type for ``key`` (``"privateuseone"`` for ``PrivateUse1``).
     :param available: called once per load; must not import torch unless
         torch is already imported.  Default: always available.
+    :param composite: also serve ``CompositeExplicitAutograd`` and
+        ``CompositeImplicitAutograd``, the kernels for every device
+        (``opregistry-cpu`` does; they are registered the same way).
     :raises DeclarationError: ``key`` is not a device key: fake kernels,
         autograd and vmap rules are not registered with ``Library.impl``
         alone, and have backends of their own.
     """
 
     def __init__(self, name: str, *, key: str, device_type: str | None = None,
-                 available: Callable[[], bool] | None = None, description: str = "") -> None:
+                 available: Callable[[], bool] | None = None, description: str = "",
+                 composite: bool = False) -> None:
         canonical = canonical_key(key)
         if canonical not in DEVICE_KEYS:
             raise DeclarationError(
                 f"DeviceBackend {name!r}: {key!r} is not a device dispatch key "
                 f"(one of {', '.join(sorted(DEVICE_KEYS))}); fake kernels, autograd and vmap "
                 f"rules are served by opregistry-meta, -autograd and -vmap")
-        self.record = Backend(name=name, keys=(canonical,),
+        self.record = Backend(name=name, keys=(canonical, *(COMPOSITE_KEYS if composite else ())),
                               device_type=device_type or DEVICE_KEYS[canonical],
                               description=description)
         self._available = available

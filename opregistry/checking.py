@@ -88,6 +88,8 @@ def devices_for(op: OpPlan, available_devices: Iterable[str]) -> list[str]:
     available = set(available_devices)
     devices = []
     for k in op.kernels:
+        if k.status == "active" and k.kernel.key in _keys.COMPOSITE_KEYS:
+            devices.extend(available)  # a kernel for every device: check it on each
         device = _keys.DEVICE_KEYS.get(k.kernel.key)
         if k.status == "active" and device in available:
             devices.append(device)

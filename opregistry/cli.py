@@ -299,6 +299,9 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
     for op in data["ops"]:
         t.line(_op_line(op), wrap="      ")
         t.table(rows[op["name"]], indent="      ", widths=widths)
+    if data.get("switches"):
+        t.line("\nKernel switches (in order; the last that matches a kernel decides)")
+        t.table([(s["switch"], s["source"]) for s in data["switches"]])
     if data.get("external_kernels"):
         t.line("\nKernels for torch's own ops (allowed by policy)")
         t.table([(k["op"], k["key"], k["status"], k["kernel"], _dist(k["distribution"]))
@@ -754,7 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Show the resolved registry: backends (distribution, version, device type, "
             "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
             "per dispatch key with their status (active, inactive with the package that would "
-            "activate it, unavailable, overridden, conflict) and the distribution they came "
+            "activate it, unavailable, overridden, conflict; for kernel candidates unmet, "
+            "unreached, and disabled by a kernel switch) and the distribution they came "
             "from. Does not import torch unless --live.")
     p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
     p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")

@@ -33,22 +33,28 @@ from .keys import ALIASES, KNOWN_KEYS
 
 __all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled",
            "strict_requested", "parse_flag", "dispatch_key", "CONFIG_VAR", "BACKEND_VAR_PREFIX",
-           "KNOWN_VARIABLES"]
+           "KNOWN_VARIABLES", "KERNELS_VAR", "COUNTS_VAR", "Switch"]
 
 #: the environment variable naming the configuration file
 CONFIG_VAR = "OPREGISTRY_CONFIG"
 #: ``OPREGISTRY_BACKEND_CPU=dist``: which distribution's backend serves a key
 BACKEND_VAR_PREFIX = "OPREGISTRY_BACKEND_"
+#: kernel switches, ``-nnkit::rms_norm:CUDA,+nnkit::nms`` (see :class:`Switch`)
+KERNELS_VAR = "OPREGISTRY_KERNELS"
 #: every ``OPREGISTRY_*`` variable something reads; any other is reported (a typo)
 KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT", "OPREGISTRY_AUTOLOAD",
     "OPREGISTRY_ALLOW_OVERRIDE", CONFIG_VAR,
     "OPREGISTRY_LOCK",  # locked mode: Settings.lock, opregistry/locked.py
     "OPREGISTRY_FUZZ_EXAMPLES",  # the test suite's fuzzers
+    KERNELS_VAR,  # kernel switches: Policy.kernels
+    "OPREGISTRY_KERNEL_COUNTS",  # which kernel ran: opregistry.selection, read by the materializer
 }
+#: count which kernel serves each op call (``opregistry.kernel_counts``)
+COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"
 #: key in the file -> its kind
 _CONFIG_KEYS: dict[str, str] = {"plugins": "list", "block": "list", "allow_override": "list",
-                                "strict": "bool", "backends": "table"}
+                                "strict": "bool", "backends": "table", "kernels": "list"}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -117,6 +123,70 @@ def _to_backends(value: Mapping[str, str] | Iterable[tuple[str, str]] | None
     return tuple(sorted((dispatch_key(k, "backends"), canonical_name(d)) for k, d in pairs))
 
 
+_OP_TARGET = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?\Z")
+_DIST_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+
+
+@frozen
+class Switch:
+    """One kernel switch: ``-`` disables, ``+`` enables again, what ``target`` selects.
+
+    ``target`` is ``ns::op`` (the op's custom kernels: every device kernel but a
+    plain ``default`` one), ``ns::op:KEY`` (every kernel of the op for one key)
+    or a distribution (every device kernel it declares).  ``source`` is where
+    the switch was set, for messages.
+    """
+
+    enable: bool
+    op: str | None = None
+    key: str | None = None
+    distribution: str | None = None
+    source: str = field(default=KERNELS_VAR, eq=False)
+
+    @property
+    def text(self) -> str:
+        target = self.distribution or (f"{self.op}:{self.key}" if self.key else self.op)
+        return f"{'+' if self.enable else '-'}{target}"
+
+    def matches(self, op: str, key: str, distribution: str, composite: bool,
+                conditional: bool) -> bool:
+        if self.distribution is not None:
+            return distribution == self.distribution
+        if op != self.op and op.split(".", 1)[0] != self.op:
+            return False
+        if self.key is not None:
+            return key == self.key
+        return conditional or not composite
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> Switch:
+        """``-nnkit::rms_norm:CUDA`` as a :class:`Switch`; :class:`ConfigError` for bad syntax."""
+        entry = text.strip()
+        example = "e.g. -nnkit::rms_norm, -nnkit::rms_norm:CUDA or -nnkit-contrib"
+        if entry[:1] not in ("-", "+") or len(entry) < 2:
+            raise ConfigError(f"{where}: {text!r} must start with '-' (disable) or '+' "
+                              f"(enable); {example}")
+        enable, target = entry[0] == "+", entry[1:].strip()
+        if "::" in target:
+            op, _, key = target.partition("::")[2].partition(":")
+            op = target.split("::", 1)[0] + "::" + op
+            if not _OP_TARGET.match(op):
+                raise ConfigError(f"{where}: {text!r}: {op!r} is not an op name "
+                                  f"(namespace::name[.overload]); {example}")
+            return cls(enable=enable, op=op, key=dispatch_key(key, f"{where}: {text!r}")
+                       if key else None, source=where)
+        if not _DIST_TARGET.match(target):
+            raise ConfigError(f"{where}: {text!r}: {target!r} is neither an op "
+                              f"(namespace::name) nor a distribution name; {example}")
+        return cls(enable=enable, distribution=canonical_name(target), source=where)
+
+
+def _switches(value: str | None, where: str) -> tuple[Switch, ...]:
+    if value is None:
+        return ()
+    return tuple(Switch.parse(v, where) for v in value.split(",") if v.strip())
+
+
 @frozen(kw_only=True)
 class Policy:
     """What the user decides about resolution: overrides, and backend choices.
@@ -136,6 +206,17 @@ class Policy:
     backends: tuple[tuple[str, str], ...] = field(default=(), converter=_to_backends)
     #: where each backend choice came from (``OPREGISTRY_BACKEND_CPU``, the file), for messages
     backend_sources: Mapping[str, str] = field(factory=dict, eq=False, hash=False)
+    #: kernel switches, in order: the last that matches a kernel decides
+    kernels: tuple[Switch, ...] = field(default=(), converter=tuple)
+
+    def disabled_by(self, op: str, key: str, distribution: str, composite: bool,
+                    conditional: bool) -> Switch | None:
+        """The switch that disables this kernel, or ``None`` (none, or a later ``+`` enables it)."""
+        found = None
+        for switch in self.kernels:
+            if switch.matches(op, key, distribution, composite, conditional):
+                found = None if switch.enable else switch
+        return found
 
     def allows(self, op: str) -> bool:
         namespace = op.split("::", 1)[0]
@@ -156,7 +237,8 @@ class Policy:
         raw = env.get("OPREGISTRY_ALLOW_OVERRIDE", "")
         backends, sources = _env_backends(env)
         return cls(allow_override=frozenset(v.strip() for v in raw.split(",") if v.strip()),
-                   backends=backends, backend_sources=sources)
+                   backends=backends, backend_sources=sources,
+                   kernels=_switches(env.get(KERNELS_VAR), KERNELS_VAR))
 
 
 def _env_backends(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -278,11 +360,15 @@ class Settings:
         backend_sources = {k: f"{in_file} (backends.{k})" for k in backends}
         backends.update(policy.backends)
         backend_sources.update(policy.backend_sources)
+        # the file's switches first, then the variable's: the last that matches decides
+        switches = tuple(Switch.parse(v, f"{in_file} (key 'kernels')")
+                         for v in file.get("kernels", ())) + policy.kernels
         policy = Policy(allow_override=allow_override, backends=backends,
-                        backend_sources=backend_sources)
+                        backend_sources=backend_sources, kernels=switches)
         strict_file = bool(file.get("strict", False))
         strict = parse_flag(env.get("OPREGISTRY_STRICT"), strict_file, "OPREGISTRY_STRICT")
         parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")  # validated here too
+        parse_flag(env.get(COUNTS_VAR), False, COUNTS_VAR)  # read when kernels are registered
         unknown = tuple(sorted(
             v for v in env if v.startswith("OPREGISTRY_") and v not in KNOWN_VARIABLES
             and not v.startswith(BACKEND_VAR_PREFIX)))
@@ -307,6 +393,7 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         strict = true
         allow_override = ["aten::add.Tensor"]
         backends = {CPU = "opregistry-cpu"}     # who serves a key several backends declare
+        kernels = ["-nnkit::rms_norm:CUDA"]     # kernel switches (before OPREGISTRY_KERNELS)
     """
     try:
         import tomllib
@@ -332,6 +419,9 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{where}: {key} must be a list of strings, e.g. "
                                   f'{key} = ["name"], not {value!r}')
+            if key == "kernels":
+                for v in value:
+                    Switch.parse(v, f"{where} (key 'kernels')")
         elif kind == "table":
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise ConfigError(f"{where}: {key} must be a table of dispatch key = "

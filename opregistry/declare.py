@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar,
 from .errors import DeclarationError
 from .hookspecs import hookimpl
 from . import keys as _keys
-from .model import Kernel, KernelRef, Namespace, OpDef, autocast_dtype, describe_ref, source_of
+from .model import (Candidate, Kernel, KernelRef, Namespace, OpDef, autocast_dtype, describe_ref,
+                    source_of)
 
 __all__ = ["OpLibrary", "OpHandle"]
 
@@ -77,6 +78,29 @@ def _infer_schema(fn: Callable[..., Any], mutated: tuple[str, ...], tags: tuple[
     return torch.library.infer_schema(fn, mutates_args=mutated, **kwargs)
 
 
+def _device_keys(device_types: Any) -> tuple[str, ...]:
+    """``device_types`` of ``custom_op`` / ``register_kernel`` as kernel keys.
+
+    ``None`` is every device: ``CompositeExplicitAutograd``, what
+    :func:`torch.library.custom_op` registers when it is given no device types.
+    """
+    if device_types is None:
+        return ("CompositeExplicitAutograd",)
+    if isinstance(device_types, str):
+        return (device_types,)
+    try:
+        devices = tuple(device_types)
+    except TypeError:
+        raise DeclarationError(
+            f"device_types must be a device type ('cpu'), a sequence of them, or None "
+            f"(every device), not {type(device_types).__name__}") from None
+    if not devices or not all(isinstance(d, str) for d in devices):
+        raise DeclarationError(
+            f"device_types must be a device type ('cpu'), a non-empty sequence of them, or "
+            f"None (every device), not {device_types!r}")
+    return devices
+
+
 def _split_name(name: str) -> tuple[str, str]:
     base, _, overload = name.partition(".")
     return base, overload
@@ -110,9 +134,20 @@ class OpHandle:
         return _decorator_or_call(
             fn, lambda f: self._library._add_kernel(self.qualname, key, f, source=source))
 
-    def register_kernel(self, device_type: str, fn: KernelRef | None = None) -> Any:
-        """Add the kernel for one device type (``"cpu"``, ``"cuda"``, ...)."""
-        return self._register(device_type, fn, 2)
+    def register_kernel(self, device_types: str | Sequence[str] | None,
+                        fn: KernelRef | None = None) -> Any:
+        """Add the kernel for device types (``"cpu"``, ``["cpu", "cuda"]``).
+
+        ``None`` means every device (``CompositeExplicitAutograd``), as in
+        :func:`torch.library.register_kernel`.
+        """
+        source = _source(1)
+
+        def record(f: Any) -> None:
+            for device in _device_keys(device_types):
+                self._library._add_kernel(self.qualname, device, f, source=source)
+
+        return _decorator_or_call(fn, record)
 
     def register_fake(self, fn: KernelRef | None = None) -> Any:
         """Add the fake (meta) kernel, with :func:`torch.library.register_fake` semantics."""
@@ -260,8 +295,13 @@ class OpLibrary:
             source=_source(1),
         )
         qualname = handle.qualname
-        for key, fn in (kernels or {}).items():
-            self._add_kernel(qualname, key, fn, source=_source(1))
+        for key, value in (kernels or {}).items():
+            for fn in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(fn, Candidate):
+                    self._add_kernel(qualname, key, fn.fn, when=fn.when, predicate=fn.predicate,
+                                     priority=fn.priority, source=_source(1))
+                else:
+                    self._add_kernel(qualname, key, fn, source=_source(1))
         tritons = ({"cuda": triton} if isinstance(triton, str) or callable(triton)
                    else dict(triton or {}))
         for device, fn in tritons.items():
@@ -288,17 +328,24 @@ class OpLibrary:
     def impl(self, op: str, key: str, fn: F, *, override: bool = False) -> F: ...
 
     def impl(self, op: str, key: str, fn: Any = None, *, override: bool = False,
-             triton: bool = False) -> Any:
+             triton: bool = False, when: Any = None, predicate: KernelRef | None = None, priority: int = 0) -> Any:
         """Add a kernel for ``op`` (``"name"`` in this namespace, or ``"ns::name"``).
 
         ``override=True`` declares the intent to replace a kernel another
         distribution or torch registered for that key; policy must allow it.
         ``triton=True`` marks a Triton kernel (``triton_op`` semantics).
+        ``when`` (``{"torch": ">=2.10", "requires": ["triton>=3.2"],
+        "capability": ">=9.0", "platform": "linux"}``) and ``predicate`` (a
+        function of the op's arguments) make it a *candidate* that serves
+        where they hold, in front of the key's other kernels; ``priority``
+        orders candidates (highest first).
         """
         qualname = op if "::" in op else f"{self.namespace}::{op}"
         source = _source(1)
         return _decorator_or_call(
             fn, lambda f: self._add_kernel(qualname, key, f, override=override, triton=triton,
+                                           when=when,
+                                           predicate=predicate, priority=priority,
                                            source=source))
 
     # -- decorator style ---------------------------------------------------
@@ -307,7 +354,7 @@ class OpLibrary:
         name: str | None = None,
         *,
         mutates_args: Iterable[str] | str,
-        device_types: str | Sequence[str] = "cpu",
+        device_types: str | Sequence[str] | None = None,
         schema: str | None = None,
         tags: Iterable[str] = (),
     ) -> Callable[[Callable[..., Any]], OpHandle]:
@@ -315,7 +362,12 @@ class OpLibrary:
 
         As :func:`torch.library.custom_op`, the schema is inferred from type
         hints (pass ``schema=`` to write it yourself) and ``mutates_args``
-        is required.  The function becomes the kernel for ``device_types``.
+        is required.  The function becomes the kernel for ``device_types``:
+        by default (``None``) for every device, ``CompositeExplicitAutograd``,
+        as ``custom_op`` registers it; ``"cpu"`` or ``["cpu", "cuda"]`` for
+        those devices only.  An op that returns a mutated input
+        (``-> Tensor(a!)``) needs ``tags=["inplace"]`` (torch >= 2.13), so
+        that the inferred schema says the return aliases it.
         """
         if isinstance(mutates_args, str):
             raise DeclarationError(
@@ -324,7 +376,7 @@ class OpLibrary:
             )
         mutated = tuple(mutates_args)
         tag_names = tuple(tags)  # read twice below: a generator would be empty the second time
-        devices = (device_types,) if isinstance(device_types, str) else tuple(device_types)
+        devices = _device_keys(device_types)
         source = _source(1)
 
         def decorate(fn: Callable[..., Any]) -> OpHandle:

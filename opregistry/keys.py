@@ -35,6 +35,7 @@ __all__ = [
     "autocast_key",
     "torch_dispatch_key",
     "family",
+    "COMPOSITE_KEYS",
     "KNOWN_KEYS",
     "ALIASES",
     "PROVIDERS",
@@ -97,8 +98,14 @@ AUTOCAST_DTYPES: dict[str, str] = {
 TORCH_DISPATCH = "TorchDispatch"
 _TORCH_DISPATCH_KEY = re.compile(
     r"TorchDispatch\[[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_<>][\w<>]*(\.[A-Za-z_<>][\w<>]*)*\]\Z")
+#: torch's alias keys for one kernel that serves every device: ``CompositeExplicitAutograd``
+#: (a kernel of its own; a device kernel beside it wins for its device, an Autograd
+#: formula for gradients) and ``CompositeImplicitAutograd`` (built from other ops:
+#: autograd and fake come from the ops it calls)
+COMPOSITE_KEYS: tuple[str, ...] = ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
 KNOWN_KEYS: frozenset[str] = (frozenset(DEVICE_KEYS) | frozenset(FUNCTIONALITY_KEYS)
-                              | frozenset(AUTOCAST_KEYS) | frozenset({TORCH_DISPATCH}))
+                              | frozenset(COMPOSITE_KEYS) | frozenset(AUTOCAST_KEYS)
+                              | frozenset({TORCH_DISPATCH}))
 
 ALIASES: dict[str, str] = {
     **{device: key for key, device in DEVICE_KEYS.items()},
@@ -109,6 +116,8 @@ ALIASES: dict[str, str] = {
     "autograd": "Autograd",
     "vmap": "FuncTorchBatched",
     "batched": "FuncTorchBatched",
+    # torch.library.impl(..., "default") and custom_op(device_types=None): every device
+    "default": "CompositeExplicitAutograd",
 }
 
 #: The distribution that serves a key, named when its kernels are inactive.
@@ -120,6 +129,11 @@ PROVIDERS: dict[str, str] = {
     "FuncTorchBatched": "opregistry-vmap",
     **dict.fromkeys(AUTOCAST_KEYS, "opregistry-autocast"),
     TORCH_DISPATCH: "opregistry-torch-dispatch",
+    # a composite kernel is a plain Library.impl of a Python function, as a CPU
+    # kernel is, and every op package already depends on opregistry-cpu
+    # (docs/op-authors.md#kernels-for-every-device)
+    "CompositeExplicitAutograd": "opregistry-cpu",
+    "CompositeImplicitAutograd": "opregistry-cpu",
 }
 
 #: Human names of the functionality keys, for listings.

@@ -86,17 +86,28 @@ def _kernel_entry(k: KernelPlan) -> dict[str, Any]:
 
 
 def _kernels(kernels: Any) -> dict[str, Any]:
+    from .model import describe_ref
+
     # Overridden kernels are kept under "overridden" so that the winner stays
     # the one entry per key: an override is a difference worth reporting.
+    # Candidates (several kernels for one key) are kept in the order they are tried, with
+    # their conditions; whether one is met depends on the platform and the GPU, which
+    # the lock does not pin, so their status is "candidate".
     out: dict[str, Any] = {}
-    for k in sorted(kernels, key=lambda k: (k.kernel.key, k.status)):
+    for k in sorted(kernels, key=lambda k: (k.kernel.key, k.rank or 0, k.status)):
         entry = _kernel_entry(k)
-        if k.status == "overridden":
-            out.setdefault(f"{k.kernel.key} (overridden)", []).append(entry)
+        if k.rank is not None and k.status != "overridden":
+            kernel = k.kernel
+            entry.update(status="candidate", priority=kernel.priority,
+                         when=kernel.when.describe() if kernel.when is not None else None,
+                         predicate=describe_ref(kernel.predicate))
+            out.setdefault(f"{k.kernel.key} (candidates)", []).append(entry)
+        elif k.status in ("overridden", "disabled"):
+            out.setdefault(f"{k.kernel.key} ({k.status})", []).append(entry)
         else:
             out[k.kernel.key] = entry
     for key, value in out.items():
-        if isinstance(value, list):
+        if isinstance(value, list) and not key.endswith("(candidates)"):
             value.sort(key=lambda e: (e["distribution"] or "", e["kernel"] or ""))
     return out
 
@@ -171,6 +182,10 @@ def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
     external: dict[str, Any] = {}
     for k in plan.external_kernels:
         external.setdefault(k.kernel.op, []).append(k)
+    # kernel switches (OPREGISTRY_KERNELS, config "kernels") change what serves a call:
+    # recorded when set, so that a lock made without them stays as it was
+    switches = {"kernel_switches": [f"{text} ({source})" for text, source in plan.switches]} \
+        if plan.switches else {}
     return {
         "lock_version": LOCK_VERSION,
         "torch": torch_version(),
@@ -202,6 +217,7 @@ def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
             for op in sorted(plan.ops, key=lambda o: o.op.qualname)
         },
         "external_kernels": {name: _kernels(ks) for name, ks in sorted(external.items())},
+        **switches,
         "contents": contents_of(distributions, on_disk=on_disk),
     }
 
@@ -359,6 +375,10 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
         sa, sb = old.get(section, {}), new.get(section, {})
         for name in _diff_names(sa, sb, a, b, lambda n, side, label=label: f"{label} {n}", out):
             out.append(f"{label} {name}: other " + _other_fields(sa[name], sb[name], a, b))
+
+    if old.get("kernel_switches", []) != new.get("kernel_switches", []):
+        out.append(f"kernel switches: {a} has {old.get('kernel_switches') or 'none'}, "
+                   f"{b} has {new.get('kernel_switches') or 'none'}")
 
     oa, ob = old.get("ops", {}), new.get("ops", {})
 

@@ -28,7 +28,9 @@ from .errors import MaterializationError
 from .keys import AUTOCAST_KEYS
 from .logs import get_logger
 from .model import Origin, Problem, describe_ref, resolve_ref
+from .keys import COMPOSITE_KEYS, DEVICE_KEYS
 from .plan import OpPlan, Plan
+from .selection import Step, chain, counted, counting_forced, observer, print_counts_at_exit
 from .torch_state import destroy_library, device_keyset, lookup_op
 
 __all__ = ["Materialized", "materialize", "gc_paused", "defined_ops"]
@@ -177,7 +179,34 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
               for b in plan.backends if b.backend.origin is not None
               and (b.backend.origin.distribution, b.backend.name) in materializers}
     with gc_paused():
-        return _materialize(plan, chosen, policy or Policy())
+        return _materialize(plan, chosen, policy or Policy(), _counting())
+
+
+def _counting() -> bool:
+    """Whether kernels are registered counting (``OPREGISTRY_KERNEL_COUNTS``, ``kernel_counts()``)."""
+    import os
+
+    from .config import COUNTS_VAR, parse_flag
+
+    if parse_flag(os.environ.get(COUNTS_VAR), False, COUNTS_VAR):
+        print_counts_at_exit()
+        return True
+    return counting_forced()
+
+
+def _chained(op: OpPlan) -> dict[tuple[str, str], list[Any]]:
+    """The (op, key)s whose active kernels are candidates needing a chain, with them in order.
+
+    Several active candidates, or one that may decline a call; a single
+    candidate that takes every call is registered as a plain kernel.
+    """
+    by_key: dict[str, list[Any]] = defaultdict(list)
+    for k in op.kernels:
+        if k.rank is not None and k.status == "active" and k.kernel.origin is not None:
+            by_key[k.kernel.key].append(k)
+    return {(op.op.qualname, key): sorted(members, key=lambda k: k.rank)
+            for key, members in by_key.items()
+            if len(members) > 1 or members[0].kernel.per_call}
 
 
 def _resolve_any(ref: Any) -> Any:
@@ -208,7 +237,7 @@ def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
 
 
 def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
-                 policy: Policy) -> Materialized:
+                 policy: Policy, count: bool = False) -> Materialized:
     owned: dict[str, dict[str, str]] = defaultdict(dict)
     origins: dict[str, Origin] = {}
     for ns in plan.namespaces:
@@ -219,11 +248,16 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
             owned[frag.distribution].setdefault(ns.name, "FRAGMENT")
             origins[frag.distribution] = frag
     kernels_by_dist: dict[str, list[tuple[OpPlan | None, Any]]] = defaultdict(list)
+    #: (op, key) -> its active candidates in order, when they need a chain (see below)
+    chains: dict[tuple[str, str], tuple[OpPlan, list[Any]]] = {}
     for op in plan.ops:
+        for (qualname, key), members in _chained(op).items():
+            chains[(qualname, key)] = (op, members)
         for k in op.kernels:
             if k.status == "active" and k.kernel.origin is not None:
-                kernels_by_dist[k.kernel.origin.distribution].append((op, k))
                 origins.setdefault(k.kernel.origin.distribution, k.kernel.origin)
+                if (k.kernel.op, k.kernel.key) not in chains:
+                    kernels_by_dist[k.kernel.origin.distribution].append((op, k))
     for k in plan.external_kernels:
         if k.status == "active" and k.kernel.origin is not None:
             kernels_by_dist[k.kernel.origin.distribution].append((None, k))
@@ -268,6 +302,9 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
             if problem is not None:
                 failed[dist] = problem
                 break
+            if count and (kernel.key in DEVICE_KEYS or kernel.key in COMPOSITE_KEYS):
+                label = f"{describe_ref(kernel.fn)} ({kernel.origin.dist})"
+                fn = counted(kernel.op, kernel.key, label, fn)
             try:
                 done = materializers[k.backend](
                     library=libs[dist].get(kernel.namespace),
@@ -283,6 +320,24 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                 failed[dist] = _failure(kernel.origin, what, exc, kernel.op, kernel.key,
                                         kernel.source)
                 break
+
+    # candidates: every function imported under its own distribution first, so that
+    # one that fails leaves out its distribution, not the chain
+    imported: dict[int, tuple[Any, Any]] = {}
+    for (qualname, key), (op, members) in sorted(chains.items()):
+        for k in members:
+            dist = k.kernel.origin.distribution
+            if dist in failed:
+                continue
+            fn, problem = _imported(k.kernel.fn, k.kernel, watched, policy, result.problems)
+            predicate = None
+            if problem is None and k.kernel.predicate is not None:
+                predicate, problem = _imported(k.kernel.predicate, k.kernel, watched, policy,
+                                               result.problems)
+            if problem is not None:
+                failed[dist] = problem
+                continue
+            imported[id(k)] = (fn, predicate)
 
     # roll back failed distributions, and those whose kernels target their ops
     while True:
@@ -305,6 +360,37 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
         if not dependents:
             break
         failed.update(dependents)
+
+    # each chain of candidates is one kernel for torch, registered by the backend of its
+    # key in the library of its last surviving candidate (usually the op owner's fallback)
+    for (qualname, key), (op, members) in sorted(chains.items()):
+        if op.op.origin is not None and op.op.origin.distribution in failed:
+            continue
+        alive = [k for k in members
+                 if k.kernel.origin.distribution not in failed and id(k) in imported]
+        if not alive:
+            continue
+        anchor = alive[-1].kernel
+        steps = [Step(fn=imported[id(k)][0], predicate=imported[id(k)][1],
+                      capability=k.kernel.when.capability if k.kernel.when else None,
+                      label=f"{describe_ref(k.kernel.fn)} ({k.kernel.origin.dist})")
+                 for k in alive]
+        try:
+            done = materializers[alive[-1].backend](
+                library=libs[anchor.origin.distribution].get(anchor.namespace), op=op.op,
+                kernel=anchor, setup_context=None,
+                fn=chain(qualname, key, steps,
+                         observer(qualname, key, [s.label for s in steps]) if count else None,
+                         keywords=any(a.kwarg_only for a in op.parsed.arguments)))
+            if not done:
+                raise MaterializationError(
+                    f"backend {alive[-1].backend} did not register it (returned {done!r})")
+        except BaseException as exc:  # noqa: BLE001 - a backend's code, contained
+            if must_propagate(exc):
+                raise
+            failed[anchor.origin.distribution] = _failure(
+                anchor.origin, f"registering the {key} kernel candidates of {qualname} "
+                f"(backend {alive[-1].backend})", exc, qualname, key, anchor.source)
 
     for dist, problem in failed.items():
         libs[dist].destroy()

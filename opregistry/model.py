@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable, Iterable, Literal, Mapping, Union
 
 import attrs
 from attrs import field, frozen
@@ -29,6 +29,11 @@ __all__ = [
     "Namespace",
     "OpDef",
     "Kernel",
+    "Candidate",
+    "Condition",
+    "parse_range",
+    "in_range",
+    "parse_requirement",
     "Backend",
     "Problem",
     "Severity",
@@ -220,6 +225,149 @@ class OpDef:
         return f"{self.name_with_overload}{self.schema}"
 
 
+# -- conditions of kernel candidates (opregistry.selection runs them) --------------------
+
+_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*\Z")
+_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(.*)\Z")
+_RELEASE = re.compile(r"\d+(?:\.\d+)*")
+_COMPARE: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
+    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+}
+_EXAMPLE = "'>=2.10,<2.15'"
+
+
+def parse_range(text: str, what: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``">=2.10,<2.15"`` as ``((">=", (2, 10)), ("<", (2, 15)))``.
+
+    The subset of PEP 440 specifiers conditions need: comparisons of release
+    numbers, joined by commas.  Anything else is a :class:`DeclarationError`.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise DeclarationError(f"{what}: {text!r} is not a version range; write e.g. {_EXAMPLE}")
+    clauses = []
+    for part in text.split(","):
+        found = _CLAUSE.match(part)
+        if found is None:
+            raise DeclarationError(
+                f"{what}: {part.strip()!r} in {text!r} is not a version comparison; write "
+                f"e.g. {_EXAMPLE} (operators >=, <=, ==, !=, >, <; release numbers only)")
+        clauses.append((found.group(1), tuple(int(p) for p in found.group(2).split("."))))
+    return tuple(clauses)
+
+
+def in_range(version: str | tuple[int, ...], clauses: Iterable[tuple[str, tuple[int, ...]]]) -> bool:
+    """Whether ``version`` (``"2.13.0+cpu"`` or a tuple) satisfies every clause."""
+    if isinstance(version, str):
+        found = _RELEASE.match(version)
+        release: tuple[int, ...] = tuple(int(p) for p in found.group(0).split(".")) if found else ()
+    else:
+        release = tuple(version)
+    for op, wanted in clauses:
+        width = max(len(release), len(wanted))
+        a = release + (0,) * (width - len(release))
+        b = wanted + (0,) * (width - len(wanted))
+        if not _COMPARE[op](a, b):
+            return False
+    return True
+
+
+def parse_requirement(text: str) -> tuple[str, str]:
+    """``"triton>=3.2"`` as ``("triton", ">=3.2")``; the range may be empty."""
+    found = _NAME.match(text) if isinstance(text, str) else None
+    if found is None:
+        raise DeclarationError(
+            f"requires: {text!r} is not a requirement; write e.g. 'triton>=3.2'")
+    name, spec = found.group(1), found.group(2).strip()
+    if spec:
+        parse_range(spec, f"requires {text!r}")
+    return name, spec
+
+
+def _strings(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise DeclarationError(f"{what} must be a string or a list of strings, not {value!r}")
+
+
+@frozen(kw_only=True)
+class Condition:
+    """When a kernel candidate may serve: all of the given conditions must hold.
+
+    :param torch: torch versions, ``">=2.10,<2.15"`` (read from torch's files).
+    :param requires: installed Python distributions, ``["triton>=3.2"]``
+        (``importlib.metadata``; nothing is imported).
+    :param capability: CUDA compute capability of the call's device,
+        ``">=9.0"`` (a CUDA kernel only; read on the first call on each device).
+    :param platform: ``sys.platform`` prefixes, ``"linux"`` or ``["linux", "win32"]``.
+    """
+
+    torch: str | None = None
+    requires: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "requires"))
+    capability: str | None = None
+    platform: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "platform"))
+
+    def __attrs_post_init__(self) -> None:
+        if self.torch is not None:
+            parse_range(self.torch, "torch")
+        for requirement in self.requires:
+            parse_requirement(requirement)
+        if self.capability is not None:
+            parse_range(self.capability, "capability")
+
+    @classmethod
+    def of(cls, value: Condition | Mapping[str, Any] | None) -> Condition | None:
+        """A :class:`Condition` from itself or a mapping of its fields (``when={...}``)."""
+        if value is None or isinstance(value, Condition):
+            return value
+        if not isinstance(value, Mapping):
+            raise DeclarationError(
+                f"when= must be a dict (torch, requires, capability, platform) or an "
+                f"opregistry.Condition, not {type(value).__name__}")
+        unknown = sorted(set(value) - {f.name for f in attrs.fields(cls)})
+        if unknown:
+            raise DeclarationError(
+                f"when= has unknown condition(s) {unknown}; known: torch, requires, "
+                f"capability, platform")
+        return cls(**value)
+
+    def describe(self) -> str:
+        parts = []
+        if self.torch:
+            parts.append(f"torch{self.torch}")
+        parts += list(self.requires)
+        if self.capability:
+            parts.append(f"capability{self.capability}")
+        if self.platform:
+            parts.append("platform " + "|".join(self.platform))
+        return ", ".join(parts)
+
+    def unmet(self, torch_version: str | None) -> str | None:
+        """Why the load-time conditions fail here, or ``None`` when they hold."""
+        from importlib import metadata
+
+        if self.torch is not None:
+            if torch_version is None:
+                return "torch is not installed"
+            if not in_range(torch_version, parse_range(self.torch, "torch")):
+                return f"torch {torch_version} is not {self.torch}"
+        for requirement in self.requires:
+            name, spec = parse_requirement(requirement)
+            try:
+                installed = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                return f"{name} is not installed (needs {requirement})"
+            if spec and not in_range(installed, parse_range(spec, requirement)):
+                return f"{name} {installed} is not {spec}"
+        if self.platform and not any(sys.platform.startswith(p) for p in self.platform):
+            return f"platform {sys.platform} is not {'|'.join(self.platform)}"
+        return None
+
+
 @frozen(kw_only=True)
 class Kernel:
     """An implementation of an op for one dispatch key.
@@ -243,8 +391,25 @@ class Kernel:
     triton: bool = False
     #: the Tensor subclass or ``TorchDispatchMode`` of a ``TorchDispatch[...]`` rule
     dispatch_class: KernelRef | None = field(default=None, validator=_check_ref)
+    #: a candidate's conditions (:mod:`opregistry.selection`): checked once at load ...
+    when: Condition | None = field(default=None, converter=Condition.of)
+    #: ... and per call: a function of the op's arguments, true to take the call
+    predicate: KernelRef | None = field(default=None, validator=_check_ref)
+    #: candidates of one (op, key) are tried by priority, highest first
+    priority: int = 0
     source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
+
+    @property
+    def conditional(self) -> bool:
+        """Whether this kernel is a candidate with conditions (it may decline)."""
+        return self.when is not None or self.predicate is not None
+
+    @property
+    def per_call(self) -> bool:
+        """Whether a call may be declined by this kernel's conditions."""
+        return self.predicate is not None or (
+            self.when is not None and self.when.capability is not None)
 
     def __attrs_post_init__(self) -> None:
         if not _keys.is_known_key(self.key):
@@ -260,6 +425,20 @@ class Kernel:
                 f"kernel for {self.op} on {self.key}: setup_context only belongs to "
                 f"an Autograd kernel"
             )
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise DeclarationError(
+                f"kernel for {self.op} on {self.key}: priority must be an int, "
+                f"not {self.priority!r}", op=self.op, key=self.key)
+        if (self.conditional or self.priority) and self.key not in _keys.DEVICE_KEYS \
+                and self.key not in _keys.COMPOSITE_KEYS:
+            raise DeclarationError(
+                f"kernel for {self.op} on {self.key}: conditions and priorities choose "
+                f"between device kernels (a key such as CPU, CUDA, or 'default'); a {self.key} "
+                f"kernel has none", op=self.op, key=self.key)
+        if self.when is not None and self.when.capability is not None and self.key != "CUDA":
+            raise DeclarationError(
+                f"kernel for {self.op} on {self.key}: a compute-capability condition "
+                f"belongs to a CUDA kernel", op=self.op, key=self.key)
 
     @property
     def namespace(self) -> str:
@@ -267,7 +446,8 @@ class Kernel:
 
 
 #: keys whose kernels are plain functions: nothing more to check (the common case, first)
-_PLAIN_KEYS: frozenset[str] = frozenset(_keys.DEVICE_KEYS) | frozenset(_keys.FUNCTIONALITY_KEYS)
+_PLAIN_KEYS: frozenset[str] = (frozenset(_keys.DEVICE_KEYS) | frozenset(_keys.FUNCTIONALITY_KEYS)
+                               | frozenset(_keys.COMPOSITE_KEYS))
 
 
 def _check_kind(k: Kernel) -> None:
@@ -307,6 +487,19 @@ def autocast_dtype(cast_inputs: Any) -> str:
         if name in _keys.AUTOCAST_DTYPES:
             return f"torch:{_keys.AUTOCAST_DTYPES[name]}"
     return cast_inputs
+@frozen
+class Candidate:
+    """A kernel with conditions, as a value of ``define(kernels={...})``.
+
+    ``kernels={"cuda": [Candidate("pkg.triton:f", when={"requires": "triton>=3.2"},
+    predicate="pkg.triton:fits"), "pkg.kernels:f"]}``: the first whose
+    conditions hold serves, the others are fallbacks (``docs/op-authors.md``).
+    """
+
+    fn: KernelRef = field(validator=_check_ref)
+    when: Any = None
+    predicate: KernelRef | None = field(default=None, kw_only=True, validator=_check_ref)
+    priority: int = field(default=0, kw_only=True)
 
 
 @frozen(kw_only=True)

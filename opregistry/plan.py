@@ -31,7 +31,11 @@ __all__ = [
 
 #: ``conflict`` is never planned: it marks, in listings, a kernel the resolver
 #: refused (see :meth:`Plan.refused_kernels`)
-KernelStatus = Literal["active", "inactive", "unavailable", "overridden", "conflict"]
+#: ``unmet`` and ``unreached`` are candidates (several kernels for one key) that do
+#: not serve: a load-time condition fails, or an earlier candidate takes every call
+#: ``disabled``: turned off by a kernel switch (``OPREGISTRY_KERNELS``)
+KernelStatus = Literal["active", "inactive", "unavailable", "overridden", "conflict", "unmet",
+                       "unreached", "disabled"]
 
 
 @frozen(kw_only=True)
@@ -69,13 +73,21 @@ class KernelPlan:
     reason: str = ""
     #: what this kernel replaces: a distribution (``name==version``) or ``"torch"``
     overrides: str | None = None
+    #: for candidates of one (op, key): the position in the order they are tried (0 first)
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         k = self.kernel
-        return _kernel_row(op=k.op, key=k.key, status=self.status, kernel=describe_ref(k.fn),
-                           setup_context=describe_ref(k.setup_context), backend=self.backend,
-                           reason=self.reason, override=k.override, overrides=self.overrides,
-                           distribution=k.origin.dist if k.origin else None)
+        row = _kernel_row(op=k.op, key=k.key, status=self.status, kernel=describe_ref(k.fn),
+                          setup_context=describe_ref(k.setup_context), backend=self.backend,
+                          reason=self.reason, override=k.override, overrides=self.overrides,
+                          distribution=k.origin.dist if k.origin else None)
+        if self.rank is not None:
+            row["rank"] = self.rank
+            row["predicate"] = describe_ref(k.predicate)
+            row["when"] = k.when.describe() if k.when is not None else None
+            row["priority"] = k.priority
+        return row
 
 
 @frozen(kw_only=True)
@@ -109,11 +121,17 @@ class OpPlan:
     kernels: tuple[KernelPlan, ...] = ()
 
     def kernel(self, key: str) -> KernelPlan | None:
-        """The kernel that serves ``key`` (not one it overrides), or ``None``."""
+        """The kernel that serves ``key`` (not one it overrides), or ``None``.
+
+        Of several candidates, the first active one.
+        """
+        found = None
         for k in self.kernels:
             if k.kernel.key == key and k.status != "overridden":
-                return k
-        return None
+                if k.status == "active":
+                    return k
+                found = found or k
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         op = self.op
@@ -178,6 +196,8 @@ class Plan:
     #: the ``opregistry_*`` hooks each loaded plugin implements, from the
     #: plugin manager (``opregistry plugins`` shows them)
     hooks: dict[Origin, tuple[str, ...]] = field(factory=dict, eq=False, repr=False)
+    #: the kernel switches in effect, ``("-nnkit::rms_norm:CUDA", "OPREGISTRY_KERNELS")``, in order
+    switches: tuple[tuple[str, str], ...] = ()
 
     @property
     def errors(self) -> tuple[Problem, ...]:
@@ -213,4 +233,5 @@ class Plan:
             "excluded": sorted({o.dist for o in self.excluded}),
             "skipped": [s.to_dict() for s in self.skipped],
             "problems": [p.to_dict() for p in self.problems],
+            "switches": [{"switch": text, "source": source} for text, source in self.switches],
         }

@@ -58,7 +58,8 @@ __all__ = [
 FORMAT_VERSION = 1
 
 #: Kernel statuses, as listings show them (``conflict``: refused by the resolver).
-STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict")
+STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict", "unmet", "unreached",
+            "disabled")
 
 
 # -- distributions -----------------------------------------------------------------
@@ -178,6 +179,7 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
                      sorted({o.dist: o for o in plan.excluded}.values(), key=lambda o: o.dist)],
         "skipped": skipped,
         "problems": [problem_dict(p) for p in plan.problems],
+        "switches": [{"switch": text, "source": source} for text, source in plan.switches],
     }
     if namespaces:
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
@@ -349,6 +351,7 @@ def _op_details(plan: Plan, op: OpPlan) -> dict[str, Any]:
             "distribution": distribution(k.kernel.origin)}
     data["features"] = features
     data["problems"] = [problem_dict(p) for p in plan.problems if p.op == op.op.qualname]
+    data["switches"] = [{"switch": text, "source": source} for text, source in plan.switches]
     return data
 
 

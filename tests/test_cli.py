@@ -298,7 +298,9 @@ def test_plugins_shows_contributions_and_skipped(dists, ns, scoped, monkeypatch,
     assert by[good]["contributes"]["namespaces"] == [f"{ns} (DEF)"]
     assert by[blocked]["status"] == "skipped" and "OPREGISTRY_BLOCK" in by[blocked]["reason"]
     assert by[boom]["status"] == "failed" and "kaput" in by[boom]["reason"]
-    assert by["opregistry-cpu"]["contributes"]["backends"][0]["keys"] == ["CPU"]
+    # CPU, and the kernels for every device (CompositeExplicitAutograd / ImplicitAutograd)
+    assert by["opregistry-cpu"]["contributes"]["backends"][0]["keys"] == [
+        "CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd"]
     assert by[good]["hooks"] == ["opregistry_kernels", "opregistry_namespaces", "opregistry_ops"]
     assert {"opregistry_backends", "opregistry_materialize_kernel"} <= set(
         by["opregistry-cpu"]["hooks"])

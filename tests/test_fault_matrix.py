@@ -221,6 +221,26 @@ def two_kernels_for_one_key(env: Env) -> Fault:
     return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged)
 
 
+def composite_implicit_beside_device_kernel(env: Env) -> Fault:
+    env.op_dist("owner", define("foo", kernels="{'CompositeImplicitAutograd': 'KMOD:clone'}"))
+    d = env.op_dist("intruder", f"lib.impl('{env.ns}::foo', 'cpu', 'KMOD:twice')\n", kind="IMPL")
+
+    def unchanged() -> None:
+        x = torch.ones(3)
+        assert torch.equal(getattr(torch.ops, env.ns).foo(x), x), "the decomposition runs"
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(env.op("foo"), "CPU")
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged,
+                 says="CompositeImplicitAutograd")
+
+
+def composite_implicit_with_fake(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", kernels="{'CompositeImplicitAutograd': 'KMOD:clone'}", extra=", fake='KMOD:fake'"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="Meta")
+
+
 def kernel_for_undefined_op(env: Env) -> Fault:
     d = env.op_dist("bad", f"lib.impl('{env.ns}::nope', 'cpu', 'KMOD:clone')\n", kind="IMPL")
     return Fault({d}, absent=(env.op("nope"),), source=env.at(d, BODY_LINE))
@@ -229,6 +249,24 @@ def kernel_for_undefined_op(env: Env) -> Fault:
 def unknown_dispatch_key(env: Env) -> Fault:
     d = env.op_dist("bad", define("ok") + define("foo", kernels="{'gpu': 'KMOD:clone'}"))
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1))
+
+
+def bad_condition_spec(env: Env) -> Fault:
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", kernels="{'cpu': 'KMOD:clone'}", extra=", fake='KMOD:fake'")
+        + "lib.impl('foo', 'cpu', 'KMOD:twice', when={'torch': '>=2.x'})\n")
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 2),
+                 says="not a version comparison")
+
+
+def condition_on_torch_op(env: Env) -> Fault:
+    d = env.op_dist("evil", "lib.impl('add.Tensor', 'cpu', 'KMOD:sub', predicate='KMOD:clone')\n",
+                    namespace="aten", kind="IMPL")
+
+    def unchanged() -> None:
+        assert torch.equal(torch.ones(2) + torch.ones(2), torch.full((2,), 2.0))
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged, says="an op torch owns")
 
 
 def misspelt_dispatch_key(env: Env) -> Fault:
@@ -659,8 +697,13 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "def-namespace-held-outside": ("namespace-held-by-torch", def_of_namespace_held_outside),
     "two-kernels-for-one-key": ("kernel-conflict", two_kernels_for_one_key),
     "kernel-for-undefined-op": ("kernel-for-undefined-op", kernel_for_undefined_op),
+    "composite-implicit-beside-device-kernel": ("composite-implicit-mixed",
+                                                composite_implicit_beside_device_kernel),
+    "composite-implicit-with-fake": ("composite-implicit-mixed", composite_implicit_with_fake),
     "unknown-dispatch-key": ("declaration-invalid", unknown_dispatch_key),
     "misspelt-dispatch-key": ("declaration-invalid", misspelt_dispatch_key),
+    "bad-condition-spec": ("declaration-invalid", bad_condition_spec),
+    "condition-on-torch-op": ("kernel-condition-unsupported", condition_on_torch_op),
     "aten-add-without-policy": ("kernel-torch-op-denied", aten_add_without_policy),
     "override-without-policy": ("kernel-override-denied", override_without_policy),
     "fake-registered-twice": ("kernel-duplicate", fake_registered_twice),
@@ -967,6 +1010,19 @@ def unknown_variable(env: Env, monkeypatch: pytest.MonkeyPatch,
     assert "did you mean 'OPREGISTRY_STRICT'?" in warning.message
 
 
+def kernel_switch_unknown_target(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """OPREGISTRY_KERNELS=-ns::fin (a typo): an error with a "did you mean"; nothing left out."""
+    monkeypatch.setenv("OPREGISTRY_KERNELS", f"-{env.ns}ok::fin")
+    reg = load(env.dists, plugins=scope(env))
+    [problem] = [p for p in reg.errors if p.code == "kernel-switch-unknown"]
+    assert f"did you mean '{env.ns}ok::fine'?" in problem.message
+    assert "OPREGISTRY_KERNELS" in problem.message and not problem.culprits
+    assert f"{env.ns}ok::fine" in reg.op_names, "the op still loads, with its kernels"
+    with pytest.raises(ResolutionError):
+        load(env.dists, plugins=scope(env), strict=True)
+
+
 def schema_of_100k_characters(env: Env, monkeypatch: pytest.MonkeyPatch,
                               capsys: pytest.CaptureFixture[str]) -> None:
     """The text of a problem is bounded; the data (to_dict, --json) keeps it whole."""
@@ -1022,6 +1078,13 @@ SETTING_CASES: dict[str, tuple[str, Callable[..., None]]] = {
     "config-file-malformed": ("config-invalid", _config_fault(
         "OPREGISTRY_CONFIG", "plugins = [\n", "OPREGISTRY_CONFIG={path}: not valid TOML")),
     "unknown-variable": ("config-unknown-variable", unknown_variable),
+    "kernel-switch-syntax": ("config-invalid", _config_fault(
+        "OPREGISTRY_KERNELS", "rms_norm",
+        "OPREGISTRY_KERNELS: 'rms_norm' must start with '-' (disable) or '+' (enable)")),
+    "kernel-counts-not-a-boolean": ("config-invalid", _config_fault(
+        "OPREGISTRY_KERNEL_COUNTS", "sure",
+        f"OPREGISTRY_KERNEL_COUNTS='sure' is not a boolean: {ACCEPTED}")),
+    "kernel-switch-unknown-target": ("kernel-switch-unknown", kernel_switch_unknown_target),
     "schema-of-100k-characters": ("schema-invalid", schema_of_100k_characters),
     "triton-not-installed": ("triton-missing", triton_not_installed),
 }

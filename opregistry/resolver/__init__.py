@@ -94,6 +94,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         excluded=tuple(sorted(o for o in decl.distributions if o.distribution in excluded)),
         skipped=tuple(sorted(decl.skipped, key=lambda s: s.origin)),
         hooks=dict(decl.hooks),
+        switches=tuple((s.text, s.source) for s in policy.kernels),
     )
 
 

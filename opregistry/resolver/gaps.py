@@ -16,12 +16,18 @@ __all__ = ["report_gaps"]
 
 def report_gaps(ctx: Context, ops: dict[str, OpPlan]) -> None:
     for qualname, plan in ops.items():
-        statuses = {k.kernel.key: k.status for k in plan.kernels if k.status != "overridden"}
+        statuses: dict[str, str] = {}
+        for k in plan.kernels:  # of several candidates for a key, an active one speaks for it
+            if k.status != "overridden" and statuses.get(k.kernel.key) != "active":
+                statuses[k.kernel.key] = k.status
         origin = plan.op.origin
-        devices = {key: status for key, status in statuses.items() if key in _keys.DEVICE_KEYS}
+        devices = {key: status for key, status in statuses.items()
+                   if key in _keys.DEVICE_KEYS or key in _keys.COMPOSITE_KEYS}
         if "active" not in devices.values():
             _no_active_kernel(ctx, qualname, plan, devices)
-        if "Meta" not in statuses:
+        if statuses.get("CompositeImplicitAutograd") == "active":
+            pass  # a decomposition: fake tensors go through the ops it calls (torch's rule)
+        elif "Meta" not in statuses:
             ctx.warn("op-no-fake",
                      f"{qualname} ({origin}) has no fake kernel: torch.compile and "
                      f"torch.export will fail on it",

@@ -27,19 +27,41 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
     """``ops`` with their kernels planned, and the kernels for torch's own ops."""
     groups: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
     declared_here = {op.qualname for op in ctx.ops}
+    planned: dict[str, list[KernelPlan]] = defaultdict(list)
+    _check_switches(ctx)
     for k in ctx.kernels:
         if k.op not in ops and k.op in declared_here:
             continue  # its op was refused, and that is reported; dependents next pass
+        if k.op not in ops and k.conditional and ctx.torch_owns(k.namespace):
+            ctx.refuse("kernel-condition-unsupported",
+                       f"{k.origin} declares a {k.key} kernel with conditions for {k.op}, an "
+                       f"op torch owns; conditions choose between kernels of ops opregistry "
+                       f"defines", "drop when=/predicate=, or define an op of your own",
+                       (k.origin,), op=k.op, key=k.key, source=k.source)
+            continue
         fits = _fits(ctx, k, ops[k.op]) if k.op in ops else _external_allowed(ctx, k)
-        if fits:
-            groups[(k.op, k.key)].append(k)
+        if not fits:
+            continue
+        switch = _switched_off(ctx, k) if k.op in ops else None
+        if switch is not None:  # the user's switch: the next candidate takes over
+            planned[k.op].append(KernelPlan(
+                kernel=k, status="disabled", reason=f"disabled by {switch.source} ({switch.text})"))
+            continue
+        groups[(k.op, k.key)].append(k)
+
+    _check_composite(ctx, groups, ops)
 
     _check_triton(ctx, groups, ops)
-    planned: dict[str, list[KernelPlan]] = defaultdict(list)
     external: list[KernelPlan] = []
-    for (qualname, key), group in sorted(groups.items()):
+    for (qualname, key), declared in sorted(groups.items()):
         op_plan = ops.get(qualname)
         definer = dist_name(op_plan.op.origin) if op_plan else None
+        # candidates with conditions sit in front of the key's one plain kernel (rule 5b)
+        conditioned = [k for k in declared if k.conditional]
+        group = [k for k in declared if not k.conditional]
+        if not group:
+            planned[qualname].extend(_candidates(ctx, conditioned, None, owners))
+            continue
         winner, losers = _choose(ctx, qualname, key, group, definer)
         if winner is None:
             continue
@@ -64,12 +86,172 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
                                                 backend=backend.name if backend else None))
         overrides = existing or (names(l.origin for l in losers) if losers else None)
         entry = _status(ctx, winner, owners, overrides)
+        if conditioned:
+            planned[qualname].extend(_candidates(ctx, conditioned, entry, owners))
+            continue
         (planned[qualname] if op_plan else external).append(entry)
 
-    result = {qualname: attrs.evolve(plan, kernels=tuple(sorted(
-        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.status))))
+    result = {qualname: attrs.evolve(plan, kernels=_serving(tuple(sorted(
+        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.rank or 0, k.status)))))
         for qualname, plan in ops.items()}
     return result, tuple(external)
+
+
+#: what a kernel for every device may not share its op with (torch's rules, below)
+_IMPLICIT = _keys.COMPOSITE_KEYS[1]
+
+
+def _check_composite(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
+                     ops: dict[str, OpPlan]) -> None:
+    """The rules torch has (or should have) for a ``CompositeImplicitAutograd`` kernel.
+
+    Such a kernel is a decomposition: torch runs it on every device and
+    derives autograd and fake tensors from the ops it calls.  Beside it,
+    torch refuses a fake kernel (``Library.impl(..., "Meta")`` and
+    ``register_fake`` raise), and silently does not use it where another kernel
+    takes the call: an Autograd formula replaces the decomposition's autograd
+    in eager but not under ``torch.compile`` (which decomposes first), and a
+    device (or ``CompositeExplicitAutograd``) kernel takes that device away
+    from it -- and with it any gradient there.  The resolver refuses all of
+    them; only a vmap rule may stand beside it.  Whom it blames: the
+    distributions other than the op's definer, or the definer if it declared
+    both.  ``CompositeExplicitAutograd`` needs no rule of its own: a device
+    kernel beside it wins for its device, as in torch.
+    """
+    by_op: dict[str, dict[str, list[Kernel]]] = defaultdict(dict)
+    for (qualname, key), group in groups.items():
+        by_op[qualname][key] = group
+    for qualname, by_key in sorted(by_op.items()):
+        implicit = by_key.get(_IMPLICIT)
+        if not implicit:
+            continue
+        others = [k for key, group in sorted(by_key.items())
+                  if key not in (_IMPLICIT, "FuncTorchBatched") for k in group]
+        if not others:
+            continue
+        op_plan = ops.get(qualname)
+        definer = dist_name(op_plan.op.origin) if op_plan else None
+        involved = [*implicit, *others]
+        culprits = [k.origin for k in involved if dist_name(k.origin) != definer] or [
+            k.origin for k in involved]
+        keys = ", ".join(sorted({k.key for k in others}))
+        ctx.refuse("composite-implicit-mixed",
+                   f"{qualname} has a CompositeImplicitAutograd kernel (from "
+                   f"{names(k.origin for k in implicit)}) and {keys} kernel(s) (from "
+                   f"{names(k.origin for k in others)}); a CompositeImplicitAutograd kernel "
+                   f"serves every device and derives autograd and fake tensors from the ops it "
+                   f"calls, so torch refuses a fake kernel beside it and silently bypasses it "
+                   f"for the rest (gradients lost on the device with its own kernel, an "
+                   f"autograd formula used in eager but not under torch.compile)",
+                   "declare the kernel for every device as 'CompositeExplicitAutograd' (or "
+                   "'default') to add device kernels, a fake kernel or an autograd formula "
+                   "beside it; or drop the other kernels",
+                   culprits, others=tuple(sorted({k.origin for k in involved if k.origin}
+                                                 - {o for o in culprits if o})),
+                   op=qualname, key=_IMPLICIT,
+                   source=next((k.source for k in involved
+                                if k.origin in culprits and k.source), None))
+
+
+def _serving(kernels: tuple[KernelPlan, ...]) -> tuple[KernelPlan, ...]:
+    """Each active kernel for every device, with the devices it serves in its reason."""
+    if not any(k.kernel.key in _keys.COMPOSITE_KEYS for k in kernels):
+        return kernels
+    own = sorted({k.kernel.key for k in kernels
+                  if k.kernel.key in _keys.DEVICE_KEYS and k.status == "active"})
+    result = []
+    for k in kernels:
+        if k.kernel.key in _keys.COMPOSITE_KEYS and k.status == "active" and not k.reason:
+            reason = ("every device" if not own else
+                      f"every device but {', '.join(own)} (own kernel)")
+            k = attrs.evolve(k, reason=reason)
+        result.append(k)
+    return tuple(result)
+
+
+def _switched_off(ctx: Context, k: Kernel):  # type: ignore[no-untyped-def]
+    """The kernel switch (``OPREGISTRY_KERNELS``, config ``kernels``) that disables ``k``."""
+    if not ctx.policy.kernels or (k.key not in _keys.DEVICE_KEYS
+                                  and k.key not in _keys.COMPOSITE_KEYS):
+        return None
+    return ctx.policy.disabled_by(k.op, k.key, dist_name(k.origin),
+                                  k.key in _keys.COMPOSITE_KEYS, k.conditional)
+
+
+def _check_switches(ctx: Context) -> None:
+    """A switch must name a declared op or a distribution that declares kernels."""
+    if not ctx.policy.kernels:
+        return
+    import difflib
+
+    ops = {op.qualname for op in ctx.ops} | {op.base_qualname for op in ctx.ops}
+    dists = {dist_name(k.origin) for k in ctx.kernels}
+    for switch in ctx.policy.kernels:
+        known = dists if switch.distribution is not None else ops
+        name = switch.distribution or switch.op or ""
+        if name in known:
+            continue
+        what = "distribution declaring kernels" if switch.distribution else "op"
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        ctx.warn("kernel-switch-unknown",
+                 f"{switch.source} switches {switch.text!r}, but no {what} {name!r} is loaded"
+                 + (f"; did you mean {close[0]!r}?" if close else ""),
+                 f"correct or remove {switch.text!r} in {switch.source}", severity="error",
+                 op=switch.op, key=switch.key)
+
+
+def candidate_order(k: Kernel) -> tuple[int, str, str, str]:
+    """How candidates of one (op, key) are tried: priority (highest first), then by
+    distribution name, kernel reference and declaration line -- never install order."""
+    return (-k.priority, dist_name(k.origin), describe_ref(k.fn) or "", k.source or "")
+
+
+def _candidates(ctx: Context, conditioned: list[Kernel], fallback: KernelPlan | None,
+                owners: dict[str, Backend]) -> list[KernelPlan]:
+    """Every candidate of one (op, key), in the order tried, with why it serves or not.
+
+    The plain kernel (``fallback``), if any, comes last: it accepts every call.
+    """
+    facts = ctx.installed_torch()
+    version = facts.version if facts is not None else None
+    result: list[KernelPlan] = []
+    taker: str | None = None  # the first candidate that takes every call
+    position = 0
+    for k in sorted(conditioned, key=candidate_order):
+        plan = _status(ctx, k, owners, None)
+        unmet = k.when.unmet(version) if k.when is not None else None
+        ref = describe_ref(k.fn)
+        if unmet is not None:
+            plan = attrs.evolve(plan, status="unmet", reason=f"condition not met: {unmet}")
+        elif taker is not None:
+            plan = attrs.evolve(plan, status="unreached",
+                                reason=f"never tried: {taker} takes every call before it")
+        elif plan.status == "active":
+            position += 1
+            tests = [f"per call: {describe_ref(k.predicate)}"] if k.predicate else []
+            if k.when is not None and k.when.capability:
+                tests.insert(0, f"per CUDA device: capability{k.when.capability}")
+            held = f"{k.when.describe()} holds; " if k.when is not None and k.when.describe() else ""
+            if tests:
+                plan = attrs.evolve(plan, reason=f"candidate {position}: {held}"
+                                                 f"takes the calls it accepts ({'; '.join(tests)})")
+            else:
+                taker = ref
+                plan = attrs.evolve(plan, reason=f"candidate {position}: {held}takes every call")
+        result.append(plan)
+    if fallback is not None:
+        if taker is not None and fallback.status == "active":
+            fallback = attrs.evolve(fallback, status="unreached",
+                                    reason=f"never tried: {taker} takes every call before it")
+        elif fallback.status == "active":
+            position += 1
+            note = "fallback: the calls the candidates before it decline" if position > 1 \
+                else "fallback: no candidate before it is in effect"
+            fallback = attrs.evolve(fallback, reason=f"candidate {position}, {note}"
+                                    + (f"; overrides {fallback.overrides}" if fallback.overrides
+                                       else ""))
+        result.append(fallback)
+    return [attrs.evolve(p, rank=i) for i, p in enumerate(result)]
 
 
 def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:

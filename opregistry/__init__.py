@@ -24,7 +24,7 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
-from .model import Backend, Kernel, Namespace, OpDef, Origin, Problem
+from .model import Backend, Kernel, Namespace, NativeLibrary, OpDef, Origin, Problem
 from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
 
@@ -39,6 +39,7 @@ __all__ = [
     "OpDef",
     "OpHandle",
     "OpLibrary",
+    "NativeLibrary",
     "OpRegistryError",
     "Origin",
     "PluginLoadError",

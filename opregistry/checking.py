@@ -89,7 +89,7 @@ def devices_for(op: OpPlan, available_devices: Iterable[str]) -> list[str]:
     devices = []
     for k in op.kernels:
         device = _keys.DEVICE_KEYS.get(k.kernel.key)
-        if k.status == "active" and device in available:
+        if k.status in ("active", "native") and device in available:
             devices.append(device)
     return sorted(set(devices), key=lambda d: (d != "cpu", d))
 

@@ -58,7 +58,7 @@ __all__ = [
 FORMAT_VERSION = 1
 
 #: Kernel statuses, as listings show them (``conflict``: refused by the resolver).
-STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict")
+STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict", "native")
 
 
 # -- distributions -----------------------------------------------------------------

@@ -237,10 +237,11 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
     failed: dict[str, Problem] = {}
 
     # native libraries first: their TORCH_LIBRARY blocks define ops others add to
+    planned = frozenset(op.op.qualname for op in plan.ops)
     for native_plan in plan.natives:
         dist = native_plan.origin.distribution
         if dist not in failed:
-            problem = _load_native(native_plan, watched, policy, result.problems)
+            problem = _load_native(native_plan, watched, policy, result.problems, planned)
             if problem is not None:
                 failed[dist] = problem
 
@@ -324,7 +325,7 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
 
 
 def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
-                 warnings: list[Problem]) -> Problem | None:
+                 warnings: list[Problem], planned: frozenset[str]) -> Problem | None:
     """Load ``native``'s library, contained, and check it registered what was declared.
 
     A library cannot be unloaded: one that loads but does not match its
@@ -356,7 +357,8 @@ def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
     if errors:
         return errors[0]
     ops_after, pairs_after = torch_state.dispatcher_registrations()
-    return _verify_native(native, where, ops_after - ops_before, pairs_after - pairs_before)
+    return _verify_native(native, where, ops_after, ops_after - ops_before,
+                          pairs_after - pairs_before, planned)
 
 
 def _native_problem(code: str, origin: Origin, native: NativePlan, message: str, hint: str,
@@ -366,9 +368,16 @@ def _native_problem(code: str, origin: Origin, native: NativePlan, message: str,
                    namespace=native.namespace, error=error)
 
 
-def _verify_native(native: NativePlan, where: str, new_ops: frozenset[str],
-                   new_pairs: frozenset[tuple[str, str]]) -> Problem | None:
-    """Compare what the library registered with its declaration; the first difference."""
+def _verify_native(native: NativePlan, where: str, all_ops: frozenset[str],
+                   new_ops: frozenset[str], new_pairs: frozenset[tuple[str, str]],
+                   planned: frozenset[str]) -> Problem | None:
+    """Compare what the library registered with its declaration; the first difference.
+
+    Every op of its namespace must be declared (by it, or by another planned
+    distribution): checked on the dispatcher's whole namespace, so that a
+    library loaded before (by an earlier registry, or an import) is checked
+    too.  Outside its namespace only what appeared during this load is seen.
+    """
     from . import torch_state
 
     origin, ns = native.origin, native.namespace
@@ -397,12 +406,20 @@ def _verify_native(native: NativePlan, where: str, new_ops: frozenset[str],
                 f"which {origin.distribution} declares (native=[{key!r}]).{stays}",
                 f"declare the keys its TORCH_LIBRARY_IMPL blocks fill, or rebuild it",
                 op=qualname, key=key)
-    declared = {q for q, _ in native.ops}
     own = f"{ns}::"
-    undeclared = sorted(op for op in new_ops if op.startswith(own) and op not in declared)
-    outside = sorted(op for op in new_ops if not op.startswith(own))
+    undeclared = sorted(op for op in all_ops if op.startswith(own) and op not in planned)
+    # torch's Python modules imported meanwhile (by the extension module) may register
+    # their own ops: what torch's files registered is torch's business
+    torch_root = torch_state.torch_dir()
+
+    def foreign(where: str | None) -> bool:
+        return where is None or not where.startswith(torch_root)
+
+    outside = sorted(op for op in new_ops if not op.startswith(own)
+                     and foreign(torch_state.definition_site(op)))
     touched = sorted(f"{op} ({key})" for op, key in new_pairs
-                     if not op.startswith(own) and op not in new_ops)
+                     if not op.startswith(own) and op not in new_ops
+                     and foreign(torch_state.kernel_registrations(op).get(key)))
     if undeclared or outside or touched:
         found = undeclared + outside + touched
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")

@@ -178,8 +178,12 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
                      sorted({o.dist: o for o in plan.excluded}.values(), key=lambda o: o.dist)],
         "skipped": skipped,
         "problems": [problem_dict(p) for p in plan.problems],
+        # native libraries (C++ TORCH_LIBRARY blocks): what loads each namespace's ops
+        "natives": [{**n.to_dict(), "distribution": distribution(n.origin)}
+                    for n in plan.natives],
     }
     if namespaces:
+        data["natives"] = [n for n in data["natives"] if n["namespace"] in namespaces]
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
         data["ops"] = [o for o in data["ops"] if o["name"].split("::")[0] in namespaces]
     for op in data["ops"]:

@@ -22,7 +22,8 @@ from .plan import TorchState
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
            "destroy_library", "library_alive", "device_keyset", "lookup_op",
            "Watch", "watch_registrations", "library_registrations", "torch_dir",
-           "torch_build", "load_native", "dispatcher_registrations", "normal_schema"]
+           "torch_build", "load_native", "dispatcher_registrations", "normal_schema",
+           "definition_site"]
 
 
 def registered_ops() -> list[str]:
@@ -267,3 +268,15 @@ def normal_schema(schema: str) -> str:
         return str(torch._C.parse_schema(schema))
     except RuntimeError:
         return " ".join(schema.split())
+
+
+def definition_site(op: str) -> str | None:
+    """Where ``op`` (``ns::name[.overload]``) was defined, ``file:line``; ``None`` if unknown."""
+    import torch
+
+    name, _, overload = op.partition(".")
+    try:
+        debug = torch._C._dispatch_find_schema_or_throw(name, overload).debug()
+    except RuntimeError:
+        return None
+    return debug[len("registered at "):] if debug.startswith("registered at ") else debug

@@ -189,3 +189,11 @@ print(json.dumps({
     "present": {op: op in ops for op in sys.argv[1:]},
 }))
 """
+
+
+@pytest.fixture(scope="session")
+def native_test_library() -> Path:
+    """A compiled ``TORCH_LIBRARY`` (tests/native_build.py), built once per torch; not loaded."""
+    from . import native_build
+
+    return native_build.build()

@@ -271,6 +271,13 @@ def _op_line(op: dict[str, Any]) -> str:
     return f"  {schema}  [{_dist(op['distribution'])}]{tags}"
 
 
+def _built_for(built: dict[str, Any]) -> str:
+    """``torch 2.13.0+cpu, CUDA 12.8``, or what a library built at load time is built for."""
+    if not built["torch"]:
+        return "the running torch (built at load)"
+    return f"torch {built['torch']}" + (f", CUDA {built['cuda']}" if built["cuda"] else "")
+
+
 def _print_list(data: dict[str, Any], t: Text) -> None:
     t.line("Backends")
     t.table([(b["name"], ",".join(b["keys"]), b["device_type"] or "-",
@@ -282,6 +289,11 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
     t.table([(n["name"], _dist(n["owner"]), ", ".join(map(_dist, n["fragments"])) or "-",
               "yes" if n["closed"] else "no") for n in data["namespaces"]],
             header=("NAME", "OWNER", "FRAGMENTS", "CLOSED"), empty="(none)")
+    if data.get("natives"):  # only where a native (C++) op package is installed
+        t.line("\nNative libraries")
+        t.table([(n["namespace"], n["module"] or n["path"], _built_for(n["built_for"]),
+                  _dist(n["distribution"])) for n in data["natives"]],
+                header=("NAMESPACE", "LOADS", "BUILT FOR", "DISTRIBUTION"))
     t.line("\nOps")
     if not data["ops"]:
         t.line("  (none)")

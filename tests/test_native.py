@@ -315,3 +315,21 @@ def test_example_exports_and_reloads_in_a_fresh_process(installed, tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[5.0, 5.0, 5.0, 5.0]"
+
+
+def test_cli_doc_native_list_example_is_true():
+    """docs/cli.md's `opregistry list -n extension_cpp` block: every line is in the real output."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    block = text.split("<!-- list-native-example -->\n```text\n", 1)[1].split("```", 1)[0]
+    command, *expected = block.splitlines()
+    assert command == "$ opregistry list -n extension_cpp"
+    done = subprocess.run([sys.executable, "-m", "opregistry", "list", "-n", "extension_cpp"],
+                          capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200", "OPREGISTRY_PLUGINS": ",".join(
+                              ["opregistry-cpu", "opregistry-meta", "opregistry-autograd",
+                               EXAMPLE])})
+    assert done.returncode == 0, done.stderr
+    lines = [line.rstrip() for line in done.stdout.splitlines()]
+    for line in expected:
+        if line != "...":
+            assert line.rstrip() in lines, f"{line!r} is not in:\n{done.stdout}"

@@ -761,8 +761,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Show the resolved registry: backends (distribution, version, device type, "
             "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
             "per dispatch key with their status (active, inactive with the package that would "
-            "activate it, unavailable, overridden, conflict) and the distribution they came "
-            "from. Does not import torch unless --live.")
+            "activate it, unavailable, overridden, conflict, native: C++) and the distribution "
+            "they came from. Does not import torch unless --live.")
     p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
     p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")
     p.add_argument("-s", "--status", action="append", choices=STATUSES,

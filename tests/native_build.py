@@ -1,13 +1,17 @@
-"""A tiny C++ library for the native-package tests, compiled once per torch and cached.
+"""Two tiny C++ libraries for the native-package tests, compiled once per torch and cached.
 
-``NS`` is its namespace: ``TORCH_LIBRARY(opregistry_native_test)`` defines
+``SOURCE``: ``TORCH_LIBRARY(opregistry_native_test)`` (``NS``) defines
 ``twice`` (declared by the tests) and ``hidden`` (never declared: the
-undeclared-op case), with CPU kernels.  It is built in a subprocess, so that
-building does not load it into the test process (``cpp_extension.load``
-loads what it builds); the tests load it, or prove it was never loaded.
-The build lands in ``$TMPDIR/opregistry-native-tests/torch-<version>`` and
-is reused by later sessions while the source is unchanged (~15 s of g++ on
-one core the first time, well under a second after).
+undeclared-op case), with CPU kernels.  ``RIVAL``: a second
+``TORCH_LIBRARY(extension_cpp)``, the example package's namespace -- loaded
+beside the example, torch would refuse it ("Only a single TORCH_LIBRARY can
+be used to register the namespace"); the tests prove it never is.
+
+Each is built in a subprocess, so that building does not load it into the
+test process (``cpp_extension.load`` loads what it builds); both build at
+once.  The builds land in ``$TMPDIR/opregistry-native-tests/torch-<version>``
+and are reused by later sessions while the sources are unchanged (~15 s of
+g++ per library the first time, well under a second after).
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ TORCH_LIBRARY_IMPL(opregistry_native_test, CPU, m) {
 }
 """
 
+RIVAL = r"""
+#include <torch/library.h>
+
+TORCH_LIBRARY(extension_cpp, m) {
+  m.def("mymuladd(Tensor a, Tensor b, float c) -> Tensor");
+}
+"""
+
 _BUILD = """
 import sys
 from torch.utils import cpp_extension
@@ -47,20 +59,30 @@ cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.
 """
 
 
-def build() -> Path:
-    """The path of the compiled library (built now if the cache lacks it)."""
+def _paths(source: str, stem: str) -> tuple[str, Path, Path]:
     import torch
 
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
     root = Path(tempfile.gettempdir()) / "opregistry-native-tests" / f"torch-{torch.__version__}"
     root.mkdir(parents=True, exist_ok=True)
-    name = f"native_test_{digest}"
-    library = root / f"{name}.so"
-    if library.exists():
-        return library
-    source = root / f"{name}.cpp"
-    source.write_text(SOURCE)
+    name = f"{stem}_{digest}"
+    return name, root, root / f"{name}.so"
+
+
+def build() -> dict[str, Path]:
+    """``{"test": path, "rival": path}`` of the compiled libraries (built now if not cached)."""
+    wanted = {"test": _paths(SOURCE, "native_test"), "rival": _paths(RIVAL, "native_rival")}
     env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}
-    subprocess.run([sys.executable, "-c", _BUILD, name, str(source), str(root)], check=True,
-                   env=env, capture_output=True, text=True, timeout=600)
-    return library
+    running = []
+    for key, (name, root, library) in wanted.items():
+        if library.exists():
+            continue
+        source = root / f"{name}.cpp"
+        source.write_text(SOURCE if key == "test" else RIVAL)
+        running.append(subprocess.Popen([sys.executable, "-c", _BUILD, name, str(source),
+                                         str(root)], env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True))
+    for proc in running:
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"building a test library failed:\n{output[-3000:]}"
+    return {key: library for key, (_, _, library) in wanted.items()}

@@ -17,12 +17,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-import opregistry
 from opregistry import DeclarationError, NativeLibrary, OpLibrary
 
 from .conftest import BACKENDS, DistFactory, load, plan
@@ -43,7 +43,7 @@ def native_dist(dists: DistFactory, name: str, library: str, body: str, *,
     ``library`` is Python source (``"NativeLibrary(path=...)"``, or ``"None"``);
     ``KMOD`` in ``body`` names its kernel module (``fake``, ``vmap``).
     """
-    module = f"{name.replace('-', '_')}_native_{abs(hash((body, library))) % 10**8}"
+    module = f"{name.replace('-', '_')}_native_{uuid.uuid4().hex[:8]}"
     source = (f"from opregistry import OpLibrary, NativeLibrary\n"
               f"lib = OpLibrary({namespace!r}, {kind!r}, native={library})\n" + body)
     kernels = ("import torch\ndef fake(x):\n    return torch.empty_like(x)\n"
@@ -125,43 +125,57 @@ def test_list_shows_native_ops_without_torch_or_the_library():
 # -- resolved before loading ------------------------------------------------------------
 
 
-def test_two_distributions_claiming_one_native_namespace_never_reach_the_loader(
-        dists, native_test_library, tmp_path):
-    """A second library claiming ``extension_cpp``: both left out, neither library loaded.
+_CLAIM_PROBE = textwrap.dedent("""
+    import json, sys
+    import opregistry
+    registry = opregistry.load()
+    import torch
+    ops = torch._C._dispatch_get_all_op_names()
+    print(json.dumps({
+        "codes": [[p.code, sorted(o.distribution for o in p.culprits)]
+                  for p in registry.errors],
+        "rival_mapped": sys.argv[1] in open("/proc/self/maps").read(),
+        "ops": sorted(o for o in ops if o.startswith("extension_cpp::")),
+        "example_imported": "extension_cpp._load" in sys.modules,
+    }))
+""")
 
-    In a fresh process (this one has extension_cpp loaded already): the
-    rival's library is never mapped, and torch never sees its namespace,
-    nor extension_cpp's (the rule for two DEFs: neither loads).
-    """
-    rival = native_dist(dists, "rival-cpp", f"NativeLibrary(path={str(native_test_library)!r})",
-                        "lib.define('mymuladd(Tensor a, Tensor b, float c) -> Tensor', "
-                        "native=['CPU'])\n", namespace="extension_cpp")
-    code = textwrap.dedent("""
-        import json, sys
-        import opregistry
-        registry = opregistry.load()
-        import torch
-        ops = torch._C._dispatch_get_all_op_names()
-        print(json.dumps({
-            "codes": [[p.code, sorted(o.distribution for o in p.culprits)]
-                      for p in registry.errors],
-            "mapped": sys.argv[1] in open("/proc/self/maps").read(),
-            "namespaces": sorted({o.split("::")[0] for o in ops}
-                                 & {"extension_cpp", sys.argv[2]}),
-            "imported": "extension_cpp._load" in sys.modules,
-        }))
-    """)
-    env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0",
-           "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, EXAMPLE, rival]),
-           "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path])}
-    done = subprocess.run([sys.executable, "-c", code, str(native_test_library), NS],
-                          capture_output=True, text=True, env=env)
+
+def _claim(dists: DistFactory, rival: str, library: Path, **env: str) -> dict:
+    """Load the example and ``rival`` in a fresh process (this one has extension_cpp loaded)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CLAIM_PROBE, str(library)], capture_output=True, text=True,
+        env={**os.environ, "OPREGISTRY_AUTOLOAD": "0",
+             "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, EXAMPLE, rival]),
+             "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path]), **env})
     assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert ["namespace-conflict", sorted([EXAMPLE, rival])] in out["codes"]
-    assert out["mapped"] is False
-    assert out["namespaces"] == []
-    assert out["imported"] is False
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_two_distributions_claiming_one_native_namespace_never_reach_the_loader(
+        dists, native_rival_library):
+    """A second TORCH_LIBRARY(extension_cpp), packaged by another distribution.
+
+    Loaded beside the example, torch would refuse it at load ("Only a single
+    TORCH_LIBRARY can be used to register the namespace extension_cpp").  The
+    resolver sees the two DEFs first: both distributions are named and left
+    out, and neither library is loaded -- the rival's is never mapped, torch
+    never sees an extension_cpp op.  Blocking one lets the other load.
+    """
+    rival = native_dist(dists, "rival-cpp", f"NativeLibrary(path={str(native_rival_library)!r})",
+                        "lib.define('mymuladd(Tensor a, Tensor b, float c) -> Tensor', "
+                        "native=[])\n", namespace="extension_cpp")
+    both = _claim(dists, rival, native_rival_library)
+    assert ["namespace-conflict", sorted([EXAMPLE, rival])] in both["codes"]
+    assert both["rival_mapped"] is False
+    assert both["ops"] == []
+    assert both["example_imported"] is False
+    # the documented way out: block one of them; the other loads, and the rival is never mapped
+    example_only = _claim(dists, rival, native_rival_library, OPREGISTRY_BLOCK=rival)
+    assert example_only["codes"] == []
+    assert example_only["rival_mapped"] is False
+    assert example_only["ops"] == ["extension_cpp::myadd_out", "extension_cpp::mymul",
+                                   "extension_cpp::mymuladd"]
 
 
 def test_native_torch_mismatch_is_refused_before_load(dists, native_test_library, tmp_path):

@@ -66,6 +66,8 @@ def _paths(source: str, stem: str) -> tuple[str, Path, Path]:
     root = Path(tempfile.gettempdir()) / "opregistry-native-tests" / f"torch-{torch.__version__}"
     root.mkdir(parents=True, exist_ok=True)
     name = f"{stem}_{digest}"
+    root = root / name  # a directory each: cpp_extension writes build.ninja and a lock there
+    root.mkdir(exist_ok=True)
     return name, root, root / f"{name}.so"
 
 

@@ -347,3 +347,22 @@ def test_cli_doc_native_list_example_is_true():
     for line in expected:
         if line != "...":
             assert line.rstrip() in lines, f"{line!r} is not in:\n{done.stdout}"
+
+
+def test_import_torch_goes_on_past_a_library_built_for_another_torch(dists, native_test_library,
+                                                                     tmp_path):
+    """The autoload at ``import torch`` refuses the library, logs why, and torch imports."""
+    copy = tmp_path / "built_for_2_9.so"
+    shutil.copy(native_test_library, copy)
+    d = native_dist(dists, "oldbuild", f"NativeLibrary(path={str(copy)!r}, torch='2.9.1+cu128', "
+                                       f"cuda='12.8')", TWICE + HIDDEN)
+    code = ("import sys, torch, opregistry\n"
+            "r = opregistry.get_registry()\n"
+            "print([p.code for p in r.errors], sys.argv[1] in open('/proc/self/maps').read(),\n"
+            "      hasattr(torch.ops.opregistry_native_test, 'twice'))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True,
+                          env={**os.environ, "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, d]),
+                               "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['native-torch-mismatch'] False False"
+    assert "built for torch 2.9.1+cu128" in done.stderr + done.stdout

@@ -43,6 +43,8 @@ DISTRIBUTIONS = {
     "nnkit": "examples/nnkit",
     "nnkit-contrib": "examples/nnkit-contrib",
     "int8kit": "examples/int8kit",
+    # built with --no-build-isolation, so its C++ library is compiled now (~15 s of g++)
+    "extension-cpp": "examples/extension_cpp",
 }
 #: the torch versions opregistry is tested with; every distribution declares exactly this
 TORCH_RANGE = SpecifierSet(">=2.8,<2.16")

@@ -191,7 +191,8 @@ class NativeLibrary:
         """A library whose build recorded what it was built for in the JSON file ``info``.
 
         ``{"torch": "2.13.0+cpu", "cxx11_abi": true, "cuda": null}``, written at
-        build time (:func:`opregistry.native_build_info` makes the dict).  A
+        build time from ``torch.__version__``, ``torch._C._GLIBCXX_USE_CXX11_ABI``
+        and ``torch.version.cuda`` (``examples/extension_cpp/setup.py``).  A
         missing file records nothing: the library is then one built at load time.
         """
         import json

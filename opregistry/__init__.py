@@ -24,7 +24,8 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
-from .model import Backend, Candidate, Condition, Kernel, Namespace, OpDef, Origin, Problem
+from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary, OpDef, Origin,
+                    Problem)
 from .selection import KernelCounts, kernel_counts
 from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
@@ -42,6 +43,7 @@ __all__ = [
     "OpDef",
     "OpHandle",
     "OpLibrary",
+    "NativeLibrary",
     "OpRegistryError",
     "Origin",
     "PluginLoadError",

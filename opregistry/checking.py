@@ -91,7 +91,7 @@ def devices_for(op: OpPlan, available_devices: Iterable[str]) -> list[str]:
         if k.status == "active" and k.kernel.key in _keys.COMPOSITE_KEYS:
             devices.extend(available)  # a kernel for every device: check it on each
         device = _keys.DEVICE_KEYS.get(k.kernel.key)
-        if k.status == "active" and device in available:
+        if k.status in ("active", "native") and device in available:
             devices.append(device)
     return sorted(set(devices), key=lambda d: (d != "cpu", d))
 

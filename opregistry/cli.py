@@ -274,6 +274,11 @@ def _op_line(op: dict[str, Any]) -> str:
 def _backend_keys(keys: list[str]) -> str:
     """A backend's keys in a table cell: ``AutocastCPU,...(7 keys)`` for many (``--json`` has all)."""
     return ",".join(keys) if len(keys) <= 3 else f"{keys[0]},...({len(keys)} keys)"
+def _built_for(built: dict[str, Any]) -> str:
+    """``torch 2.13.0+cpu, CUDA 12.8``, or what a library built at load time is built for."""
+    if not built["torch"]:
+        return "the running torch (built at load)"
+    return f"torch {built['torch']}" + (f", CUDA {built['cuda']}" if built["cuda"] else "")
 
 
 def _print_list(data: dict[str, Any], t: Text) -> None:
@@ -287,6 +292,11 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
     t.table([(n["name"], _dist(n["owner"]), ", ".join(map(_dist, n["fragments"])) or "-",
               "yes" if n["closed"] else "no") for n in data["namespaces"]],
             header=("NAME", "OWNER", "FRAGMENTS", "CLOSED"), empty="(none)")
+    if data.get("natives"):  # only where a native (C++) op package is installed
+        t.line("\nNative libraries")
+        t.table([(n["namespace"], n["module"] or n["path"], _built_for(n["built_for"]),
+                  _dist(n["distribution"])) for n in data["natives"]],
+                header=("NAMESPACE", "LOADS", "BUILT FOR", "DISTRIBUTION"))
     t.line("\nOps")
     if not data["ops"]:
         t.line("  (none)")
@@ -757,9 +767,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Show the resolved registry: backends (distribution, version, device type, "
             "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
             "per dispatch key with their status (active, inactive with the package that would "
-            "activate it, unavailable, overridden, conflict; for kernel candidates unmet, "
-            "unreached, and disabled by a kernel switch) and the distribution they came "
-            "from. Does not import torch unless --live.")
+            "activate it, unavailable, overridden, conflict, native: C++; for kernel "
+            "candidates unmet, unreached, and disabled by a kernel switch) and the "
+            "distribution they came from. Does not import torch unless --live.")
     p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
     p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")
     p.add_argument("-s", "--status", action="append", choices=STATUSES,

@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar,
 from .errors import DeclarationError
 from .hookspecs import hookimpl
 from . import keys as _keys
-from .model import (Candidate, Kernel, KernelRef, Namespace, OpDef, autocast_dtype, describe_ref,
-                    source_of)
+from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, autocast_dtype,
+                    describe_ref, source_of)
 
 __all__ = ["OpLibrary", "OpHandle"]
 
@@ -211,6 +211,12 @@ class OpLibrary:
         to a namespace another distribution owns, ``"IMPL"`` to only add
         kernels to ops defined elsewhere.
     :param closed: for a ``DEF``, refuse fragments from other distributions.
+    :param native: the compiled library whose ``TORCH_LIBRARY`` (or
+        ``TORCH_LIBRARY_FRAGMENT``) block defines the ops this library
+        declares: opregistry loads it, instead of defining them from Python,
+        once the resolver has admitted the namespace, and checks it registered
+        what :meth:`define` declared (``native=`` there names the keys its
+        ``TORCH_LIBRARY_IMPL`` blocks fill).
     """
 
     def __init__(
@@ -220,16 +226,27 @@ class OpLibrary:
         *,
         closed: bool = False,
         description: str = "",
+        native: NativeLibrary | None = None,
     ) -> None:
         if kind not in ("DEF", "FRAGMENT", "IMPL"):
             raise DeclarationError(f"OpLibrary kind must be DEF, FRAGMENT or IMPL, not {kind!r}")
+        if native is not None and kind == "IMPL":
+            raise DeclarationError(
+                f"OpLibrary({namespace!r}, 'IMPL', native=...): a native library is declared "
+                f"on the namespace its TORCH_LIBRARY or TORCH_LIBRARY_FRAGMENT defines (DEF or "
+                f"FRAGMENT); native kernels for other distributions' ops are not supported")
+        if native is not None and type(native) is not NativeLibrary:
+            raise DeclarationError(
+                f"OpLibrary({namespace!r}, native=...) takes a NativeLibrary, "
+                f"not {type(native).__name__}")
         self.namespace = namespace
         self.kind = kind
+        self.native = native
         self._namespace = (
             None
             if kind == "IMPL"
             else Namespace(name=namespace, kind=kind, closed=closed, description=description,
-                           source=_source(1))
+                           source=_source(1), native=native)
         )
         self._ops: dict[str, OpDef] = {}
         self._kernels: list[Kernel] = []
@@ -253,6 +270,7 @@ class OpLibrary:
         tags: Iterable[str] = (),
         samples: KernelRef | None = None,
         doc: str = "",
+        native: Iterable[str] = (),
     ) -> OpHandle:
         """Declare an op from a schema string, as ``Library.define`` does.
 
@@ -272,7 +290,15 @@ class OpLibrary:
         :param mutates_args: if given, must agree with the ``(a!)`` annotations.
         :param tags: ``torch.Tag`` names, e.g. ``"pt2_compliant_tag"``.
         :param samples: function returning sample inputs for ``opcheck``.
+        :param native: in a library with a native library, the dispatch keys its
+            ``TORCH_LIBRARY_IMPL`` blocks fill for this op (``("CPU",)``); the
+            schema is then the one its ``TORCH_LIBRARY`` block defines.
         """
+        native_keys = tuple(native)
+        if native_keys and self.native is None:
+            raise DeclarationError(
+                f"{self.namespace}: define(..., native={native_keys!r}) names C++ kernels, but "
+                f"OpLibrary({self.namespace!r}) declares no native library (native=NativeLibrary(...))")
         if self.kind == "IMPL":
             raise DeclarationError(
                 f"OpLibrary({self.namespace!r}, 'IMPL') only adds kernels; "
@@ -313,6 +339,9 @@ class OpLibrary:
             self._add_autocast(qualname, device, dtype, _source(1))
         for cls, rule in (torch_dispatch or {}).items():
             self._add_torch_dispatch(qualname, cls, rule, _source(1))
+        for key in native_keys:
+            self._add_kernel(qualname, key, self.native.target,  # type: ignore[union-attr]
+                             native=True, source=_source(1))
         if fake is not None:
             self._add_kernel(qualname, "Meta", fake, source=_source(1))
         if autograd is not None:

@@ -16,8 +16,9 @@ policy names the op or namespace.  Which registrations are unplanned:
 
 Registrations torch makes while importing its own modules (a plugin that
 imports ``torch._inductor``) are torch's business and left alone.  C++
-registrations (``torch.ops.load_library``) are not seen: docs/reliability.md
-says so.
+registrations (``torch.ops.load_library``) are not seen here; for a native
+library an op package declares, the materializer compares the dispatcher
+before and after loading it (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ __all__ = [
     "TAG_SINCE",
     "TorchFacts",
     "installed_torch",
+    "installed_torch_build",
     "tags_of",
     "tag_since",
     "canonical_key",
@@ -307,6 +308,28 @@ def installed_torch() -> TorchFacts | None:
     except OSError:
         return None
     return _facts(torch_dir, stamp)
+
+
+def installed_torch_build() -> tuple[str, str | None] | None:
+    """The installed torch's full version (``"2.13.0+cpu"``) and CUDA version, from its files.
+
+    Read from ``torch/version.py`` without importing torch (what a native
+    library's recorded build is compared with before it is loaded); ``None``
+    without torch.
+    """
+    torch_dir = _torch_dir()
+    if torch_dir is None:
+        return None
+    try:
+        with open(os.path.join(torch_dir, "version.py"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
+    cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)", text, re.M)
+    if version is None:
+        return None
+    return version.group(1), (cuda.group(1) if cuda else None)
 
 
 #: Namespaces torch owns, in any release of the supported range; no distribution

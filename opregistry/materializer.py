@@ -19,17 +19,17 @@ import sys
 from collections import defaultdict
 from typing import Any, Callable, Iterator
 
+import attrs
 from attrs import define, field
 
 from . import guard
 from .config import Policy
 from .containment import describe, must_propagate
 from .errors import MaterializationError
-from .keys import AUTOCAST_KEYS
 from .logs import get_logger
+from .keys import AUTOCAST_KEYS, COMPOSITE_KEYS, DEVICE_KEYS
 from .model import Origin, Problem, describe_ref, resolve_ref
-from .keys import COMPOSITE_KEYS, DEVICE_KEYS
-from .plan import OpPlan, Plan
+from .plan import NativePlan, OpPlan, Plan
 from .selection import Step, chain, counted, counting_forced, observer, print_counts_at_exit
 from .torch_state import destroy_library, device_keyset, lookup_op
 
@@ -240,12 +240,17 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                  policy: Policy, count: bool = False) -> Materialized:
     owned: dict[str, dict[str, str]] = defaultdict(dict)
     origins: dict[str, Origin] = {}
+    # a namespace a native library defines: its TORCH_LIBRARY block is the DEF (or
+    # FRAGMENT); Python adds kernels to it through an IMPL Library
+    native = {(n.namespace, n.origin.distribution) for n in plan.natives}
     for ns in plan.namespaces:
         if ns.owner is not None:
-            owned[ns.owner.distribution][ns.name] = "DEF"
+            if (ns.name, ns.owner.distribution) not in native:
+                owned[ns.owner.distribution][ns.name] = "DEF"
             origins[ns.owner.distribution] = ns.owner
         for frag in ns.fragments:
-            owned[frag.distribution].setdefault(ns.name, "FRAGMENT")
+            if (ns.name, frag.distribution) not in native:
+                owned[frag.distribution].setdefault(ns.name, "FRAGMENT")
             origins[frag.distribution] = frag
     kernels_by_dist: dict[str, list[tuple[OpPlan | None, Any]]] = defaultdict(list)
     #: (op, key) -> its active candidates in order, when they need a chain (see below)
@@ -271,12 +276,21 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
     result = Materialized()
     failed: dict[str, Problem] = {}
 
-    # definitions first, so that kernels of any distribution find their op
+    # native libraries first: their TORCH_LIBRARY blocks define ops others add to
+    planned = frozenset(op.op.qualname for op in plan.ops)
+    for native_plan in plan.natives:
+        dist = native_plan.origin.distribution
+        if dist not in failed:
+            problem = _load_native(native_plan, watched, policy, result.problems, planned)
+            if problem is not None:
+                failed[dist] = problem
+
+    # definitions next, so that kernels of any distribution find their op
     for op in plan.ops:
         origin = op.op.origin
         assert origin is not None
         dist = origin.distribution
-        if dist in failed:
+        if dist in failed or (op.op.namespace, dist) in native:
             continue
         try:
             _define(libs[dist].get(op.op.namespace), op)
@@ -405,3 +419,115 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                   if op.op.origin and op.op.origin.distribution not in failed]
     _defined.update(result.ops)
     return result
+
+
+def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
+                 warnings: list[Problem], planned: frozenset[str]) -> Problem | None:
+    """Load ``native``'s library, contained, and check it registered what was declared.
+
+    A library cannot be unloaded: one that loads but does not match its
+    declaration stays in the process; its distribution is left out (none of
+    its Python pieces is registered) and the problem says so.
+    """
+    from . import torch_state
+    origin, library = native.origin, native.library
+    where = f"the native library {library.target} of namespace {native.namespace!r}"
+    version, abi, cuda = torch_state.torch_build()
+    mismatch = library.mismatch(version, cuda, abi)
+    if mismatch is not None:  # the C++11 ABI, which only a running torch tells
+        return _native_problem(
+            "native-torch-mismatch", origin, native,
+            f"{origin}: {where} was built for {library.built_for()}; the running torch is "
+            f"{version} ({mismatch}): it is not loaded",
+            f"install the build of {origin.distribution} made for this torch, or rebuild it")
+    ops_before, pairs_before = torch_state.dispatcher_registrations()
+    outcome = guard.run(torch_state.load_native, library.module, library.path, origin=origin,
+                        what=f"loading {library.target}", protected=watched, policy=policy,
+                        owns=guard.owned_by(library.module) if library.module else None)
+    warnings.extend(p for p in outcome.problems if p.severity != "error")
+    if outcome.error is not None:
+        problem = _failure(origin, f"loading {where}", outcome.error, None, None, None)
+        return attrs.evolve(problem, code="native-load-failed", namespace=native.namespace,
+                            hint=f"rebuild or reinstall {origin.distribution} for this torch, or "
+                                 f"block it (OPREGISTRY_BLOCK={origin.distribution})")
+    errors = [p for p in outcome.problems if p.severity == "error"]
+    if errors:
+        return errors[0]
+    ops_after, pairs_after = torch_state.dispatcher_registrations()
+    return _verify_native(native, where, ops_after, ops_after - ops_before,
+                          pairs_after - pairs_before, planned)
+
+
+def _native_problem(code: str, origin: Origin, native: NativePlan, message: str, hint: str,
+                    op: str | None = None, key: str | None = None) -> Problem:
+    error = MaterializationError(message, origin=origin, op=op, key=key)
+    return Problem(code=code, message=message, hint=hint, culprits=(origin,), op=op, key=key,
+                   namespace=native.namespace, error=error)
+
+
+def _verify_native(native: NativePlan, where: str, all_ops: frozenset[str],
+                   new_ops: frozenset[str], new_pairs: frozenset[tuple[str, str]],
+                   planned: frozenset[str]) -> Problem | None:
+    """Compare what the library registered with its declaration; the first difference.
+
+    Every op of its namespace must be declared (by it, or by another planned
+    distribution): checked on the dispatcher's whole namespace, so that a
+    library loaded before (by an earlier registry, or an import) is checked
+    too.  Outside its namespace only what appeared during this load is seen.
+    """
+    from . import torch_state
+
+    origin, ns = native.origin, native.namespace
+    stays = (" The library stays loaded (a shared library cannot be unloaded); "
+             f"{origin.distribution} is left out.")
+    for qualname, declared in native.ops:
+        found = torch_state.op_schema(qualname)
+        if found is None:
+            return _native_problem(
+                "native-mismatch", origin, native,
+                f"{origin}: {where} was loaded but does not define {qualname}, which "
+                f"{origin.distribution} declares.{stays}",
+                f"declare what its TORCH_LIBRARY block defines, or rebuild it", op=qualname)
+        if torch_state.normal_schema(found) != torch_state.normal_schema(declared):
+            return _native_problem(
+                "native-mismatch", origin, native,
+                f"{origin}: {where} defines {found}, but {origin.distribution} declares "
+                f"{declared}.{stays}",
+                "make the declared schema (define(...)) the one in its TORCH_LIBRARY block",
+                op=qualname)
+    for qualname, key in native.keys:
+        if key not in torch_state.kernel_registrations(qualname):
+            return _native_problem(
+                "native-mismatch", origin, native,
+                f"{origin}: {where} was loaded but registers no {key} kernel for {qualname}, "
+                f"which {origin.distribution} declares (native=[{key!r}]).{stays}",
+                f"declare the keys its TORCH_LIBRARY_IMPL blocks fill, or rebuild it",
+                op=qualname, key=key)
+    own = f"{ns}::"
+    undeclared = sorted(op for op in all_ops if op.startswith(own) and op not in planned)
+    # torch's Python modules imported meanwhile (by the extension module) may register
+    # their own ops: what torch's files registered is torch's business
+    torch_root = torch_state.torch_dir()
+
+    def foreign(where: str | None) -> bool:
+        return where is None or not where.startswith(torch_root)
+
+    outside = sorted(op for op in new_ops if not op.startswith(own)
+                     and foreign(torch_state.definition_site(op)))
+    touched = sorted(f"{op} ({key})" for op, key in new_pairs
+                     if not op.startswith(own) and op not in new_ops
+                     and foreign(torch_state.kernel_registrations(op).get(key)))
+    if undeclared or outside or touched:
+        found = undeclared + outside + touched
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        return _native_problem(
+            "native-undeclared-registration", origin, native,
+            f"{origin}: {where} registered {shown} with torch, which {origin.distribution} "
+            f"does not declare{' (kernels for ops it does not own)' if touched else ''}."
+            f"{stays}",
+            f"declare every op of its TORCH_LIBRARY block (define(..., native=[...])); a "
+            f"library that replaces kernels of other namespaces' ops is not trusted: block it "
+            f"(OPREGISTRY_BLOCK={origin.distribution}) or uninstall it",
+            op=found[0].partition(" ")[0])
+    return None
+

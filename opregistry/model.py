@@ -27,6 +27,7 @@ from .errors import DeclarationError
 __all__ = [
     "Origin",
     "Namespace",
+    "NativeLibrary",
     "OpDef",
     "Kernel",
     "Candidate",
@@ -88,6 +89,8 @@ def is_identifier(name: str) -> bool:
 def _check_ref(instance: object, attribute: attrs.Attribute, value: object) -> None:
     if value is None:
         return
+    if getattr(instance, "native", False) and isinstance(value, str):
+        return  # a native kernel's "fn" names its library (a module or a path)
     if isinstance(value, str):
         if not _REF.match(value):
             raise DeclarationError(
@@ -158,6 +161,97 @@ class Origin:
         return f"{self.dist} (entry point '{self.entry_point} = {self.value}' in {self.group})"
 
 
+def _check_native_target(instance: "NativeLibrary", attribute: attrs.Attribute,
+                         value: object) -> None:
+    if (instance.module is None) == (instance.path is None):
+        raise DeclarationError(
+            "NativeLibrary needs exactly one of module= (an extension module to import, "
+            "'package.module') and path= (a shared library for torch.ops.load_library)")
+    if instance.module is not None and not re.match(
+            r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z", instance.module):
+        raise DeclarationError(
+            f"NativeLibrary(module={instance.module!r}) is not a module name "
+            f"('package.module')")
+
+
+@frozen(kw_only=True)
+class NativeLibrary:
+    """A compiled library (``TORCH_LIBRARY``/``TORCH_LIBRARY_IMPL`` blocks) and how to load it.
+
+    Exactly one of ``module`` (an extension module, imported: its import loads
+    the library) and ``path`` (a shared library, loaded with
+    ``torch.ops.load_library``).  ``torch``, ``cxx11_abi`` and ``cuda``
+    record what it was built for (``torch.__version__``,
+    ``torch._C._GLIBCXX_USE_CXX11_ABI``, ``torch.version.cuda``); ``None``
+    means not recorded (a library built at load time, for the running torch).
+    Declared on the namespace (``OpLibrary(ns, native=...)``): nothing here
+    is loaded until the resolver has admitted the namespace.
+    """
+
+    module: str | None = field(default=None, validator=_check_native_target)
+    path: str | None = None
+    torch: str | None = None
+    cxx11_abi: bool | None = None
+    cuda: str | None = None
+
+    @classmethod
+    def from_build_info(cls, info: str, *, module: str | None = None,
+                        path: str | None = None) -> "NativeLibrary":
+        """A library whose build recorded what it was built for in the JSON file ``info``.
+
+        ``{"torch": "2.13.0+cpu", "cxx11_abi": true, "cuda": null}``, written at
+        build time from ``torch.__version__``, ``torch._C._GLIBCXX_USE_CXX11_ABI``
+        and ``torch.version.cuda`` (``examples/extension_cpp/setup.py``).  A
+        missing file records nothing: the library is then one built at load time.
+        """
+        import json
+
+        try:
+            with open(info, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            data = {}
+        except (OSError, ValueError) as exc:
+            raise DeclarationError(f"NativeLibrary: cannot read build info {info}: {exc}") from exc
+        return cls(module=module, path=path, torch=data.get("torch"),
+                   cxx11_abi=data.get("cxx11_abi"), cuda=data.get("cuda"))
+
+    def mismatch(self, version: str, cuda: str | None, cxx11_abi: bool | None = None) -> str | None:
+        """What differs between the recorded build and a torch, or ``None``.
+
+        Nothing recorded (``None``) is never a mismatch: a library built at
+        load time is built for the running torch.  The release must match
+        exactly (``2.13.0``: libtorch has no stable C++ ABI), as must the CUDA
+        version of a library built with CUDA, and the C++11 ABI flag.
+        """
+        def release(v: str) -> str:
+            return v.partition("+")[0]
+
+        differences = []
+        if self.torch is not None and release(self.torch) != release(version):
+            differences.append(f"torch {release(self.torch)} is not torch {release(version)}")
+        if self.cuda is not None and self.cuda != cuda:
+            differences.append(f"CUDA {self.cuda} is not " + (f"CUDA {cuda}" if cuda else "a "
+                                                                  "torch without CUDA"))
+        if self.cxx11_abi is not None and cxx11_abi is not None and self.cxx11_abi != cxx11_abi:
+            differences.append(f"_GLIBCXX_USE_CXX11_ABI={int(self.cxx11_abi)} is not "
+                               f"{int(cxx11_abi)}")
+        return "; ".join(differences) or None
+
+    @property
+    def target(self) -> str:
+        """What is loaded, as listings show it: the module name or the path."""
+        return self.module if self.module is not None else str(self.path)
+
+    def built_for(self) -> str:
+        """``torch 2.13.0+cpu, C++11 ABI, CUDA 12.8`` (what was recorded)."""
+        parts = [f"torch {self.torch}" if self.torch else "torch ?"]
+        if self.cxx11_abi is not None:
+            parts.append("C++11 ABI" if self.cxx11_abi else "pre-C++11 ABI")
+        parts.append(f"CUDA {self.cuda}" if self.cuda else "no CUDA")
+        return ", ".join(parts)
+
+
 @frozen(kw_only=True)
 class Namespace:
     """A namespace a distribution defines (``DEF``) or adds ops to (``FRAGMENT``).
@@ -172,6 +266,9 @@ class Namespace:
     #: ``file:line`` of the declaration (the ``OpLibrary(...)`` call)
     source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
+    #: the compiled library whose ``TORCH_LIBRARY`` defines this namespace's
+    #: declared ops (``None``: opregistry defines them from Python)
+    native: NativeLibrary | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.closed and self.kind != "DEF":
@@ -399,6 +496,9 @@ class Kernel:
     priority: int = 0
     source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
+    #: a C++ kernel (``TORCH_LIBRARY_IMPL``) of the distribution's native library:
+    #: registered by loading the library, never by a backend; ``fn`` names the library
+    native: bool = False
 
     @property
     def conditional(self) -> bool:

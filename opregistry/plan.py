@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal
 from attrs import field, frozen
 
 from .keys import KNOWN_TAGS
-from .model import Backend, Kernel, OpDef, Origin, Problem, Skipped, describe_ref
+from .model import Backend, Kernel, NativeLibrary, OpDef, Origin, Problem, Skipped, describe_ref
 from .schema import Schema
 
 __all__ = [
@@ -25,17 +25,19 @@ __all__ = [
     "RefusedKernel",
     "OpPlan",
     "NamespacePlan",
+    "NativePlan",
     "BackendPlan",
     "Plan",
 ]
 
 #: ``conflict`` is never planned: it marks, in listings, a kernel the resolver
-#: refused (see :meth:`Plan.refused_kernels`)
+#: refused (see :meth:`Plan.refused_kernels`); ``native`` is a C++ kernel, registered by
+#: loading its distribution's native library;
 #: ``unmet`` and ``unreached`` are candidates (several kernels for one key) that do
 #: not serve: a load-time condition fails, or an earlier candidate takes every call
 #: ``disabled``: turned off by a kernel switch (``OPREGISTRY_KERNELS``)
 KernelStatus = Literal["active", "inactive", "unavailable", "overridden", "conflict", "unmet",
-                       "unreached", "disabled"]
+                       "unreached", "disabled", "native"]
 
 
 @frozen(kw_only=True)
@@ -164,6 +166,32 @@ class NamespacePlan:
 
 
 @frozen(kw_only=True)
+class NativePlan:
+    """A native library the materializer loads, and what it must register.
+
+    ``ops`` are the schemas its ``TORCH_LIBRARY`` block must define (as
+    ``ns::name[.overload]`` -> full schema), ``keys`` the (op, key) pairs its
+    ``TORCH_LIBRARY_IMPL`` blocks must fill.
+    """
+
+    namespace: str
+    kind: str
+    library: NativeLibrary
+    origin: Origin
+    ops: tuple[tuple[str, str], ...] = ()
+    keys: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        lib = self.library
+        return {"namespace": self.namespace, "kind": self.kind, "module": lib.module,
+                "path": lib.path, "built_for": {"torch": lib.torch, "cxx11_abi": lib.cxx11_abi,
+                                                "cuda": lib.cuda},
+                "distribution": self.origin.dist,
+                "ops": [name for name, _ in self.ops],
+                "keys": [f"{op}/{key}" for op, key in self.keys]}
+
+
+@frozen(kw_only=True)
 class BackendPlan:
     backend: Backend
     available: bool
@@ -198,6 +226,8 @@ class Plan:
     hooks: dict[Origin, tuple[str, ...]] = field(factory=dict, eq=False, repr=False)
     #: the kernel switches in effect, ``("-nnkit::rms_norm:CUDA", "OPREGISTRY_KERNELS")``, in order
     switches: tuple[tuple[str, str], ...] = ()
+    #: native libraries to load (C++ ``TORCH_LIBRARY`` blocks), by namespace
+    natives: tuple[NativePlan, ...] = ()
 
     @property
     def errors(self) -> tuple[Problem, ...]:
@@ -234,4 +264,6 @@ class Plan:
             "skipped": [s.to_dict() for s in self.skipped],
             "problems": [p.to_dict() for p in self.problems],
             "switches": [{"switch": text, "source": source} for text, source in self.switches],
+            # only when there are some: plans without native libraries keep their shape
+            **({"natives": [n.to_dict() for n in self.natives]} if self.natives else {}),
         }

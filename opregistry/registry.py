@@ -289,7 +289,8 @@ def _part(plan: Plan, distributions: set[str]) -> Plan:
         ops=tuple(op for op in plan.ops
                   if op.op.origin is not None and op.op.origin.distribution in distributions),
         external_kernels=tuple(k for k in plan.external_kernels if k.kernel.origin is not None
-                               and k.kernel.origin.distribution in distributions))
+                               and k.kernel.origin.distribution in distributions),
+        natives=tuple(n for n in plan.natives if n.origin.distribution in distributions))
 
 
 def loading() -> bool:

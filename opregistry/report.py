@@ -59,7 +59,7 @@ FORMAT_VERSION = 1
 
 #: Kernel statuses, as listings show them (``conflict``: refused by the resolver).
 STATUSES = ("active", "inactive", "unavailable", "overridden", "conflict", "unmet", "unreached",
-            "disabled")
+            "disabled", "native")
 
 
 # -- distributions -----------------------------------------------------------------
@@ -180,8 +180,12 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
         "skipped": skipped,
         "problems": [problem_dict(p) for p in plan.problems],
         "switches": [{"switch": text, "source": source} for text, source in plan.switches],
+        # native libraries (C++ TORCH_LIBRARY blocks): what loads each namespace's ops
+        "natives": [{**n.to_dict(), "distribution": distribution(n.origin)}
+                    for n in plan.natives],
     }
     if namespaces:
+        data["natives"] = [n for n in data["natives"] if n["namespace"] in namespaces]
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
         data["ops"] = [o for o in data["ops"] if o["name"].split("::")[0] in namespaces]
     for op in data["ops"]:

@@ -21,7 +21,9 @@ from .plan import TorchState
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
            "destroy_library", "library_alive", "device_keyset", "lookup_op",
-           "Watch", "watch_registrations", "library_registrations", "torch_dir"]
+           "Watch", "watch_registrations", "library_registrations", "torch_dir",
+           "torch_build", "load_native", "dispatcher_registrations", "normal_schema",
+           "definition_site"]
 
 
 def registered_ops() -> list[str]:
@@ -205,3 +207,76 @@ def library_registrations(library: Any) -> tuple[str, frozenset[str], frozenset[
     """
     return (library.ns, frozenset(getattr(library, "_op_defs", ())),
             frozenset(getattr(library, "_op_impls", ())))
+
+
+# -- native libraries (C++ TORCH_LIBRARY blocks) -----------------------------------
+
+#: dispatch keys whose registrations are compared before and after a native library
+#: loads: what the library registered for ops it did not declare shows up here
+_SCANNED_KEYS = ("CPU", "CUDA", "HIP", "XPU", "MPS", "MTIA", "HPU", "XLA", "Lazy", "PrivateUse1",
+                 "Meta", "Autograd", "AutogradCPU", "AutogradCUDA", "AutogradPrivateUse1",
+                 "FuncTorchBatched", "CompositeImplicitAutograd", "CompositeExplicitAutograd",
+                 "CompositeExplicitAutogradNonFunctional", "BackendSelect", "Functionalize",
+                 "ADInplaceOrView", "Python", "SparseCPU", "QuantizedCPU")
+
+
+def torch_build() -> tuple[str, bool | None, str | None]:
+    """The running torch: ``(torch.__version__, C++11 ABI, CUDA version)``."""
+    import torch
+
+    abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None)
+    return str(torch.__version__), (None if abi is None else bool(abi)), torch.version.cuda
+
+
+def load_native(module: str | None, path: str | None) -> None:
+    """Load a native library: import ``module``, or ``torch.ops.load_library(path)``."""
+    if module is not None:
+        import importlib
+
+        importlib.import_module(module)
+        return
+    import torch
+
+    torch.ops.load_library(path)
+
+
+def dispatcher_registrations() -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+    """Every op torch knows, and every ``(op, key)`` with a kernel at a scanned key.
+
+    Taken before and after a native library loads: the difference is what its
+    static initializers registered (C++ registrations bypass every Python hook).
+    A kernel that replaces one already registered for the same (op, key) leaves
+    both sets as they were: that is not seen (docs/reliability.md).
+    """
+    import torch
+
+    pairs = set()
+    for key in _SCANNED_KEYS:
+        try:
+            ops = torch._C._dispatch_get_registrations_for_dispatch_key(key)
+        except RuntimeError:  # a key this torch does not have
+            continue
+        pairs.update((op, key) for op in ops)
+    return frozenset(registered_ops()), frozenset(pairs)
+
+
+def normal_schema(schema: str) -> str:
+    """``schema`` as torch prints it (``torch._C.parse_schema``), to compare two spellings."""
+    import torch
+
+    try:
+        return str(torch._C.parse_schema(schema))
+    except RuntimeError:
+        return " ".join(schema.split())
+
+
+def definition_site(op: str) -> str | None:
+    """Where ``op`` (``ns::name[.overload]``) was defined, ``file:line``; ``None`` if unknown."""
+    import torch
+
+    name, _, overload = op.partition(".")
+    try:
+        debug = torch._C._dispatch_find_schema_or_throw(name, overload).debug()
+    except RuntimeError:
+        return None
+    return debug[len("registered at "):] if debug.startswith("registered at ") else debug

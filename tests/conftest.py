@@ -189,3 +189,23 @@ print(json.dumps({
     "present": {op: op in ops for op in sys.argv[1:]},
 }))
 """
+
+
+@pytest.fixture(scope="session")
+def native_libraries() -> dict[str, Path]:
+    """The compiled test libraries of tests/native_build.py, built once per torch; not loaded."""
+    from . import native_build
+
+    return native_build.build()
+
+
+@pytest.fixture(scope="session")
+def native_test_library(native_libraries: dict[str, Path]) -> Path:
+    """``TORCH_LIBRARY(opregistry_native_test)``: ``twice`` and ``hidden``, CPU kernels."""
+    return native_libraries["test"]
+
+
+@pytest.fixture(scope="session")
+def native_rival_library(native_libraries: dict[str, Path]) -> Path:
+    """A second ``TORCH_LIBRARY(extension_cpp)``: the example package's namespace, claimed again."""
+    return native_libraries["rival"]

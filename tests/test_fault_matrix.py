@@ -679,6 +679,49 @@ def one_bad_entry_point_of_two(env: Env) -> Fault:
 
 
 #: case id -> (the Problem code it must produce, the builder)
+def _native_dist(env: Env, dist: str, library: str, *, namespace: str | None = None,
+                 body: str = "lib.define('twice(Tensor x) -> Tensor', native=['CPU'], "
+                             "fake='KMOD:fake')\n") -> str:
+    """``OpLibrary(ns, native=<library>)`` (Python source) on line 2, then ``body``."""
+    namespace = env.ns if namespace is None else namespace
+    module = env.module_name(dist)
+    source = (f"from opregistry import OpLibrary, NativeLibrary\n"
+              f"lib = OpLibrary({namespace!r}, native={library})\n"
+              + body.replace("KMOD", env.kmod))
+    return env.dists.make(dist, ops={"ops": f"{module}:lib"},
+                          modules={module: source, env.kmod: KERNELS})
+
+
+def native_library_missing(env: Env) -> Fault:
+    missing = Path(env.dists.root) / "gone" / "_C.so"
+    d = _native_dist(env, "bad", f"NativeLibrary(path={str(missing)!r})")
+    return Fault({d}, absent=(env.op("twice"),), source=env.at(d, LIBRARY_LINE),
+                 says="does not exist")
+
+
+def native_built_for_other_torch(env: Env) -> Fault:
+    d = _native_dist(env, "bad", f"NativeLibrary(path={torch._C.__file__!r}, torch='2.0.1')")
+    return Fault({d}, absent=(env.op("twice"),), source=env.at(d, LIBRARY_LINE),
+                 says="was built for torch 2.0.1")
+
+
+def native_fails_to_load(env: Env) -> Fault:
+    junk = Path(env.dists.root) / "junk.so"
+    junk.write_text("not a shared library\n")
+    d = _native_dist(env, "bad", f"NativeLibrary(path={str(junk)!r})")
+    return Fault({d}, absent=(env.op("twice"),), says="junk.so", live=True)
+
+
+def native_undeclared_op(env: Env) -> Fault:
+    """The library's TORCH_LIBRARY defines an op the declaration lacks (tests/native_build.py)."""
+    from .native_build import NS
+
+    library = env.request.getfixturevalue("native_test_library")
+    d = _native_dist(env, "bad", f"NativeLibrary(path={str(library)!r})", namespace=NS)
+    return Fault({d}, says=f"{NS}::hidden", live=True,
+                 foreign=(f"{NS}::twice", f"{NS}::hidden"))
+
+
 CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "malformed-schema": ("schema-invalid", malformed_schema),
     "unknown-type": ("schema-invalid", unknown_type),
@@ -755,6 +798,10 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "torch-dispatch-class-not-a-mode": ("materialize-failed", torch_dispatch_class_not_a_mode),
     "triton-kernels-from-two-distributions": ("triton-split",
                                               triton_kernels_from_two_distributions),
+    "native-library-missing": ("native-library-missing", native_library_missing),
+    "native-built-for-other-torch": ("native-torch-mismatch", native_built_for_other_torch),
+    "native-fails-to-load": ("native-load-failed", native_fails_to_load),
+    "native-undeclared-op": ("native-undeclared-registration", native_undeclared_op),
 }
 
 

@@ -99,3 +99,27 @@ def torch_version_of_this_process() -> str:
     import torch
 
     return torch.__version__.partition("+")[0]
+
+
+def test_native_library_reads(ns):
+    """What loading a native library relies on: the build facts, registrations per key,
+    definition sites, schema normalization (torch._C private calls)."""
+    from opregistry.keys import installed_torch_build
+
+    version, abi, cuda = torch_state.torch_build()
+    assert version == torch.__version__ and abi == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    assert installed_torch_build() == (torch.__version__, cuda)  # from disk, same answer
+    ops, pairs = torch_state.dispatcher_registrations()
+    assert "aten::add.Tensor" in ops and ("aten::add.Tensor", "CPU") in pairs
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        lib.impl("probe", lambda x: x.clone(), "CPU")
+        after_ops, after_pairs = torch_state.dispatcher_registrations()
+        assert f"{ns}::probe" in after_ops - ops
+        assert (f"{ns}::probe", "CPU") in after_pairs - pairs
+        assert torch_state.definition_site(f"{ns}::probe").startswith(__file__ + ":")
+    finally:
+        lib._destroy()
+    assert torch_state.definition_site(f"{ns}::probe") is None
+    assert torch_state.normal_schema("ns::f(Tensor  x)->Tensor") == "ns::f(Tensor x) -> Tensor"

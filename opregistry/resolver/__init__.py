@@ -8,6 +8,7 @@ enforces the rules of ``docs/resolution.md``, one module per group of them:
 =================  ==========================================================
 :mod:`.backends`   which backend serves each dispatch key
 :mod:`.namespaces` rules 1-4: valid names, one DEF, FRAGMENTs, torch's own
+:mod:`.native`     native libraries: missing, built for another torch
 :mod:`.ops`        op names, schemas and mutation (rule 7), no redefinition
 :mod:`.impls`      rules 5-6 (IMPL: kernels) and the override policy
 :mod:`.gaps`       what a planned op lacks (warnings)
@@ -34,6 +35,7 @@ from .context import Context
 from .gaps import report_gaps
 from .impls import check_kernels
 from .namespaces import check_namespaces
+from .native import check_natives, plan_natives
 from .ops import check_ops
 
 __all__ = ["resolve"]
@@ -64,6 +66,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         ctx = Context(ordered, lambda o: o is None or o.distribution not in excluded,
                       torch_state, policy, excluded_ops)
         owners = check_backends(ctx)
+        check_natives(ctx)
         namespaces = check_namespaces(ctx)
         ops, external = check_kernels(ctx, check_ops(ctx, namespaces), owners)
         new = [p for p in ctx.problems if p.severity == "error"]
@@ -95,6 +98,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         skipped=tuple(sorted(decl.skipped, key=lambda s: s.origin)),
         hooks=dict(decl.hooks),
         switches=tuple((s.text, s.source) for s in policy.kernels),
+        natives=plan_natives(ctx, namespaces, ops),
     )
 
 

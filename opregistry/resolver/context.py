@@ -49,6 +49,9 @@ class Context:
         #: every backend declared, left out or not (to check the user's backend choices)
         self.declared_backends: tuple[Backend, ...] = tuple(decl.backends)
         self.available = decl.available
+        #: (namespace, distribution) -> the native library whose TORCH_LIBRARY defines its ops
+        self.natives = {(n.name, dist_name(n.origin)): n.native
+                        for n in self.namespaces if n.native is not None}
         self._installed: object = _UNREAD
 
     def refuse(self, code: str, message: str, hint: str, culprits: Iterable[Origin | None],

@@ -18,8 +18,10 @@ def report_gaps(ctx: Context, ops: dict[str, OpPlan]) -> None:
     for qualname, plan in ops.items():
         statuses: dict[str, str] = {}
         for k in plan.kernels:  # of several candidates for a key, an active one speaks for it
-            if k.status != "overridden" and statuses.get(k.kernel.key) != "active":
-                statuses[k.kernel.key] = k.status
+            # a C++ kernel (``native``) is registered when its library loads: as good as active
+            status = "active" if k.status == "native" else k.status
+            if status != "overridden" and statuses.get(k.kernel.key) != "active":
+                statuses[k.kernel.key] = status
         origin = plan.op.origin
         devices = {key: status for key, status in statuses.items()
                    if key in _keys.DEVICE_KEYS or key in _keys.COMPOSITE_KEYS}

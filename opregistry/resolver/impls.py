@@ -256,6 +256,8 @@ def _candidates(ctx: Context, conditioned: list[Kernel], fallback: KernelPlan | 
 
 def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
     """Whether the feature kernel ``k`` suits its op's schema (torch would refuse it otherwise)."""
+    if k.native:
+        return _native_fits(ctx, k, op)
     if k.key == "Autograd":
         refusal, what = op.parsed.autograd_refusal(op.op.tags), "autograd"
         api = "torch.library.register_autograd"
@@ -273,6 +275,19 @@ def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
     verdict = "cannot serve such ops" if k.key in _keys.AUTOCAST_KEYS else "refuses such ops"
     ctx.refuse(code, f"{k.origin} registers {what} for {k.op}, but {why}; {api} {verdict}",
                _FIXES[code], (k.origin,), op=k.op, key=k.key, source=k.source)
+    return False
+
+
+def _native_fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
+    """A C++ kernel belongs to an op its own distribution's native library defines."""
+    if (op.op.namespace, dist_name(k.origin)) in ctx.natives and \
+            dist_name(op.op.origin) == dist_name(k.origin):
+        return True
+    ctx.refuse("native-kernel-foreign",
+               f"{k.origin} declares a C++ {k.key} kernel for {k.op}, which its native library "
+               f"does not define",
+               "declare native= keys only on ops of an OpLibrary(..., native=...) of your own",
+               (k.origin,), op=k.op, key=k.key, source=k.source)
     return False
 
 
@@ -445,7 +460,13 @@ def _allowed_overrides(ctx: Context, qualname: str, key: str, overriders: list[K
 
 def _status(ctx: Context, k: Kernel, owners: dict[str, Backend], overrides: str | None
             ) -> KernelPlan:
-    """Rule 6: active, inactive (no backend installed) or unavailable (no device)."""
+    """Rule 6: active, inactive (no backend installed) or unavailable (no device).
+
+    A C++ kernel is ``native``: its library registers it, not a backend.
+    """
+    if k.native:
+        return KernelPlan(kernel=k, status="native",
+                          reason="C++ (TORCH_LIBRARY_IMPL)", overrides=overrides)
     backend = owners.get(_keys.family(k.key))
     if backend is None:
         return KernelPlan(kernel=k, status="inactive", reason=_keys.provider_hint(k.key),

@@ -61,7 +61,10 @@ def check_namespaces(ctx: Context) -> dict[str, NamespacePlan]:
                        "uninstall one of them, or block it with OPREGISTRY_BLOCK=<distribution>",
                        (n.origin for n in owners), namespace=name, source=owners[0].source)
             continue
-        if ctx.torch is not None and name in ctx.torch.namespaces and owners:
+        if ctx.torch is not None and name in ctx.torch.namespaces and owners and \
+                owners[0].native is None:
+            # a native DEF held by torch is its library, loaded already (by opregistry, or
+            # by an import of its extension module): loading checks it is that library
             ctx.refuse("namespace-held-by-torch",
                        f"namespace {name!r} already exists in torch (a C++ TORCH_LIBRARY or a "
                        f"Library('{name}', 'DEF') made outside opregistry); "

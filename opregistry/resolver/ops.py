@@ -56,7 +56,8 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"{DOCS_URL}op-authors/#every-kind-of-op)",
                    (op.origin,), op=op.qualname, source=where)
         return None
-    if ctx.torch is not None and op.qualname in ctx.torch.ops:
+    if ctx.torch is not None and op.qualname in ctx.torch.ops and \
+            (op.namespace, dist_name(op.origin)) not in ctx.natives:  # a native op: loaded already
         ctx.refuse("op-held-by-torch",
                    f"{op.origin} defines {op.qualname}, which torch already has "
                    f"(registered outside opregistry)",

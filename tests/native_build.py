@@ -1,0 +1,90 @@
+"""Two tiny C++ libraries for the native-package tests, compiled once per torch and cached.
+
+``SOURCE``: ``TORCH_LIBRARY(opregistry_native_test)`` (``NS``) defines
+``twice`` (declared by the tests) and ``hidden`` (never declared: the
+undeclared-op case), with CPU kernels.  ``RIVAL``: a second
+``TORCH_LIBRARY(extension_cpp)``, the example package's namespace -- loaded
+beside the example, torch would refuse it ("Only a single TORCH_LIBRARY can
+be used to register the namespace"); the tests prove it never is.
+
+Each is built in a subprocess, so that building does not load it into the
+test process (``cpp_extension.load`` loads what it builds); both build at
+once.  The builds land in ``$TMPDIR/opregistry-native-tests/torch-<version>``
+and are reused by later sessions while the sources are unchanged (~15 s of
+g++ per library the first time, well under a second after).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+NS = "opregistry_native_test"
+
+SOURCE = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor twice(const at::Tensor& x) { return at::mul(x, 2); }
+
+TORCH_LIBRARY(opregistry_native_test, m) {
+  m.def("twice(Tensor x) -> Tensor");
+  m.def("hidden(Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(opregistry_native_test, CPU, m) {
+  m.impl("twice", &twice);
+  m.impl("hidden", &twice);
+}
+"""
+
+RIVAL = r"""
+#include <torch/library.h>
+
+TORCH_LIBRARY(extension_cpp, m) {
+  m.def("mymuladd(Tensor a, Tensor b, float c) -> Tensor");
+}
+"""
+
+_BUILD = """
+import sys
+from torch.utils import cpp_extension
+cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.argv[3],
+                   extra_cflags=["-O0"], is_python_module=False, verbose=False)
+"""
+
+
+def _paths(source: str, stem: str) -> tuple[str, Path, Path]:
+    import torch
+
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    root = Path(tempfile.gettempdir()) / "opregistry-native-tests" / f"torch-{torch.__version__}"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"{stem}_{digest}"
+    root = root / name  # a directory each: cpp_extension writes build.ninja and a lock there
+    root.mkdir(exist_ok=True)
+    return name, root, root / f"{name}.so"
+
+
+def build() -> dict[str, Path]:
+    """``{"test": path, "rival": path}`` of the compiled libraries (built now if not cached)."""
+    wanted = {"test": _paths(SOURCE, "native_test"), "rival": _paths(RIVAL, "native_rival")}
+    env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}
+    running = []
+    for key, (name, root, library) in wanted.items():
+        if library.exists():
+            continue
+        source = root / f"{name}.cpp"
+        source.write_text(SOURCE if key == "test" else RIVAL)
+        running.append(subprocess.Popen([sys.executable, "-c", _BUILD, name, str(source),
+                                         str(root)], env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True))
+    for proc in running:
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"building a test library failed:\n{output[-3000:]}"
+    return {key: library for key, (_, _, library) in wanted.items()}

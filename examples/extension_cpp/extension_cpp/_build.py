@@ -31,9 +31,21 @@ def nvcc() -> bool:
     return shutil.which("nvcc") is not None
 
 
-def with_cuda(torch_cuda: str | None) -> bool:
-    """Whether the CUDA source is compiled: a CUDA torch, and nvcc present.
+def gpu_driver() -> bool:
+    """Whether an NVIDIA driver is loaded (Linux: ``/proc/driver/nvidia``), read without torch."""
+    return os.path.exists("/proc/driver/nvidia/version")
 
-    ``EXTENSION_CPP_NO_CUDA=1`` switches it off (a CPU-only build on a machine with nvcc).
+
+def with_cuda(torch_cuda: str | None) -> bool:
+    """Whether the CUDA source is compiled: a CUDA torch, nvcc present, and a GPU driver.
+
+    Without a driver there is no GPU to run the kernels on, and nvcc finds no
+    architecture to compile for (torch's ``cpp_extension`` fails with an
+    IndexError unless ``TORCH_CUDA_ARCH_LIST`` is set): a build box without a
+    GPU sets ``EXTENSION_CPP_CUDA=1`` and ``TORCH_CUDA_ARCH_LIST`` to build the
+    CUDA kernels anyway.  ``EXTENSION_CPP_NO_CUDA=1`` switches them off (a
+    CPU-only build on a machine with nvcc and a GPU).
     """
-    return bool(torch_cuda) and nvcc() and not os.environ.get("EXTENSION_CPP_NO_CUDA")
+    if not torch_cuda or not nvcc() or os.environ.get("EXTENSION_CPP_NO_CUDA"):
+        return False
+    return gpu_driver() or bool(os.environ.get("EXTENSION_CPP_CUDA"))

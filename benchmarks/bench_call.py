@@ -1,10 +1,14 @@
 """Per-call overhead: opregistry ops vs torch.library baselines, in one process, interleaved.
 
-    python benchmarks/bench_call.py [--device cpu|cuda] [--reps 15] [--json out.json]
+    python benchmarks/bench_call.py [--device cpu|cuda] [--reps 15] [--ops one twelve three]
+                                    [--json out.json]
 
-Prints, for each op (1 and 12 arguments) and mode (no-grad inputs, grad
-forward+backward, inference_mode), the median time per call of every style,
-and the ratios the issue sets targets for.
+Prints, for each op (1 argument, 12 arguments, a 3-op kernel) and mode
+(no-grad inputs, grad forward+backward, inference_mode), the median time per
+call of every style, and the ratios the issues set targets for.  The header
+names the torch version and whether its PyObject dispatch (torch 2.14+) is
+used for opregistry's ops: run it once per torch version for the
+per-version table of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ benchops.ensure_importable()
 import torch  # noqa: E402
 
 import opregistry  # noqa: E402
+from opregistry import torch_state  # noqa: E402
 
 STYLES = ["direct", "define/impl", "define/impl+full", "custom_op", "custom_op+autograd",
           "opregistry cpu", "opregistry full"]
@@ -43,9 +48,13 @@ def base_for(mode: str) -> str:
     return "define/impl+full" if mode == "grad fwd+bwd" else "define/impl"
 
 
-def build(ns: str, root: Path) -> tuple[dict[str, dict[str, Callable[..., Any]]], Any]:
-    """Every style of both ops; returns ``{op: {style: callable}}`` and the registry."""
-    ops: dict[str, dict[str, Callable[..., Any]]] = {"one": {}, "twelve": {}}
+OPS = ["one", "twelve", "three"]
+
+
+def build(ns: str, root: Path, names: list[str] | None = None
+          ) -> tuple[dict[str, dict[str, Callable[..., Any]]], Any]:
+    """Every style of the ops ``names``; returns ``{op: {style: callable}}`` and the registry."""
+    ops: dict[str, dict[str, Callable[..., Any]]] = {name: {} for name in names or OPS}
     keep: list[Any] = []
     for name in ops:
         ops[name]["direct"] = benchops.PARTS[name]["cpu"]
@@ -128,6 +137,8 @@ TARGETS = [
     ("no-grad", "opregistry full", "define/impl", "<=", 1.3, "full op vs define/impl, no grad"),
     ("no-grad", "custom_op+autograd", "opregistry full", ">=", 2.5,
      "custom_op (same registrations) / full op, no grad"),
+    ("no-grad", "custom_op+autograd", "opregistry full", ">=", 1.5,
+     "same, issue 18's bound on every torch version"),
     ("grad fwd+bwd", "custom_op+autograd", "opregistry full", ">=", 1.5,
      "custom_op+autograd / full op, fwd+bwd"),
     ("inference_mode", "opregistry full", "define/impl", "<=", 1.1,
@@ -140,15 +151,19 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--number", type=int, default=2000)
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=OPS)
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
     ns = f"bench{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory() as tmp:
-        ops, registry = build(ns, Path(tmp))
+        ops, registry = build(ns, Path(tmp), opts.ops)
         results = measure(ops, opts.device, opts.reps, opts.number)
+        fast = sorted(op for op in torch_state.fast_dispatch_enabled() if op.startswith(ns))
         registry.unload()
     print(f"torch {torch.__version__}, device {opts.device}, median of {opts.reps} interleaved reps,"
-          f" us per call")
+          f" us per call; PyObject dispatch for opregistry's ops: "
+          f"{'on' if fast else 'off'} ({len(fast)} ops; torch has it: "
+          f"{torch_state.fast_dispatch_available()})")
     rows = []
     for name in ops:
         for mode in MODES:
@@ -168,7 +183,7 @@ def main() -> int:
                   f"{'met' if met else 'NOT MET'}")
     if opts.json:
         opts.json.write_text(json.dumps({
-            "device": opts.device, "torch": torch.__version__,
+            "device": opts.device, "torch": torch.__version__, "pyobj_dispatch": fast,
             "us": {" | ".join(k): round(v, 3) for k, v in results.items()},
             "targets": rows}, indent=1))
     return 0

@@ -34,10 +34,11 @@ import opregistry  # noqa: E402
 from opregistry import torch_state  # noqa: E402
 
 STYLES = ["direct", "define/impl", "define/impl+full", "custom_op", "custom_op+autograd",
-          "opregistry cpu", "opregistry full"]
+          "opregistry cpu", "opregistry full", "opregistry full, C++ path"]
 MODES = ["no-grad", "grad fwd+bwd", "inference_mode"]
 #: styles that can run backward (the others have no autograd formula)
-GRAD_STYLES = ["direct", "define/impl+full", "custom_op+autograd", "opregistry full"]
+GRAD_STYLES = ["direct", "define/impl+full", "custom_op+autograd", "opregistry full",
+               "opregistry full, C++ path"]
 
 
 def styles_for(mode: str) -> list[str]:
@@ -73,12 +74,20 @@ def build(ns: str, root: Path, names: list[str] | None = None
     sys.path.insert(0, str(root))
     benchops.write_distribution(root, f"bench-cpu-{ns}", f"{ns}_oc", full=False)
     benchops.write_distribution(root, f"bench-full-{ns}", f"{ns}_of", full=True)
+    benchops.write_distribution(root, f"bench-fullcpp-{ns}", f"{ns}_ofc", full=True)
     registry = opregistry.load(plugins=[*benchops.BACKENDS, f"bench-cpu-{ns}",
-                                        f"bench-full-{ns}"], strict=True,
+                                        f"bench-full-{ns}", f"bench-fullcpp-{ns}"], strict=True,
                                 reload=True)
     for name in ops:
         ops[name]["opregistry cpu"] = getattr(getattr(torch.ops, f"{ns}_oc"), name).default
         ops[name]["opregistry full"] = getattr(getattr(torch.ops, f"{ns}_of"), name).default
+        # the same op kept on the dispatcher's C++ path: what the PyObject dispatch
+        # (torch 2.14+) buys; on an older torch, a second measurement of "opregistry full"
+        cpp = getattr(getattr(torch.ops, f"{ns}_ofc"), name).default
+        cpp(*benchops.inputs(name))  # the first eager call switches it where torch can...
+        if torch_state.fast_dispatch_available():
+            cpp._enable_pyobj_dispatch(False)  # ...and this switches it back, for good
+        ops[name]["opregistry full, C++ path"] = cpp
     build.keep = keep  # type: ignore[attr-defined]
     return ops, registry
 
@@ -158,7 +167,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ops, registry = build(ns, Path(tmp), opts.ops)
         results = measure(ops, opts.device, opts.reps, opts.number)
-        fast = sorted(op for op in torch_state.fast_dispatch_enabled() if op.startswith(ns))
+        fast = sorted(op for op in torch_state.fast_dispatch_enabled()
+                      if op.startswith(f"{ns}_of::"))
         registry.unload()
     print(f"torch {torch.__version__}, device {opts.device}, median of {opts.reps} interleaved reps,"
           f" us per call; PyObject dispatch for opregistry's ops: "
@@ -171,7 +181,7 @@ def main() -> int:
             for style in styles_for(mode):
                 us = results[(name, mode, style)]
                 base = results[(name, mode, base_for(mode))]
-                print(f"  {style:20s} {us:8.2f} us   {us / base:5.2f}x {base_for(mode)}")
+                print(f"  {style:26s} {us:8.2f} us   {us / base:5.2f}x {base_for(mode)}")
     print("\ntargets")
     for name in ops:
         for mode, num, den, cmp, bound, text in TARGETS:

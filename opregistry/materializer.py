@@ -187,6 +187,18 @@ def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
     # a module imported already runs no code of its own: no watch needed (the common case)
     fresh = module is not None and (loaded is None or getattr(
         getattr(loaded, "__spec__", None), "_initializing", False))
+    if not fresh:
+        # no watch to set up (guard.run with protected=None would only contain the
+        # error): per kernel at import torch, the guard's bookkeeping cost more
+        # than the attribute lookup itself
+        try:
+            return resolve_ref(ref), None
+        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
+            if must_propagate(exc):
+                raise
+            return None, _failure(kernel.origin, f"importing {describe_ref(ref)} for {kernel.op}",
+                                  exc, kernel.op, kernel.key,
+                                  guard.raised_at(exc) or kernel.source)
     outcome = guard.run(resolve_ref, ref, origin=kernel.origin, what=f"importing {module or ref}",
                         protected=watched if fresh else None, policy=policy,
                         owns=guard.owned_by(module) if module else None)

@@ -87,10 +87,19 @@ def commands(gen: Path, baseline: Path | None = None
     return cmds
 
 
+#: what ``run`` measures: ``"wall"`` seconds, or ``"cpu"``, the process' user + system CPU seconds
+CLOCK = ["wall"]
+
+
 def run(cmd: list[str], env: dict[str, str]) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return usage.ru_utime + usage.ru_stime if CLOCK[0] == "cpu" else wall
 
 
 def check(gen: Path, n_ops: int) -> None:
@@ -125,14 +134,19 @@ def measure(n_dists: int, per_dist: int, reps: int, root: Path,
 
 def main() -> int:
     parser = benchops.size_parser(__doc__.splitlines()[0], reps=7)
+    parser.add_argument("--cpu", action="store_true",
+                        help="time each process' CPU (user + system) instead of its wall time: "
+                             "steadier on a machine other jobs share (torch's thread pools "
+                             "count too)")
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="another commit's source tree, timed in alternation with this one")
     opts = parser.parse_args()
+    CLOCK[0] = "cpu" if opts.cpu else "wall"
     n = opts.dists * opts.ops_per_dist
     with tempfile.TemporaryDirectory() as tmp:
         res = measure(opts.dists, opts.ops_per_dist, opts.reps, Path(tmp), opts.baseline)
     bare = res["import torch (bare)"]
-    print(f"start-up with {n} generated ops ({opts.dists} distributions), wall seconds, "
+    print(f"start-up with {n} generated ops ({opts.dists} distributions), {CLOCK[0]} seconds, "
           f"median of {opts.reps} interleaved runs")
     for name, sec in res.items():
         if name.endswith("this/baseline"):

@@ -93,7 +93,9 @@ def main() -> int:
         gen = Path(tmp) / "gen"
         benchops.write_many(gen, opts.dists, opts.ops_per_dist)
         env = {k: v for k, v in os.environ.items() if not k.startswith("OPREGISTRY_")}
-        env.update(OPREGISTRY_AUTOLOAD="0", PYTHONPATH=os.pathsep.join([str(gen), str(HERE)]))
+        # a PYTHONPATH of the caller's comes after: another checkout's code to profile
+        paths = [str(gen), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env.update(OPREGISTRY_AUTOLOAD="0", PYTHONPATH=os.pathsep.join(paths))
         return subprocess.run([sys.executable, "-c", CHILD, str(opts.cprofile),
                                "cpu" if opts.cpu else "wall"], env=env).returncode
 

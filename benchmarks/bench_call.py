@@ -1,10 +1,14 @@
 """Per-call overhead: opregistry ops vs torch.library baselines, in one process, interleaved.
 
-    python benchmarks/bench_call.py [--device cpu|cuda] [--reps 15] [--json out.json]
+    python benchmarks/bench_call.py [--device cpu|cuda] [--reps 15] [--ops one twelve three]
+                                    [--json out.json]
 
-Prints, for each op (1 and 12 arguments) and mode (no-grad inputs, grad
-forward+backward, inference_mode), the median time per call of every style,
-and the ratios the issue sets targets for.
+Prints, for each op (1 argument, 12 arguments, a 3-op kernel) and mode
+(no-grad inputs, grad forward+backward, inference_mode), the median time per
+call of every style, and the ratios the issues set targets for.  The header
+names the torch version and whether its PyObject dispatch (torch 2.14+) is
+used for opregistry's ops: run it once per torch version for the
+per-version table of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -27,15 +31,19 @@ benchops.ensure_importable()
 import torch  # noqa: E402
 
 import opregistry  # noqa: E402
+from opregistry import torch_state  # noqa: E402
 
 STYLES = ["direct", "define/impl", "define/impl+full", "custom_op", "custom_op+autograd",
           "opregistry cpu", "opregistry full",
           # kernel candidates (docs/op-authors.md): a CPU kernel with a predicate in front
           # of a fallback, the predicate accepting / declining; and the predicate alone
-          "candidate accepts", "candidate declines", "predicate alone"]
+          "candidate accepts", "candidate declines", "predicate alone",
+          # the full op kept on the dispatcher's C++ path (torch 2.14+'s PyObject dispatch off)
+          "opregistry full, C++ path"]
 MODES = ["no-grad", "grad fwd+bwd", "inference_mode"]
 #: styles that can run backward (the others have no autograd formula)
-GRAD_STYLES = ["direct", "define/impl+full", "custom_op+autograd", "opregistry full"]
+GRAD_STYLES = ["direct", "define/impl+full", "custom_op+autograd", "opregistry full",
+               "opregistry full, C++ path"]
 
 
 def styles_for(mode: str) -> list[str]:
@@ -46,9 +54,13 @@ def base_for(mode: str) -> str:
     return "define/impl+full" if mode == "grad fwd+bwd" else "define/impl"
 
 
-def build(ns: str, root: Path) -> tuple[dict[str, dict[str, Callable[..., Any]]], Any]:
-    """Every style of both ops; returns ``{op: {style: callable}}`` and the registry."""
-    ops: dict[str, dict[str, Callable[..., Any]]] = {"one": {}, "twelve": {}}
+OPS = ["one", "twelve", "three"]
+
+
+def build(ns: str, root: Path, names: list[str] | None = None
+          ) -> tuple[dict[str, dict[str, Callable[..., Any]]], Any]:
+    """Every style of the ops ``names``; returns ``{op: {style: callable}}`` and the registry."""
+    ops: dict[str, dict[str, Callable[..., Any]]] = {name: {} for name in names or OPS}
     keep: list[Any] = []
     for name in ops:
         ops[name]["direct"] = benchops.PARTS[name]["cpu"]
@@ -68,8 +80,10 @@ def build(ns: str, root: Path) -> tuple[dict[str, dict[str, Callable[..., Any]]]
     benchops.write_distribution(root, f"bench-cpu-{ns}", f"{ns}_oc", full=False)
     benchops.write_distribution(root, f"bench-full-{ns}", f"{ns}_of", full=True)
     _write_candidates(root, ns)
+    benchops.write_distribution(root, f"bench-fullcpp-{ns}", f"{ns}_ofc", full=True)
     registry = opregistry.load(plugins=[*benchops.BACKENDS, f"bench-cpu-{ns}",
-                                        f"bench-full-{ns}", f"bench-cand-{ns}"], strict=True,
+                                        f"bench-full-{ns}", f"bench-cand-{ns}",
+                                        f"bench-fullcpp-{ns}"], strict=True,
                                 reload=True)
     import importlib
 
@@ -80,6 +94,13 @@ def build(ns: str, root: Path) -> tuple[dict[str, dict[str, Callable[..., Any]]]
         ops[name]["candidate accepts"] = getattr(getattr(torch.ops, f"{ns}_ca"), name).default
         ops[name]["candidate declines"] = getattr(getattr(torch.ops, f"{ns}_cd"), name).default
         ops[name]["predicate alone"] = predicates.yes
+        # the same op kept on the dispatcher's C++ path: what the PyObject dispatch
+        # (torch 2.14+) buys; on an older torch, a second measurement of "opregistry full"
+        cpp = getattr(getattr(torch.ops, f"{ns}_ofc"), name).default
+        cpp(*benchops.inputs(name))  # the first eager call switches it where torch can...
+        if torch_state.fast_dispatch_available():
+            cpp._enable_pyobj_dispatch(False)  # ...and this switches it back, for good
+        ops[name]["opregistry full, C++ path"] = cpp
     build.keep = keep  # type: ignore[attr-defined]
     return ops, registry
 
@@ -198,6 +219,8 @@ TARGETS = [
     ("no-grad", "opregistry full", "define/impl", "<=", 1.3, "full op vs define/impl, no grad"),
     ("no-grad", "custom_op+autograd", "opregistry full", ">=", 2.5,
      "custom_op (same registrations) / full op, no grad"),
+    ("no-grad", "custom_op+autograd", "opregistry full", ">=", 1.5,
+     "same, issue 18's bound on every torch version"),
     ("grad fwd+bwd", "custom_op+autograd", "opregistry full", ">=", 1.5,
      "custom_op+autograd / full op, fwd+bwd"),
     ("inference_mode", "opregistry full", "define/impl", "<=", 1.1,
@@ -210,15 +233,20 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--number", type=int, default=2000)
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=OPS)
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
     ns = f"bench{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory() as tmp:
-        ops, registry = build(ns, Path(tmp))
+        ops, registry = build(ns, Path(tmp), opts.ops)
         results = measure(ops, opts.device, opts.reps, opts.number)
+        fast = sorted(op for op in torch_state.fast_dispatch_enabled()
+                      if op.startswith(f"{ns}_of::"))
         registry.unload()
     print(f"torch {torch.__version__}, device {opts.device}, median of {opts.reps} interleaved reps,"
-          f" us per call")
+          f" us per call; PyObject dispatch for opregistry's ops: "
+          f"{'on' if fast else 'off'} ({len(fast)} ops; torch has it: "
+          f"{torch_state.fast_dispatch_available()})")
     rows = []
     for name in ops:
         for mode in MODES:
@@ -226,7 +254,7 @@ def main() -> int:
             for style in styles_for(mode):
                 us = results[(name, mode, style)]
                 base = results[(name, mode, base_for(mode))]
-                print(f"  {style:20s} {us:8.2f} us   {us / base:5.2f}x {base_for(mode)}")
+                print(f"  {style:26s} {us:8.2f} us   {us / base:5.2f}x {base_for(mode)}")
     print("\ntargets")
     for name in ops:
         for mode, num, den, cmp, bound, text in TARGETS:
@@ -262,7 +290,7 @@ def main() -> int:
                        "ratio": round(extra / chain_us["predicate"], 3)})
     if opts.json:
         opts.json.write_text(json.dumps({
-            "device": opts.device, "torch": torch.__version__,
+            "device": opts.device, "torch": torch.__version__, "pyobj_dispatch": fast,
             "us": {" | ".join(k): round(v, 3) for k, v in results.items()},
             "targets": rows, "candidates": candidates,
             "chain_us": {k: round(v, 4) for k, v in chain_us.items()}}, indent=1))

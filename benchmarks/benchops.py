@@ -5,7 +5,9 @@ Two ops, the same kernel math in every style:
 * ``one(Tensor x) -> Tensor``: ``x.clone()`` (the issue's reference op);
 * ``twelve(...)``: 12 arguments — tensors, an optional tensor, ints, floats,
   int and float lists, a bool, an optional int and a defaulted float —
-  computing ``x + c * y``.
+  computing ``x + c * y``;
+* ``three(Tensor x, Tensor w, Tensor b) -> Tensor``: a realistic small
+  kernel of three torch ops, ``relu(x * w + b)``.
 
 Styles: a direct Python call; ``Library.define`` + ``Library.impl``;
 ``torch.library.custom_op`` (+ ``register_fake``/``register_vmap``, +
@@ -87,15 +89,43 @@ def twelve_vmap(info: Any, in_dims: tuple[Any, ...], x: Tensor, y: Tensor, *rest
     return torch.add(x, y, alpha=rest[3]), 0
 
 
+def three(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    return torch.relu(x * w + b)
+
+
+def three_fake(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
+def three_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, w, _ = inputs
+    ctx.save_for_backward(x, w, output)
+
+
+def three_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    x, w, out = ctx.saved_tensors
+    g = grad * (out > 0)
+    return g * w, g * x, g
+
+
+def three_vmap(info: Any, in_dims: tuple[Any, ...], x: Tensor, w: Tensor, b: Tensor
+               ) -> tuple[Tensor, int]:
+    x, w, b = (_front(t, d, info.batch_size) for t, d in zip((x, w, b), in_dims))
+    return torch.relu(x * w + b), 0
+
+
 SCHEMAS = {
     "one": torch.library.infer_schema(one, mutates_args=()),
     "twelve": torch.library.infer_schema(twelve, mutates_args=()),
+    "three": torch.library.infer_schema(three, mutates_args=()),
 }
 PARTS: dict[str, dict[str, Callable[..., Any]]] = {
     "one": {"cpu": one, "fake": one_fake, "setup": one_setup, "backward": one_backward,
             "vmap": one_vmap},
     "twelve": {"cpu": twelve, "fake": twelve_fake, "setup": twelve_setup,
                "backward": twelve_backward, "vmap": twelve_vmap},
+    "three": {"cpu": three, "fake": three_fake, "setup": three_setup,
+              "backward": three_backward, "vmap": three_vmap},
 }
 
 
@@ -105,6 +135,9 @@ def inputs(name: str, *, grad: bool = False, dtype: torch.dtype = torch.float32,
     x = torch.randn(8, dtype=dtype, device=device, requires_grad=grad)
     if name == "one":
         return (x,)
+    if name == "three":
+        return (x, torch.randn(8, dtype=dtype, device=device, requires_grad=grad),
+                torch.randn(8, dtype=dtype, device=device, requires_grad=grad))
     y = torch.randn(8, dtype=dtype, device=device, requires_grad=grad)
     return (x, y, None, 3, 4, 0.5, 2.0, [1, 2, 3], [0.5, 0.25], True, None, 1.0)
 
@@ -139,7 +172,8 @@ def custom_op(ns: str, name: str, *, autograd: bool = False) -> tuple[Any, list[
 
 
 # -- the opregistry distribution ------------------------------------------------------------
-def registry_source(ns: str, *, full: bool, names: tuple[str, ...] = ("one", "twelve")) -> str:
+def registry_source(ns: str, *, full: bool,
+                    names: tuple[str, ...] = ("one", "twelve", "three")) -> str:
     """Source of a declarations module: ``lib`` declares ``names`` in namespace ``ns``."""
     lines = ["from opregistry import OpLibrary", f"lib = OpLibrary({ns!r})"]
     for name in names:

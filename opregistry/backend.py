@@ -20,9 +20,9 @@ from .errors import DeclarationError
 from .hookspecs import hookimpl
 from .keys import COMPOSITE_KEYS, DEVICE_KEYS, canonical_key
 from .model import Backend, Kernel
-from .torch_state import library_alive
+from .torch_state import enable_fast_dispatch, library_alive
 
-__all__ = ["DeviceBackend", "op_name", "device_kernel", "triton_kernel"]
+__all__ = ["DeviceBackend", "op_name", "device_kernel", "triton_kernel", "enable_fast_dispatch"]
 
 #: ``(qualname, key) -> (library, fn)``: the device kernels DeviceBackends
 #: registered.  The autograd backend calls them directly when nothing requires

@@ -175,8 +175,31 @@ def _records(
                 f"{record_type.__name__} records",
                 source_of(function),
             )
-        records.append(attrs.evolve(item, origin=origin))
+        records.append(_stamped(item, origin))
     return records, None
+
+
+#: per record type, the names of its attributes (attrs fields), read once
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _stamped(item: Any, origin: Origin) -> Any:
+    """``attrs.evolve(item, origin=origin)`` without running ``__init__`` again.
+
+    ``item`` is of the exact record type and frozen, so its converters and
+    validators ran when the plugin built it, and ``origin`` has none: a copy
+    with ``origin`` set is what evolve returns, at half the cost (collect
+    stamps every record, five per op).
+    """
+    cls = type(item)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(a.name for a in attrs.fields(cls))
+    new = object.__new__(cls)
+    for name in names:
+        object.__setattr__(new, name, getattr(item, name))
+    object.__setattr__(new, "origin", origin)
+    return new
 
 
 def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> Collected:

@@ -223,6 +223,18 @@ def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
         getattr(loaded, "__spec__", None), "_initializing", False))
     # an autocast rule's "kernel" is the torch.dtype it casts to, not a callable
     resolve = resolve_ref if kernel.key not in AUTOCAST_KEYS else _resolve_any
+    if not fresh:
+        # no watch to set up (guard.run with protected=None would only contain the
+        # error): per kernel at import torch, the guard's bookkeeping cost more
+        # than the attribute lookup itself
+        try:
+            return resolve(ref), None
+        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
+            if must_propagate(exc):
+                raise
+            return None, _failure(kernel.origin, f"importing {describe_ref(ref)} for {kernel.op}",
+                                  exc, kernel.op, kernel.key,
+                                  guard.raised_at(exc) or kernel.source)
     outcome = guard.run(resolve, ref, origin=kernel.origin, what=f"importing {module or ref}",
                         protected=watched if fresh else None, policy=policy,
                         owns=guard.owned_by(module) if module else None)

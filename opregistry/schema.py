@@ -10,6 +10,8 @@ not (two arguments with one name) and says why.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from typing import Iterable
@@ -501,7 +503,18 @@ def parse_schema(text: str) -> Schema:
 
 
 def parse_signature(text: str) -> Schema:
-    """Parse a schema without its name, ``"(Tensor x) -> Tensor"``."""
+    """Parse a schema without its name, ``"(Tensor x) -> Tensor"``.
+
+    Memoized: op packages repeat a few signatures over hundreds of ops, and
+    the records are frozen (a failing text is not cached: it raises again).
+    """
+    if isinstance(text, str):
+        return _parse_signature_cached(text)
+    return _parse(text, named=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_signature_cached(text: str) -> Schema:
     return _parse(text, named=False)
 
 

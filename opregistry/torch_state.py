@@ -23,7 +23,8 @@ __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_regi
            "destroy_library", "library_alive", "device_keyset", "lookup_op",
            "Watch", "watch_registrations", "library_registrations", "torch_dir",
            "torch_build", "load_native", "dispatcher_registrations", "normal_schema",
-           "definition_site"]
+           "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
+           "fast_dispatch_enabled"]
 
 
 def registered_ops() -> list[str]:
@@ -79,7 +80,18 @@ def kernel_registrations(op: str) -> dict[str, str]:
 
 
 def destroy_library(library: Any) -> None:
-    """Unregister everything ``library`` registered (``Library._destroy``; no public API)."""
+    """Unregister everything ``library`` registered (``Library._destroy``; no public API).
+
+    The ops it defined lose the PyObject dispatch first (see
+    :func:`enable_fast_dispatch`): torch 2.15 crashes the process (SIGSEGV)
+    when an ``OpOverload`` with it is called after its op was destroyed,
+    where the C++ path raises a ``RuntimeError``.
+    """
+    if _fast_dispatch:
+        for qualname in getattr(library, "_op_defs", ()):
+            op = _fast_dispatch.pop(qualname, None)
+            if op is not None:
+                op._enable_pyobj_dispatch(False)
     library._destroy()
 
 
@@ -94,6 +106,74 @@ def device_keyset(device_type: str) -> Any:
 
     key = torch._C._dispatch_key_for_device(device_type)
     return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+
+#: ``qualname -> OpOverload`` of the ops opregistry switched to the PyObject dispatch
+_fast_dispatch: dict[str, Any] = {}
+_FAST_DISPATCH: list[bool] = []  # the feature test, computed once
+
+
+def fast_dispatch_available() -> bool:
+    """Whether this torch offers custom ops the "PyObject dispatch" (torch 2.14+, pytorch#187949).
+
+    Feature-detected, never by version: ``OpOverload._enable_pyobj_dispatch(enabled)``,
+    ``_is_pyobj_dispatcher_enabled()``, ``_can_enable_pyobj_dispatch()`` and the
+    C++ ``torch._C._dispatch_make_pyobj_dispatch_fns`` must all be there, the
+    first taking an ``enabled`` parameter.  ``tests/test_fast_dispatch.py``
+    fails if torch has the C++ half but the Python half changed shape.
+    """
+    if not _FAST_DISPATCH:
+        import inspect
+
+        import torch
+
+        overload = torch._ops.OpOverload
+        ok = (callable(getattr(torch._C, "_dispatch_make_pyobj_dispatch_fns", None))
+              and callable(getattr(overload, "_is_pyobj_dispatcher_enabled", None))
+              and callable(getattr(overload, "_can_enable_pyobj_dispatch", None))
+              and callable(getattr(overload, "_enable_pyobj_dispatch", None)))
+        if ok:
+            try:
+                ok = "enabled" in inspect.signature(overload._enable_pyobj_dispatch).parameters
+            except (TypeError, ValueError):
+                ok = False
+        _FAST_DISPATCH.append(ok)
+    return _FAST_DISPATCH[0]
+
+
+def enable_fast_dispatch(qualname: str) -> bool:
+    """Switch the op ``ns::name[.overload]`` to torch's PyObject dispatch, where torch offers it.
+
+    Calls through its ``OpOverload`` (``torch.ops.ns.name.default(...)``) then
+    reach Python kernels without converting every argument to an ``IValue``
+    and back: what ``torch.library.custom_op`` does for its own ops.  Calls
+    through the packet (``torch.ops.ns.name(...)``) stay on the C++ path, in
+    torch as for custom_op.  Returns whether it is on; ``False`` (and nothing
+    done) on a torch without it or for an op whose returns are not all
+    tensors (torch's own restriction).  :func:`destroy_library` switches it
+    off before the op goes away.  Never raises: on any error the op keeps
+    the C++ path.
+    """
+    if qualname in _fast_dispatch:
+        return True
+    if not fast_dispatch_available():
+        return False
+    try:
+        op = lookup_op(qualname)
+        if not op._can_enable_pyobj_dispatch():
+            return False
+        op._enable_pyobj_dispatch(True)
+        if not op._is_pyobj_dispatcher_enabled():
+            return False
+    except Exception:  # noqa: BLE001 - an optimisation: the C++ path stays, correct
+        return False
+    _fast_dispatch[op.name()] = op
+    return True
+
+
+def fast_dispatch_enabled() -> frozenset[str]:
+    """The ops (``ns::name[.overload]``) opregistry switched to the PyObject dispatch, live."""
+    return frozenset(_fast_dispatch)
 
 
 def lookup_op(qualname: str) -> Any:

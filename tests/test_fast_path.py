@@ -19,6 +19,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from opregistry import torch_state
+
 from .conftest import DistFactory, load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -45,7 +47,7 @@ def _double(name: str, grad: bool) -> tuple[Any, ...]:
     return benchops.inputs(name, grad=grad, dtype=torch.double)
 
 
-@pytest.mark.parametrize("name", ["one", "twelve"])
+@pytest.mark.parametrize("name", ["one", "twelve", "three"])
 @pytest.mark.parametrize("grad", [False, True])
 def test_opcheck_all_four_utils(bench: Any, name: str, grad: bool) -> None:
     """opcheck passes every util, with and without grad-requiring inputs."""
@@ -54,7 +56,7 @@ def test_opcheck_all_four_utils(bench: Any, name: str, grad: bool) -> None:
     assert result == {util: "SUCCESS" for util in OPCHECK_UTILS}
 
 
-@pytest.mark.parametrize("name", ["one", "twelve"])
+@pytest.mark.parametrize("name", ["one", "twelve", "three"])
 def test_no_grad_path_matches_the_kernel(bench: Any, name: str) -> None:
     """Grad mode on, nothing requires grad: the result is the kernel's, untracked."""
     op = getattr(bench, name).default
@@ -68,7 +70,7 @@ def test_no_grad_path_matches_the_kernel(bench: Any, name: str) -> None:
     assert not out.requires_grad
 
 
-@pytest.mark.parametrize("name", ["one", "twelve"])
+@pytest.mark.parametrize("name", ["one", "twelve", "three"])
 def test_inference_mode(bench: Any, name: str) -> None:
     """inference_mode skips Autograd and still runs the CPU kernel."""
     op = getattr(bench, name).default
@@ -103,10 +105,13 @@ def test_setup_context_sees_defaulted_arguments(bench: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["one", "twelve"])
+@pytest.mark.parametrize("name", ["one", "twelve", "three"])
 def test_compile_fullgraph(bench: Any, name: str) -> None:
     """torch.compile(fullgraph=True) forward and backward equal eager."""
     op = getattr(bench, name)
+    if name == "three":  # its OpOverload, on torch's PyObject dispatch where torch has it
+        op = op.default
+        op(*benchops.inputs(name))  # the first eager call switches it
     compiled = torch.compile(lambda *a: op(*a) * 2, fullgraph=True, backend="aot_eager")
     args = benchops.inputs(name, grad=True)
     out = compiled(*args)
@@ -119,7 +124,7 @@ def test_compile_fullgraph(bench: Any, name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["one", "twelve"])
+@pytest.mark.parametrize("name", ["one", "twelve", "three"])
 def test_export(bench: Any, name: str) -> None:
     """torch.export keeps the op as one node and the exported program runs."""
     op = getattr(bench, name)
@@ -129,7 +134,7 @@ def test_export(bench: Any, name: str) -> None:
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
             return op(*tensors, *rest) + 1
 
-    tensors = benchops.inputs(name)[:2 if name == "twelve" else 1]
+    tensors = benchops.inputs(name)[:{"one": 1, "twelve": 2, "three": 3}[name]]
     exported = torch.export.export(M(), tensors)
     targets = [n.target for n in exported.graph.nodes if n.op == "call_function"]
     assert getattr(op, "default") in targets
@@ -170,13 +175,17 @@ def test_conjugate_view_is_resolved_first(bench: Any) -> None:
     assert not out.is_conj()
 
 
-@pytest.mark.parametrize("name", ["one", "twelve"])
+@pytest.mark.parametrize("name", ["one", "twelve", "three"])
 def test_vmap(bench: Any, name: str) -> None:
     """The vmap rule runs under torch.vmap (FuncTorchBatched is above Autograd)."""
     op = getattr(bench, name)
     if name == "one":
         xs = torch.randn(3, 8)
         torch.testing.assert_close(torch.vmap(op)(xs), xs)
+    elif name == "three":
+        xs, ws, b = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+        out = torch.vmap(lambda x, w: op(x, w, b))(xs, ws)
+        torch.testing.assert_close(out, torch.relu(xs * ws + b))
     else:
         rest = benchops.inputs(name)[2:]
         xs, ys = torch.randn(3, 8), torch.randn(3, 8)
@@ -224,11 +233,13 @@ def test_bench_call_measures_every_case(tmp_path: Path) -> None:
     import bench_call
 
     data = _script("bench_call.py", "--reps", "1", "--number", "20", tmp_path=tmp_path)
-    expected = {f"{op} | {mode} | {style}" for op in ("one", "twelve")
+    expected = {f"{op} | {mode} | {style}" for op in bench_call.OPS
                 for mode in bench_call.MODES for style in bench_call.styles_for(mode)}
     assert set(data["us"]) == expected
     assert all(v > 0 for v in data["us"].values())
-    assert len(data["targets"]) == 2 * len(bench_call.TARGETS)
+    assert len(data["targets"]) == len(bench_call.OPS) * len(bench_call.TARGETS)
+    # opregistry's full ops took torch's PyObject dispatch exactly where torch has it
+    assert bool(data["pyobj_dispatch"]) == torch_state.fast_dispatch_available()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from opregistry import Backend, Kernel, MaterializationError, OpDef, hookimpl
-from opregistry.backend import device_kernel, op_name
+from opregistry.backend import device_kernel, enable_fast_dispatch, op_name
 
 __all__ = ["BACKEND", "refusal"]
 
@@ -68,6 +68,7 @@ def opregistry_materialize_kernel(
             f"Define a functional op (no '(a!)' annotations, returns a new tensor) and "
             f"register autograd for that one",
             origin=kernel.origin, op=kernel.op, key=kernel.key)
-    autograd_kernel = make_autograd_kernel(kernel.op, fn, setup_context, device_kernel, handle)
+    autograd_kernel = make_autograd_kernel(kernel.op, fn, setup_context, device_kernel, handle,
+                                           enable_fast=enable_fast_dispatch)
     library.impl(op_name(kernel), autograd_kernel, "Autograd", with_keyset=True)
     return True

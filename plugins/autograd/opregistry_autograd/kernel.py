@@ -67,10 +67,16 @@ def make_autograd_kernel(
     setup_context: Callable[..., Any] | None,
     device_kernel: DeviceKernelLookup,
     handle: Any = None,
+    enable_fast: Callable[[str], bool] | None = None,
 ) -> Callable[..., Any]:
     """Build the ``with_keyset=True`` Autograd kernel of the op ``qualname``.
 
     :param handle: the op's dispatcher handle, when the caller already has it.
+    :param enable_fast: called with ``qualname`` once, the first time a call
+        takes the direct path (plain eager tensors): switches the op to torch's
+        PyObject dispatch where torch has it (``opregistry.backend.enable_fast_dispatch``).
+        Lazily, because building the ``OpOverload`` costs ~0.2 ms per op, too
+        much for 1,000 ops at ``import torch``.
     """
     if handle is None:
         handle = tp.op_handle(qualname)
@@ -83,6 +89,7 @@ def make_autograd_kernel(
     # the autograd.Function's apply, built on the first grad-requiring call:
     # 1,000 ops are registered at ``import torch``, and most never see one
     function: list[Any] = []
+    fast_pending = [True] if enable_fast is not None else []  # cleared once called
 
     def below(keyset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the op below Autograd: the device kernel itself, or a redispatch."""
@@ -90,6 +97,9 @@ def make_autograd_kernel(
         entry = fast.get(ident)
         if entry is None or (entry and not tp.library_alive(entry[0])):
             entry = fast[ident] = device_kernel(qualname, tp.first_key_after_autograd(keyset)) or False
+            if entry and fast_pending:
+                fast_pending.clear()
+                enable_fast(qualname)  # type: ignore[misc]  # idempotent, never raises
         if entry:
             return entry[1](*args, **kwargs)
         with tp.below_autograd():

@@ -1,0 +1,69 @@
+"""The start-up shortcuts give exactly what the paths they replace gave.
+
+Each shortcut (docs/performance.md, "Start-up") skips work per op at
+``import torch``; these tests compare its result with the long way, and
+check that errors still come out as before.  No timing here: benchmarks/.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import opregistry
+from opregistry import schema
+from opregistry.collect import _stamped
+from opregistry.errors import SchemaError
+from opregistry.model import Backend, Kernel, Namespace, OpDef, Origin
+
+from .conftest import DistFactory, load, op_dist
+
+ORIGIN = Origin("dist-a", "1.0", "opregistry.ops", "ep", "mod:lib")
+RECORDS = [
+    Namespace(name="nsx", kind="FRAGMENT"),
+    OpDef(namespace="nsx", name="f", schema="(Tensor x) -> Tensor", tags=("pt2_compliant_tag",),
+          source="mod.py:3"),
+    Kernel(op="nsx::f", key="autograd", fn="mod:bwd", setup_context="mod:setup", override=True,
+           source="mod.py:4"),
+    Backend(name="b", keys=("CPU",), description="d"),
+]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_stamped_is_evolve(record: object) -> None:
+    stamped = _stamped(record, ORIGIN)
+    evolved = attrs.evolve(record, origin=ORIGIN)
+    assert type(stamped) is type(evolved)
+    for field in attrs.fields(type(record)):
+        assert getattr(stamped, field.name) == getattr(evolved, field.name), field.name
+    assert stamped == evolved and hash(stamped) == hash(evolved)
+    assert record.origin is None and stamped.origin is ORIGIN  # the original is untouched
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        stamped.origin = None  # type: ignore[misc]
+
+
+def test_signature_memo_returns_equal_records_and_keeps_raising() -> None:
+    text = "(Tensor x, int n=2, *, float c=1.) -> Tensor"
+    assert schema.parse_signature(text) == schema._parse(text, named=False)
+    assert schema.parse_signature(text) is schema.parse_signature(text)
+    for _ in range(2):  # a bad text is not cached: it raises every time
+        with pytest.raises(SchemaError, match="appears twice"):
+            schema.parse_signature("(Tensor x, Tensor x) -> Tensor")
+    with pytest.raises(SchemaError, match="a schema is a string"):
+        schema.parse_signature(["not", "a", "string"])  # type: ignore[arg-type]
+
+
+def test_missing_kernel_in_an_imported_module_fails_its_distribution(
+        dists: DistFactory, ns: str) -> None:
+    """The shortcut for modules already imported still fails the distribution whole."""
+    body = ("import KMOD  # imported before materialize: the shortcut's case\n"
+            'lib.define("ok(Tensor x) -> Tensor", kernels={"cpu": "KMOD:clone"})\n'
+            'lib.define("bad(Tensor x) -> Tensor", kernels={"cpu": "KMOD:no_such_kernel"})\n')
+    op_dist(dists, "missing-kernel", ns, body)
+    registry = load(dists)
+    problems = [p for p in registry.problems if p.code == "materialize-failed"]
+    assert len(problems) == 1
+    assert "no_such_kernel" in problems[0].message and "missing-kernel" in problems[0].message
+    assert f"{ns}::ok" not in registry.op_names  # nothing of it registered
+    with pytest.raises(opregistry.ResolutionError, match="no_such_kernel"):
+        load(dists, strict=True)

@@ -106,7 +106,7 @@ def build(ns: str, root: Path, names: list[str] | None = None
 
 
 def _write_candidates(root: Path, ns: str) -> None:
-    """Distribution ``bench-cand-NS``: both ops, CPU only, as a candidate with a predicate
+    """Distribution ``bench-cand-NS``: every op, CPU only, as a candidate with a predicate
     (``NS_ca``: it accepts every call; ``NS_cd``: it declines every call) and a fallback."""
     (root / f"{ns}_preds.py").write_text(
         "def yes(*args, **kwargs):\n    return True\n\n\n"
@@ -114,7 +114,7 @@ def _write_candidates(root: Path, ns: str) -> None:
     lines = ["from opregistry import Candidate, OpLibrary"]
     for suffix, predicate in (("ca", "yes"), ("cd", "no")):
         lines.append(f"lib_{suffix} = OpLibrary('{ns}_{suffix}')")
-        for name in ("one", "twelve"):
+        for name in benchops.SCHEMAS:
             lines.append(
                 f"lib_{suffix}.define({name + benchops.SCHEMAS[name]!r}, kernels={{'cpu': ["
                 f"Candidate('benchops:{name}', predicate='{ns}_preds:{predicate}'), "

@@ -86,3 +86,15 @@ def need_nnkit(problems: Iterable[Any] | None = None) -> None:
         check_installed_errors(problems)
     pytest.skip(f"nnkit needs torch >= {NNKIT_NEEDS} (tags {NNKIT_LACKS}); this is {TORCH}, "
                 f"which refuses it{' (checked)' if problems is not None else ''}")
+
+
+def block_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test of the repo's environment as a whole (``opregistry list`` exits 0, ...):
+    on a torch that refuses nnkit, check that it is refused exactly as it must be, then
+    block the refused distributions (``OPREGISTRY_BLOCK``) so that the rest is tested."""
+    if not NNKIT_REFUSED:
+        return
+    import opregistry
+
+    check_installed_errors(opregistry.plan().problems)
+    monkeypatch.setenv("OPREGISTRY_BLOCK", ",".join(sorted(REFUSED_DISTRIBUTIONS)))

@@ -13,6 +13,7 @@ fails if opregistry refuses too much, too little, or says it differently.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable
 
 import pytest
@@ -98,3 +99,27 @@ def block_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
     check_installed_errors(opregistry.plan().problems)
     monkeypatch.setenv("OPREGISTRY_BLOCK", ",".join(sorted(REFUSED_DISTRIBUTIONS)))
+
+
+@functools.lru_cache(maxsize=None)
+def records_registration_sites() -> bool:
+    """Whether this torch records which file registered a kernel from Python (2.13 does;
+    2.8 writes ``/dev/null:LINE`` for all): what ``Registry.drift`` needs to attribute a
+    replaced kernel.  Probed with a throw-away ``Library``."""
+    import uuid
+
+    import torch
+
+    from opregistry import torch_state
+
+    ns = f"probe{uuid.uuid4().hex[:10]}"
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("f(Tensor x) -> Tensor")
+        lib.impl("f", lambda x: x, "CPU")
+        where = torch_state.kernel_registrations(f"{ns}::f")["CPU"]
+    finally:
+        lib._destroy()
+    recorded = torch_state.site_recorded(where)
+    assert recorded == where.startswith(__file__ + ":"), where
+    return recorded

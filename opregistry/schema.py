@@ -24,6 +24,7 @@ __all__ = [
     "Argument",
     "Return",
     "Schema",
+    "BASE_TYPES",
     "SCHEMA_KEYWORDS",
     "MAX_ARGUMENTS",
     "parse_schema",

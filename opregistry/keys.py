@@ -11,8 +11,8 @@ installed makes its kernels *inactive*; any other key is an error.
 
 The other torch facts the resolver needs before torch is imported live here
 too, per release of the supported range: the namespaces torch owns
-(:data:`RESERVED_NAMESPACES`) and the ``torch.Tag`` members (:data:`TAG_SINCE`,
-:func:`tags_of`), with :func:`installed_torch` reading the installed torch's
+(:data:`RESERVED_NAMESPACES`), the ``torch.Tag`` members (:data:`TAG_SINCE`,
+:func:`tags_of`) and the schema types a release's parser lacks (:data:`TYPE_SINCE`), with :func:`installed_torch` reading the installed torch's
 version and tag list from its files, without importing it.
 ``tests/test_torch_state.py`` compares them with a fresh ``import torch``.
 """
@@ -24,7 +24,7 @@ import functools
 import os
 import re
 import sys
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 __all__ = [
     "DEVICE_KEYS",
@@ -46,11 +46,14 @@ __all__ = [
     "KNOWN_TAGS",
     "ALL_TAGS",
     "TAG_SINCE",
+    "TYPE_SINCE",
     "TorchFacts",
     "installed_torch",
     "installed_torch_build",
     "tags_of",
     "tag_since",
+    "type_since",
+    "types_lacking",
     "canonical_key",
     "suggest_key",
     "is_known_key",
@@ -209,6 +212,17 @@ TAG_SINCE: dict[str, tuple[int, int]] = {
 #: every tag some supported release knows: a tag outside it is a typo, on any torch
 ALL_TAGS: frozenset[str] = _TAGS_2_8 | frozenset(TAG_SINCE)
 
+#: schema base types (:data:`opregistry.schema.BASE_TYPES`) that the schema parser of
+#: some supported release refuses ("unknown type specifier"), with the first release
+#: known to accept them.  Not readable from torch's files (the parser is C++), so a
+#: table, checked against the installed torch by tests/test_torch_state.py.  SymBool:
+#: 2.8.0 refuses it, 2.13.0 and 2.15.0 accept it; 2.9-2.12 are not checked, so the
+#: table names the first release known to work and a release in between is refused
+#: (never the other way: nothing the resolver accepts is refused by torch).
+TYPE_SINCE: dict[str, tuple[int, int]] = {
+    "SymBool": (2, 13),
+}
+
 #: namespaces torch's dispatcher holds right after ``import torch`` (CUDA wheels of PyPI and
 #: the 2.13 CPU wheel), with the first release of the range that has them (2.8 = "all")
 NAMESPACE_SINCE: dict[str, tuple[int, int]] = {
@@ -257,6 +271,17 @@ def tag_since(tag: str) -> str | None:
     """``"2.13"`` for ``"out"``; ``None`` for tags every supported release has, or no release."""
     since = TAG_SINCE.get(tag)
     return None if since is None else f"{since[0]}.{since[1]}"
+
+
+def type_since(base: str) -> str | None:
+    """``"2.13"`` for ``"SymBool"``; ``None`` for types every supported release parses."""
+    since = TYPE_SINCE.get(base)
+    return None if since is None else f"{since[0]}.{since[1]}"
+
+
+def types_lacking(bases: Iterable[str], release: tuple[int, int]) -> list[str]:
+    """The schema base types among ``bases`` that ``release``'s schema parser refuses, sorted."""
+    return sorted({b for b in bases if b in TYPE_SINCE and release < TYPE_SINCE[b]})
 
 
 def _torch_dir() -> str | None:

@@ -210,6 +210,8 @@ class Registry:
         (torch 2.12+), which can shadow a kernel opregistry added to an aten
         op.  Asks torch's dispatcher, per op and key, where the kernel it
         holds was registered; ``opregistry doctor --live`` reports the result.
+        On a torch that does not record the file of a kernel registered from
+        Python (2.8: ``/dev/null:LINE``), only unregistered kernels are found.
         """
         from . import materializer, torch_state
 
@@ -227,6 +229,8 @@ class Registry:
                 where = found.get(k.kernel.key)
                 if where is not None and where.startswith(ours):
                     continue
+                if where is not None and not torch_state.site_recorded(where):
+                    continue  # torch 2.8: no file for Python registrations, nothing to attribute
                 origin = k.kernel.origin
                 if where is None:
                     what, hint = "no longer has it (unregistered)", "reload the registry"

@@ -26,6 +26,7 @@ __all__ = [
     "Argument",
     "Return",
     "Schema",
+    "BASE_TYPES",
     "SCHEMA_KEYWORDS",
     "MAX_ARGUMENTS",
     "parse_schema",

@@ -24,7 +24,7 @@ __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_regi
            "Watch", "watch_registrations", "library_registrations", "torch_dir",
            "torch_build", "load_native", "dispatcher_registrations", "normal_schema",
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
-           "fast_dispatch_enabled"]
+           "fast_dispatch_enabled", "site_recorded"]
 
 
 def registered_ops() -> list[str]:
@@ -77,6 +77,16 @@ def kernel_registrations(op: str) -> dict[str, str]:
         if match and match.group(1) not in ("debug", "schema", "name"):
             found[match.group(1)] = match.group(2).strip()
     return found
+
+
+def site_recorded(where: str) -> bool:
+    """Whether ``where`` (from :func:`kernel_registrations`) names the file that registered.
+
+    torch 2.13 records the Python ``file:line`` of a ``Library``'s registrations;
+    torch 2.8 writes ``/dev/null:LINE`` for every kernel registered from Python,
+    whoever registered it -- which says nothing about who did.
+    """
+    return not where.startswith("/dev/null:")
 
 
 def destroy_library(library: Any) -> None:

@@ -15,7 +15,15 @@ import torch  # imported at collection, so that its autoload is not part of a te
 
 from opregistry.cli import main
 
+from . import per_version
 from .conftest import BACKENDS, op_dist
+
+
+@pytest.fixture
+def healthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repo's environment, healthy on every torch: where nnkit needs a newer torch
+    (tests/per_version.py) its refusal is checked and it is blocked."""
+    per_version.block_refused(monkeypatch)
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -42,7 +50,7 @@ def test_list_json_does_not_import_torch():
     assert backends["cpu"]["distribution"] == {"name": "opregistry-cpu", "version": "0.1.0"}
 
 
-def test_list_table_shows_origin_and_status(capsys):
+def test_list_table_shows_origin_and_status(capsys, healthy):
     assert main(["list", "-n", "tutorial"]) == 0
     out = capsys.readouterr().out
     assert "tutorial::muladd(Tensor a, Tensor b, float c) -> Tensor" in out
@@ -50,14 +58,14 @@ def test_list_table_shows_origin_and_status(capsys):
     assert "tutorial_ops.kernels:muladd_backward" in out
 
 
-def test_list_filters_by_status(capsys):
+def test_list_filters_by_status(capsys, healthy):
     assert main(["list", "--json", "-s", "active", "-b", "cpu"]) == 0
     data = json.loads(capsys.readouterr().out)
     kernels = [k for op in data["ops"] for k in op["kernels"]]
     assert kernels and all(k["status"] == "active" and k["backend"] == "cpu" for k in kernels)
 
 
-def test_python_dash_m_is_the_command():
+def test_python_dash_m_is_the_command(healthy):
     proc = run("-m", "opregistry", "list", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "tutorial" in {n["name"] for n in json.loads(proc.stdout)["namespaces"]}
@@ -76,7 +84,7 @@ def cli_json(capsys, *argv: str) -> tuple[int, object]:
 
 @pytest.mark.parametrize("command", ["list", "plugins", "doctor", "lock", "verify", "show",
                                      "help", "completion"])
-def test_command_does_not_import_torch(command, tmp_path):
+def test_command_does_not_import_torch(command, tmp_path, healthy):
     """list, show, plugins, doctor, lock, verify, help, completion never import torch."""
     lockfile = tmp_path / "opregistry.lock"
     argv = {"lock": ["lock", "-o", str(lockfile)], "verify": ["verify", str(lockfile)],
@@ -462,7 +470,7 @@ def pinned_torch() -> str:
     return version
 
 
-def test_cli_doc_lockfile_excerpt_is_real(capsys):
+def test_cli_doc_lockfile_excerpt_is_real(capsys, healthy):
     """The JSON excerpt in docs/cli.md is part of what `opregistry lock -o -` writes here.
 
     Its torch version is the pinned one; under another torch (the compatibility
@@ -521,7 +529,7 @@ class Tty(io.StringIO):
         return True
 
 
-def test_version_and_global_options_before_or_after_the_command(capsys):
+def test_version_and_global_options_before_or_after_the_command(capsys, healthy):
     """--version exits 0; -v and --wide work before and after the command."""
     proc = run("-m", "opregistry", "--version")
     assert proc.returncode == 0 and proc.stdout.startswith("opregistry "), proc.stderr
@@ -707,13 +715,13 @@ def kernel_columns(text: str) -> set[tuple[int, int]]:
     return starts
 
 
-def test_list_columns_line_up_across_ops(capsys):
+def test_list_columns_line_up_across_ops(capsys, healthy):
     assert main(["list"]) == 0
     starts = kernel_columns(capsys.readouterr().out)
     assert len(starts) == 1, starts
 
 
-def test_text_fits_the_terminal_width_unless_wide():
+def test_text_fits_the_terminal_width_unless_wide(healthy):
     env = {**os.environ, "COLUMNS": "70"}
     narrow = run("-m", "opregistry", "list", env=env)
     assert narrow.returncode == 0, narrow.stderr

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from opregistry.model import resolve_ref
 
+from . import per_version
 from .conftest import BACKENDS, load
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -45,8 +46,9 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_list_shows_owner_fragment_and_third_party_kernel():
     """`opregistry list --json` (no torch): nnkit owns the namespace, nnkit-contrib adds to it."""
     proc = _run("-m", "opregistry", "list", "--json", "-n", "nnkit")
-    assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
+    per_version.need_nnkit(data["problems"])  # on torch < 2.13: refused, as it must be
+    assert proc.returncode == 0, proc.stderr
     [ns] = data["namespaces"]
     assert ns["owner"] == {"name": "nnkit", "version": "0.1.0"}
     assert ns["fragments"] == [{"name": "nnkit-contrib", "version": "0.1.0"}]
@@ -63,8 +65,10 @@ def test_list_shows_owner_fragment_and_third_party_kernel():
 
 
 def test_list_table_names_the_contributing_distribution(capsys):
+    import opregistry
     from opregistry.cli import main
 
+    per_version.need_nnkit(opregistry.plan().problems)
     assert main(["list", "-n", "nnkit"]) == 0
     out = capsys.readouterr().out
     assert "nnkit  nnkit==0.1.0  nnkit-contrib==0.1.0" in out
@@ -89,6 +93,7 @@ def test_declarations_import_neither_torch_nor_kernels():
 
 def test_cuda_kernel_modules_are_not_imported_without_gpu(installed):
     """The Triton kernel and the contrib CUDA kernel stay unimported on a CPU-only machine."""
+    per_version.need_nnkit(installed.problems)
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the CUDA kernels are imported there by design")
     assert "nnkit::rms_norm" in installed.op_names
@@ -114,6 +119,7 @@ def _double(*shape: int) -> torch.Tensor:
 
 
 def test_rms_norm_matches_torch_and_vmaps(installed):
+    per_version.need_nnkit(installed.problems)
     x, w = _double(3, 5, 8), _double(8)
     expected = F.rms_norm(x, (8,), w, eps=1e-6)
     torch.testing.assert_close(torch.ops.nnkit.rms_norm(x, w), expected)
@@ -129,6 +135,7 @@ def test_rms_norm_matches_torch_and_vmaps(installed):
 
 
 def test_rms_norm_grad_matches_torch(installed):
+    per_version.need_nnkit(installed.problems)
     x, w = _double(4, 8).requires_grad_(), _double(8).requires_grad_()
     ours = torch.autograd.grad(torch.ops.nnkit.rms_norm(x, w).pow(2).sum(), (x, w))
     ref = torch.autograd.grad(F.rms_norm(x, (8,), w, 1e-6).pow(2).sum(), (x, w))
@@ -136,6 +143,7 @@ def test_rms_norm_grad_matches_torch(installed):
 
 
 def test_silu_and_mul_and_its_out_overload(installed):
+    per_version.need_nnkit(installed.problems)
     x = _double(2, 3, 10)
     expected = F.silu(x[..., :5]) * x[..., 5:]
     torch.testing.assert_close(torch.ops.nnkit.silu_and_mul(x), expected)
@@ -167,6 +175,7 @@ def _reference_nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) 
 
 
 def test_nms_cpu_and_contrib_cuda_kernel_agree_with_reference(installed):
+    per_version.need_nnkit(installed.problems)
     from nnkit.samples import _boxes
     from nnkit_contrib.cuda_nms import nms as contrib_nms
 
@@ -180,6 +189,7 @@ def test_nms_cpu_and_contrib_cuda_kernel_agree_with_reference(installed):
 
 def test_nms_compiles_with_a_data_dependent_size(installed):
     """The fake kernel's new_dynamic_size() lets torch.compile trace nms without a graph break."""
+    per_version.need_nnkit(installed.problems)
     from torch._dynamo.testing import CompileCounter
 
     from nnkit.samples import _boxes
@@ -198,6 +208,7 @@ def test_nms_compiles_with_a_data_dependent_size(installed):
 
 
 def test_ema_update_and_fused_add_rms_norm_mutate_in_place(installed):
+    per_version.need_nnkit(installed.problems)
     average, value = torch.ones(4), torch.full((4,), 3.0)
     torch.ops.nnkit.ema_update(average, value, 0.75)
     torch.testing.assert_close(average, torch.full((4,), 1.5))
@@ -211,6 +222,7 @@ def test_ema_update_and_fused_add_rms_norm_mutate_in_place(installed):
 
 
 def test_rope_cache_is_a_factory_routed_by_device(installed):
+    per_version.need_nnkit(installed.problems)
     table = torch.ops.nnkit.rope_cache(6, 4, 100.0, dtype=torch.double, device="cpu")
     positions = torch.arange(6, dtype=torch.double)[:, None]
     freqs = positions / 100.0 ** (torch.tensor([0.0, 2.0], dtype=torch.double) / 4)
@@ -222,6 +234,7 @@ def test_rope_cache_is_a_factory_routed_by_device(installed):
 
 
 def test_interp_wraps_numpy_with_grad_and_vmap(installed):
+    per_version.need_nnkit(installed.problems)
     xp = torch.tensor([0.0, 1.0, 3.0], dtype=torch.double)
     fp = torch.tensor([0.0, 2.0, 0.0], dtype=torch.double)
     x = torch.tensor([-1.0, 0.5, 2.0, 4.0], dtype=torch.double, requires_grad=True)
@@ -235,6 +248,7 @@ def test_interp_wraps_numpy_with_grad_and_vmap(installed):
 
 
 def test_gelu_and_mul_from_the_fragment(installed):
+    per_version.need_nnkit(installed.problems)
     x = _double(4, 6).requires_grad_()
     expected = F.gelu(x[..., :3]) * x[..., 3:]
     got = torch.ops.nnkit.gelu_and_mul(x)
@@ -247,6 +261,7 @@ def test_gelu_and_mul_from_the_fragment(installed):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_triton_rms_norm_and_contrib_nms_on_cuda(installed):
     """On a GPU: the Triton kernel and the contrib CUDA kernel are the ones torch calls."""
+    per_version.need_nnkit(installed.problems)
     x, w = torch.randn(64, 1000, device="cuda"), torch.randn(1000, device="cuda")
     torch.testing.assert_close(torch.ops.nnkit.rms_norm(x, w), F.rms_norm(x, (1000,), w, 1e-6),
                                rtol=1e-4, atol=1e-4)

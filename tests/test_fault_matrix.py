@@ -31,6 +31,7 @@ from attrs import field, frozen
 
 import opregistry
 from opregistry import ResolutionError
+from opregistry.keys import ALL_TAGS, TAG_SINCE, TYPE_SINCE, tag_since, type_since, types_lacking
 from opregistry.model import Problem
 
 from . import conftest
@@ -622,8 +623,19 @@ def kernel_module_replaces_another_distributions_kernel(env: Env) -> Fault:
                  says="undid it", unchanged=unchanged, live=True)
 
 
+def _installed_torch():  # type: ignore[no-untyped-def]
+    from opregistry.keys import installed_torch
+
+    facts = installed_torch()
+    assert facts is not None
+    return facts
+
+
 def out_tag_without_mutable_argument(env: Env) -> Fault:
     # Library.define raises ValueError for this; the resolver says so first
+    facts = _installed_torch()
+    if "out" not in facts.tags:  # refused as op-tag-needs-newer-torch: tag-newer-than-installed-torch
+        pytest.skip(f"torch.Tag.out needs torch {tag_since('out')}; this is {facts.version}")
     d = env.op_dist("bad", define("ok") + define("foo", extra=", tags=['out']"))
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
                  says="mutable argument")
@@ -646,6 +658,33 @@ def type_torch_refuses_for_custom_ops(env: Env) -> Fault:
     d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x, Dimname d) -> Tensor"))
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
                  says="Dimname")
+
+
+def tag_newer_than_installed_torch(env: Env) -> Fault:
+    """A tag of a later release of the range: refused before torch, naming that release."""
+    facts = _installed_torch()
+    lacking = sorted(ALL_TAGS - facts.tags, key=lambda t: (TAG_SINCE.get(t, (0, 0)), t))
+    if not lacking:
+        pytest.skip(f"torch {facts.version} has every tag of the supported range: the fault "
+                    f"exists on torch < {'%d.%d' % max(TAG_SINCE.values())} (CI's torch 2.8 pass)")
+    tag = lacking[-1]
+    d = env.op_dist("bad", define("ok") + define("foo", extra=f", tags=[{tag!r}]"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says=f"torch.Tag.{tag} exists from torch {tag_since(tag)}")
+
+
+def type_newer_than_installed_torch(env: Env) -> Fault:
+    """A schema type a later release's parser takes (SymBool): refused before torch."""
+    facts = _installed_torch()
+    lacking = types_lacking(TYPE_SINCE, facts.release)
+    if not lacking:
+        pytest.skip(f"torch {facts.version} parses every schema type of the supported range: "
+                    f"the fault exists on torch < {'%d.%d' % max(TYPE_SINCE.values())} "
+                    f"(CI's torch 2.8 pass)")
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema=f"(Tensor x, {lacking[0]} flag) -> Tensor"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says=f"{lacking[0]} from torch {type_since(lacking[0])}")
 
 
 def distribution_installed_twice(env: Env) -> Fault:
@@ -785,6 +824,9 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "autograd-on-mutable-op": ("autograd-on-mutable-op", autograd_on_mutable_op),
     "vmap-kwarg-only-tensor": ("vmap-kwarg-only-tensor", vmap_kwarg_only_tensor),
     "out-tag-without-mutable-argument": ("schema-invalid", out_tag_without_mutable_argument),
+    "tag-newer-than-installed-torch": ("op-tag-needs-newer-torch", tag_newer_than_installed_torch),
+    "type-newer-than-installed-torch": ("schema-type-needs-newer-torch",
+                                        type_newer_than_installed_torch),
     "autograd-on-op-returning-nothing": ("autograd-no-returns", autograd_on_op_returning_nothing),
     "schema-keyword-as-name": ("op-name-invalid", schema_keyword_as_name),
     "type-torch-refuses-for-custom-ops": ("schema-invalid", type_torch_refuses_for_custom_ops),

@@ -30,7 +30,7 @@ def _copy_source(src: Path, dst: Path) -> Path:
     """A clean copy, so that pip's in-tree build never writes into the checkout."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(
         "*.egg-info", "build", "__pycache__", ".venv", "tests", "docs", "benchmarks",
-        "plugins", "examples", ".git"))
+        "plugins", "examples", ".git", ".venv-compat"))
     return dst
 
 

@@ -28,6 +28,7 @@ from opregistry.digests import contents
 from opregistry.lockfile import LOCK_VERSION, lock_data, read_lock, write_lock
 from opregistry.registry import verify_lock
 
+from . import per_version
 from .conftest import BACKENDS
 
 KERNELS = """
@@ -397,6 +398,10 @@ def test_cli_plugins_in_locked_mode_does_not_import_a_refused_distribution(
 
 def test_bench_lock_runs(tmp_path):
     """benchmarks/bench_lock.py runs end to end on a tiny generated set (no timing asserted)."""
+    import opregistry
+
+    # it locks the whole environment, which on torch < 2.13 has nnkit refused (tests/per_version.py)
+    per_version.need_nnkit(opregistry.plan().problems)
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_lock.py"
     out = tmp_path / "lock.json"
     done = subprocess.run([sys.executable, str(bench), "--dists", "2", "--ops-per-dist", "2",

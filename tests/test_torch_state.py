@@ -123,3 +123,32 @@ def test_native_library_reads(ns):
         lib._destroy()
     assert torch_state.definition_site(f"{ns}::probe") is None
     assert torch_state.normal_schema("ns::f(Tensor  x)->Tensor") == "ns::f(Tensor x) -> Tensor"
+def test_schema_type_table_matches_this_torchs_parser(ns):
+    """keys.TYPE_SINCE says which schema types this torch's parser refuses, exactly.
+
+    Every type the resolver accepts (schema.BASE_TYPES) is tried with torch's own
+    parser and with ``Library.define``: the ones that fail must be the ones the
+    table says this release lacks (SymBool before 2.13), and no others.
+    """
+    from opregistry.keys import installed_torch, types_lacking
+    from opregistry.schema import BASE_TYPES
+
+    facts = installed_torch()
+    assert facts is not None
+    refused = set()
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        for i, base in enumerate(sorted(BASE_TYPES)):
+            if base == "Tensor":
+                continue
+            try:
+                torch._C.parse_schema(f"{ns}::p{i}(Tensor x, {base} y) -> Tensor")
+            except RuntimeError as exc:
+                assert "unknown type specifier" in str(exc), exc
+                refused.add(base)
+                continue
+            lib.define(f"d{i}(Tensor x, {base} y) -> Tensor")  # what parses, registers
+    finally:
+        lib._destroy()
+    assert refused == set(types_lacking(BASE_TYPES, facts.release)), (
+        f"keys.TYPE_SINCE is out of date for torch {facts.version}: torch refuses {sorted(refused)}")

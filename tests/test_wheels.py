@@ -62,7 +62,7 @@ def _copy_checkout(dst: Path) -> Path:
     """The checkout without build outputs, so that building never writes into it."""
     shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(
         ".git", ".venv", "*.egg-info", "build", "dist", "site", "__pycache__", ".pytest_cache",
-        ".hypothesis", ".whl"))
+        ".hypothesis", ".whl", ".venv-compat"))
     return dst
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import DOCS_URL, SchemaError
-from ..keys import KNOWN_TAGS, tag_since
+from ..keys import KNOWN_TAGS, tag_since, type_since, types_lacking
 from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
 from ..schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
@@ -56,6 +56,8 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"{DOCS_URL}op-authors/#every-kind-of-op)",
                    (op.origin,), op=op.qualname, source=where)
         return None
+    if not _types_parsed_by_installed_torch(ctx, op, schema):
+        return None
     if ctx.torch is not None and op.qualname in ctx.torch.ops and \
             (op.namespace, dist_name(op.origin)) not in ctx.natives:  # a native op: loaded already
         ctx.refuse("op-held-by-torch",
@@ -98,6 +100,30 @@ def _tags_known(ctx: Context, op: OpDef) -> bool:
                    (op.origin,), op=op.qualname, source=op.source)
         return False
     return True
+
+
+def _types_parsed_by_installed_torch(ctx: Context, op: OpDef, schema: Schema) -> bool:
+    """Every type of ``schema`` is one the installed torch's schema parser knows.
+
+    ``SymBool`` is refused by torch 2.8's parser (:data:`~opregistry.keys.TYPE_SINCE`):
+    the resolver says so, naming the release that takes it, before torch does with
+    "unknown type specifier" in the middle of registering.
+    """
+    facts = ctx.installed_torch()
+    if facts is None:
+        return True  # no torch installed: no release to check against (the tags rule does the same)
+    bases = [a.type.base for a in schema.arguments] + [r.type.base for r in schema.returns]
+    lacking = types_lacking(bases, facts.release)
+    if not lacking:
+        return True
+    since = ", ".join(f"{t} from torch {type_since(t)}" for t in lacking)
+    needed = max((type_since(t) or "0.0" for t in lacking), key=lambda v: tuple(map(int, v.split("."))))
+    ctx.refuse("schema-type-needs-newer-torch",
+               f"{op.origin}: {op.qualname} uses type(s) {lacking} in its schema, which the "
+               f"schema parser of the installed torch ({facts.version}) lacks: {since}",
+               f"install torch>={needed}, or declare the op without {lacking} (e.g. bool)",
+               (op.origin,), op=op.qualname, source=op.source)
+    return False
 
 
 def check_ops(ctx: Context, namespaces: dict[str, NamespacePlan]) -> dict[str, OpPlan]:

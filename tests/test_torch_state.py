@@ -123,6 +123,8 @@ def test_native_library_reads(ns):
         lib._destroy()
     assert torch_state.definition_site(f"{ns}::probe") is None
     assert torch_state.normal_schema("ns::f(Tensor  x)->Tensor") == "ns::f(Tensor x) -> Tensor"
+
+
 def test_schema_type_table_matches_this_torchs_parser(ns):
     """keys.TYPE_SINCE says which schema types this torch's parser refuses, exactly.
 

@@ -92,14 +92,20 @@ def _tags_known(ctx: Context, op: OpDef) -> bool:
     if lacking:
         version = facts.version if facts is not None else "?"
         since = ", ".join(f"torch.Tag.{t} exists from torch {tag_since(t) or '?'}" for t in lacking)
-        needed = max((tag_since(t) or "0.0" for t in lacking), key=lambda v: tuple(map(int, v.split("."))))
-        ctx.refuse("op-tag-needs-newer-torch",
-                   f"{op.origin}: {op.qualname} has tag(s) {lacking}, which the installed torch "
-                   f"({version}) lacks: {since}",
-                   f"install torch>={needed}, or declare the op without {lacking}",
-                   (op.origin,), op=op.qualname, source=op.source)
+        _refuse_needs_newer(ctx, op, "op-tag-needs-newer-torch",
+                            f"has tag(s) {lacking}, which the installed torch ({version}) lacks: "
+                            f"{since}", [tag_since(t) for t in lacking],
+                            f"declare the op without {lacking}")
         return False
     return True
+
+
+def _refuse_needs_newer(ctx: Context, op: OpDef, code: str, what: str,
+                        since: list[str | None], instead: str) -> None:
+    """Refuse ``op``, which needs a newer torch than the installed one: the newest of ``since``."""
+    needed = max((v or "0.0" for v in since), key=lambda v: tuple(map(int, v.split("."))))
+    ctx.refuse(code, f"{op.origin}: {op.qualname} {what}", f"install torch>={needed}, or {instead}",
+               (op.origin,), op=op.qualname, source=op.source)
 
 
 def _types_parsed_by_installed_torch(ctx: Context, op: OpDef, schema: Schema) -> bool:
@@ -117,12 +123,11 @@ def _types_parsed_by_installed_torch(ctx: Context, op: OpDef, schema: Schema) ->
     if not lacking:
         return True
     since = ", ".join(f"{t} from torch {type_since(t)}" for t in lacking)
-    needed = max((type_since(t) or "0.0" for t in lacking), key=lambda v: tuple(map(int, v.split("."))))
-    ctx.refuse("schema-type-needs-newer-torch",
-               f"{op.origin}: {op.qualname} uses type(s) {lacking} in its schema, which the "
-               f"schema parser of the installed torch ({facts.version}) lacks: {since}",
-               f"install torch>={needed}, or declare the op without {lacking} (e.g. bool)",
-               (op.origin,), op=op.qualname, source=op.source)
+    _refuse_needs_newer(ctx, op, "schema-type-needs-newer-torch",
+                        f"uses type(s) {lacking} in its schema, which the schema parser of the "
+                        f"installed torch ({facts.version}) lacks: {since}",
+                        [type_since(t) for t in lacking],
+                        f"declare the op without {lacking} (e.g. bool)")
     return False
 
 

@@ -17,7 +17,7 @@ import contextlib
 import gc
 import sys
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import attrs
 from attrs import define, field
@@ -466,8 +466,38 @@ def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
     if errors:
         return errors[0]
     ops_after, pairs_after = torch_state.dispatcher_registrations()
-    return _verify_native(native, where, ops_after, ops_after - ops_before,
-                          pairs_after - pairs_before, planned)
+    # a replaced kernel first: unlike the rest, it changes what existing ops do
+    return (_replacements(native, where, outcome.result or ())
+            or _verify_native(native, where, ops_after, ops_after - ops_before,
+                              pairs_after - pairs_before, planned))
+
+
+def _replacements(native: NativePlan, where: str,
+                  replaced: Iterable[tuple[str, str, str]]) -> Problem | None:
+    """A problem if the library replaced a kernel it does not own (``torch_state.replaced_kernels``).
+
+    Its own ops' declared keys are its own business; any other (op, key) --
+    an aten kernel, another package's -- had a kernel already, which the
+    library's ``TORCH_LIBRARY_IMPL`` pushed down.
+    """
+    origin = native.origin
+    own = set(native.keys)
+    found = sorted({(op, key, site) for op, key, site in replaced if (op, key) not in own})
+    if not found:
+        return None
+    named = [f"{op} ({key}, registered at {site})" if site else f"{op} ({key})"
+             for op, key, site in found]
+    shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+    return _native_problem(
+        "native-undeclared-registration", origin, native,
+        f"{origin}: {where} replaced the kernel torch already had for {shown}; "
+        f"{origin.distribution} does not declare it (kernels for ops it does not own). The "
+        f"replacement stays in effect (a shared library cannot be unloaded, and torch cannot "
+        f"take back one C++ kernel); {origin.distribution} is left out.",
+        f"a library that replaces other namespaces' kernels (aten's included) is not trusted: "
+        f"block it (OPREGISTRY_BLOCK={origin.distribution}) or uninstall it, and restart the "
+        f"process to get the original kernel back",
+        op=found[0][0], key=found[0][1])
 
 
 def _native_problem(code: str, origin: Origin, native: NativePlan, message: str, hint: str,

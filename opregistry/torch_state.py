@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from typing import Any, Iterable, Iterator
 
 from .plan import TorchState
@@ -318,16 +319,126 @@ def torch_build() -> tuple[str, bool | None, str | None]:
     return str(torch.__version__), (None if abi is None else bool(abi)), torch.version.cuda
 
 
-def load_native(module: str | None, path: str | None) -> None:
-    """Load a native library: import ``module``, or ``torch.ops.load_library(path)``."""
-    if module is not None:
-        import importlib
+def load_native(module: str | None, path: str | None) -> tuple[tuple[str, str, str], ...]:
+    """Load a native library: import ``module``, or ``torch.ops.load_library(path)``.
 
-        importlib.import_module(module)
-        return
+    Returns the kernels its static initializers *replaced* (see
+    :func:`replaced_kernels`): ``(op, key, where)`` each.
+    """
+    visible = replacements_visible()
+    before = {} if visible else kernel_sites()
+    with replaced_kernels() as replaced:
+        if module is not None:
+            import importlib
+
+            importlib.import_module(module)
+        else:
+            import torch
+
+            torch.ops.load_library(path)
+    if not visible:  # the warnings are hidden: compare every op's kernels (slow, ~0.5 s each)
+        replaced.extend((op, key, site) for (op, key), site in sorted(kernel_sites().items())
+                        if before.get((op, key), site) != site)
+    return tuple(replaced)
+
+
+def kernel_sites() -> dict[tuple[str, str], str]:
+    """``(op, key)`` -> where its kernel was registered, for every op torch knows (slow)."""
+    return {(op, key): site for op in registered_ops()
+            for key, site in kernel_registrations(op).items()}
+
+
+#: the start of the C++ warning torch's dispatcher gives when a registration replaces a
+#: kernel already registered for the same (op, key) (OperatorEntry::registerKernel)
+_REPLACING = "Overriding a previously registered kernel for the same operator"
+_REPLACING_FIRST = "Warning only once for all operators"
+#: C++ log levels (TORCH_CPP_LOG_LEVEL) that hide warnings
+_QUIET_LEVELS = frozenset({"2", "3", "ERROR", "FATAL"})
+_capture_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def replaced_kernels() -> Iterator[list[tuple[str, str, str]]]:
+    """Collect the kernels C++ registrations made meanwhile replace: ``(op, key, where)``.
+
+    A registration for an (op, key) that already has a kernel pushes the old
+    one down and makes torch's dispatcher warn ("Overriding a previously
+    registered kernel ...", naming operator, key and both sites), once per
+    process (``TORCH_WARN_ONCE``) unless ``torch.set_warn_always(True)``.  While
+    a native library loads, that is on, and the warnings -- which C++ code
+    outside any torch binding writes to file descriptor 2 -- are read from a
+    temporary file put there; everything else written meanwhile is written back
+    to the real stderr afterwards.  Meta kernels are not warned about (torch
+    replaces C++ meta kernels by Python ones routinely) and so not seen; nor
+    is anything when ``TORCH_CPP_LOG_LEVEL`` hides warnings (:func:`replacements_visible`).
+    """
+    import tempfile
+
     import torch
 
-    torch.ops.load_library(path)
+    found: list[tuple[str, str, str]] = []
+    with _capture_lock:
+        was = torch.is_warn_always_enabled()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr to redirect: nothing is seen
+            yield found
+            return
+        with tempfile.TemporaryFile() as capture:
+            os.dup2(capture.fileno(), 2)
+            torch.set_warn_always(True)
+            try:
+                yield found
+            finally:
+                torch.set_warn_always(was)
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                capture.seek(0)
+                text = capture.read().decode(errors="replace")
+                rest = _parse_replacements(text, found)
+                if rest:
+                    os.write(2, rest.encode())
+
+
+def _parse_replacements(text: str, found: list[tuple[str, str, str]]) -> str:
+    """Append each replacement warning of ``text`` to ``found``; the rest of ``text``."""
+    rest: list[str] = []
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if _REPLACING_FIRST not in line and _REPLACING not in line:
+            rest.append(line)
+            i += 1
+            continue
+        block = [line]
+        i += 1
+        while i < len(lines) and lines[i][:1] in (" ", "\t"):
+            block.append(lines[i])
+            i += 1
+        fields: dict[str, str] = {}
+        for entry in block:
+            name, sep, value = entry.strip().partition(": ")
+            if sep and name in ("operator", "dispatch key", "new kernel"):
+                fields.setdefault(name, value.strip())
+        op = fields.get("operator", "").partition("(")[0]
+        if op and "dispatch key" in fields:
+            where = fields.get("new kernel", "")
+            where = where[len("registered at "):] if where.startswith("registered at ") else where
+            found.append((op, fields["dispatch key"], where.partition(" (")[0]))
+        else:  # not the shape this torch is known to write: keep it for the user
+            rest.extend(block)
+    return "".join(rest)
+
+
+def replacements_visible() -> bool:
+    """Whether :func:`replaced_kernels` can see anything: C++ warnings are not hidden."""
+    return os.environ.get("TORCH_CPP_LOG_LEVEL", "").strip().upper() not in _QUIET_LEVELS
 
 
 def dispatcher_registrations() -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
@@ -336,7 +447,7 @@ def dispatcher_registrations() -> tuple[frozenset[str], frozenset[tuple[str, str
     Taken before and after a native library loads: the difference is what its
     static initializers registered (C++ registrations bypass every Python hook).
     A kernel that replaces one already registered for the same (op, key) leaves
-    both sets as they were: that is not seen (docs/reliability.md).
+    both sets as they were: :func:`load_native` reports those (:func:`replaced_kernels`).
     """
     import torch
 

@@ -6,6 +6,8 @@ undeclared-op case), with CPU kernels.  ``RIVAL``: a second
 ``TORCH_LIBRARY(extension_cpp)``, the example package's namespace -- loaded
 beside the example, torch would refuse it ("Only a single TORCH_LIBRARY can
 be used to register the namespace"); the tests prove it never is.
+``SWAP_ATEN`` and ``SWAP_OWN``: a ``TORCH_LIBRARY_IMPL`` each that replaces a
+kernel torch already has (aten::add.Tensor's CPU kernel; ``twice``'s).
 
 Each is built in a subprocess, so that building does not load it into the
 test process (``cpp_extension.load`` loads what it builds); both build at
@@ -51,6 +53,35 @@ TORCH_LIBRARY(extension_cpp, m) {
 }
 """
 
+#: replaces the CPU kernel torch has for aten::add.Tensor (by a subtraction, so that the
+#: replacement shows): load it only in a child process
+SWAP_ATEN = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/sub.h>
+#include <torch/library.h>
+
+static at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
+  return at::sub(a, b, alpha);
+}
+
+TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("add.Tensor", &add); }
+"""
+
+#: replaces the CPU kernel of ``SOURCE``'s ``twice`` (load that first) by one that computes
+#: the same: harmless in the test process, yet a replacement of another package's kernel
+SWAP_OWN = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor twice(const at::Tensor& x) { return at::mul(x, 2); }
+
+TORCH_LIBRARY_IMPL(opregistry_native_test, CPU, m) { m.impl("twice", &twice); }
+"""
+
+_SOURCES = {"test": (SOURCE, "native_test"), "rival": (RIVAL, "native_rival"),
+            "swap_aten": (SWAP_ATEN, "native_swap_aten"), "swap_own": (SWAP_OWN, "native_swap_own")}
+
 _BUILD = """
 import sys
 from torch.utils import cpp_extension
@@ -72,15 +103,16 @@ def _paths(source: str, stem: str) -> tuple[str, Path, Path]:
 
 
 def build() -> dict[str, Path]:
-    """``{"test": path, "rival": path}`` of the compiled libraries (built now if not cached)."""
-    wanted = {"test": _paths(SOURCE, "native_test"), "rival": _paths(RIVAL, "native_rival")}
+    """``{"test": path, "rival": path, "swap_aten": path, "swap_own": path}`` of the compiled
+    libraries (built now if not cached)."""
+    wanted = {key: _paths(source, stem) for key, (source, stem) in _SOURCES.items()}
     env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}
     running = []
     for key, (name, root, library) in wanted.items():
         if library.exists():
             continue
         source = root / f"{name}.cpp"
-        source.write_text(SOURCE if key == "test" else RIVAL)
+        source.write_text(_SOURCES[key][0])
         running.append(subprocess.Popen([sys.executable, "-c", _BUILD, name, str(source),
                                          str(root)], env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True))

@@ -289,6 +289,59 @@ def test_library_that_fails_to_load(dists, tmp_path):
     assert problem.culprits[0].distribution == d and "junk.so" in problem.message
 
 
+_SWAP_PROBE = textwrap.dedent("""
+    import json, sys
+    import torch
+    # a replacement made before (from Python) uses up torch's once-per-process warning
+    spent = torch.library.Library("aten", "IMPL")
+    spent.impl("lcm", lambda a, b: a, "CPU")
+    import opregistry
+    registry = opregistry.load()
+    problems = [p for p in registry.errors if p.code == "native-undeclared-registration"]
+    print(json.dumps({
+        "problems": [[p.message, p.op, p.key, [o.distribution for o in p.culprits]]
+                     for p in problems],
+        "add": torch.add(torch.ones(2), torch.ones(2)).tolist(),
+        "left_out": [o.op.qualname for o in registry.ops if o.op.namespace == "swapper"],
+    }))
+""")
+
+
+def _swap(dists: DistFactory, library: Path, **env: str) -> tuple[dict, str]:
+    """Resolve and load ``swapper`` (``library``) in a fresh process: it replaces aten kernels."""
+    d = native_dist(dists, "swapper", f"NativeLibrary(path={str(library)!r})",
+                    "lib.define('own(Tensor x) -> Tensor')\n", namespace="swapper")
+    done = subprocess.run(
+        [sys.executable, "-c", _SWAP_PROBE], capture_output=True, text=True,
+        env={**os.environ, "OPREGISTRY_AUTOLOAD": "0", "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, d]),
+             "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path]), **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.parametrize("log_level", ["", "ERROR"])
+def test_library_replacing_an_aten_kernel_is_caught(dists, native_libraries, log_level):
+    """A ``TORCH_LIBRARY_IMPL(aten, CPU)`` replacing aten::add.Tensor's kernel (by a subtraction).
+
+    It registers no new (op, key): only torch's warning about the replaced
+    kernel tells -- caught even when torch gave its once-per-process warning
+    already, and (by comparing every op's kernels, slowly) when
+    ``TORCH_CPP_LOG_LEVEL`` hides C++ warnings.  The library is loaded in a child
+    process: the replacement stays (this process keeps torch's own add).
+    """
+    found, stderr = _swap(dists, native_libraries["swap_aten"], TORCH_CPP_LOG_LEVEL=log_level)
+    assert found["add"] == [0.0, 0.0], "the library did replace add (and it stays replaced)"
+    [(message, op, key, culprits)] = found["problems"]
+    assert (op, key, culprits) == ("aten::add.Tensor", "CPU", ["swapper"])
+    assert "replaced the kernel torch already had for aten::add.Tensor (CPU" in message
+    assert "native_swap_aten" in message, "the new kernel's site is named"
+    assert "cannot be unloaded" in message and "swapper is left out" in message
+    assert found["left_out"] == [], "none of its declarations is registered"
+    # opregistry reports the replacement: torch's warning is not echoed as well
+    assert "operator: aten::add.Tensor" not in stderr
+    assert torch.equal(torch.add(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+
+
 # -- the example package ---------------------------------------------------------------
 
 

@@ -761,6 +761,26 @@ def native_undeclared_op(env: Env) -> Fault:
                  foreign=(f"{NS}::twice", f"{NS}::hidden"))
 
 
+def native_replaces_kernel(env: Env) -> Fault:
+    """The library's TORCH_LIBRARY_IMPL replaces a kernel torch already has (another package's).
+
+    ``SWAP_OWN`` of tests/native_build.py replaces ``twice``'s CPU kernel by one that
+    computes the same (harmless here; test_native.py replaces aten::add.Tensor's in a
+    child process).  A copy per case, so that each load runs its static initializers.
+    """
+    import shutil
+
+    from .native_build import NS
+
+    torch.ops.load_library(str(env.request.getfixturevalue("native_test_library")))
+    library = Path(env.dists.root) / "swap_own.so"
+    shutil.copy(env.request.getfixturevalue("native_libraries")["swap_own"], library)
+    d = _native_dist(env, "bad", f"NativeLibrary(path={str(library)!r})",
+                     body="lib.define('own(Tensor x) -> Tensor')\n")
+    return Fault({d}, says=f"replaced the kernel torch already had for {NS}::twice (CPU, "
+                           "registered at ", live=True)
+
+
 CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "malformed-schema": ("schema-invalid", malformed_schema),
     "unknown-type": ("schema-invalid", unknown_type),
@@ -844,6 +864,7 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "native-built-for-other-torch": ("native-torch-mismatch", native_built_for_other_torch),
     "native-fails-to-load": ("native-load-failed", native_fails_to_load),
     "native-undeclared-op": ("native-undeclared-registration", native_undeclared_op),
+    "native-replaces-kernel": ("native-undeclared-registration", native_replaces_kernel),
 }
 
 

@@ -156,3 +156,51 @@ def test_schema_type_table_matches_this_torchs_parser(ns):
         lib._destroy()
     assert refused == set(types_lacking(BASE_TYPES, facts.release)), (
         f"keys.TYPE_SINCE is out of date for torch {facts.version}: torch refuses {sorted(refused)}")
+
+
+def test_replacement_warning_has_the_shape_replaced_kernels_reads(ns):
+    """torch's "Overriding a previously registered kernel" warning, as this torch writes it.
+
+    ``replaced_kernels`` reads it from file descriptor 2 while a C++ library
+    loads (tests/test_native.py replaces aten::add.Tensor's kernel for real); a
+    Python registration gets the same text as a Python warning.  With
+    ``set_warn_always`` on it comes for every replacement, not once per process.
+    """
+    import warnings
+
+    import inspect
+
+    # torch 2.8 refuses a second Python kernel for one (op, key) without allow_override
+    override = ({"allow_override": True}
+                if "allow_override" in inspect.signature(torch.library.Library.impl).parameters
+                else {})
+    lib = torch.library.Library(ns, "DEF")
+    was = torch.is_warn_always_enabled()
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        lib.impl("probe", lambda x: x, "CPU")
+        torch.set_warn_always(True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for n in (1, 2):
+                lib.impl("probe", lambda x, n=n: x + n, "CPU", **override)
+    finally:
+        torch.set_warn_always(was)
+        lib._destroy()
+    texts = [str(w.message) for w in caught if "Overriding a previously" in str(w.message)]
+    assert len(texts) == 2, "one warning per replacement while warn_always is on"
+    found: list[tuple[str, str, str]] = []
+    rest = torch_state._parse_replacements("before\n" + texts[0] + "\nafter\n", found)
+    assert [(op, key) for op, key, _ in found] == [(f"{ns}::probe", "CPU")]
+    assert found[0][2].startswith(__file__), found
+    assert rest == "before\nafter\n", "other output is passed on"
+
+
+def test_replaced_kernels_passes_other_stderr_output_on(capfd):
+    """What is written to file descriptor 2 meanwhile, not a replacement warning, still shows."""
+    import os
+
+    with torch_state.replaced_kernels() as found:
+        os.write(2, b"a line of someone else's\n")
+    assert found == []
+    assert "a line of someone else's" in capfd.readouterr().err

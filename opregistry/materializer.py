@@ -474,7 +474,7 @@ def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
 
 def _replacements(native: NativePlan, where: str,
                   replaced: Iterable[tuple[str, str, str]]) -> Problem | None:
-    """A problem if the library replaced a kernel it does not own (``torch_state.replaced_kernels``).
+    """A problem if the library replaced a kernel it does not own (``replaced_kernels``).
 
     Its own ops' declared keys are its own business; any other (op, key) --
     an aten kernel, another package's -- had a kernel already, which the

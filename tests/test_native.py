@@ -313,7 +313,8 @@ def _swap(dists: DistFactory, library: Path, **env: str) -> tuple[dict, str]:
                     "lib.define('own(Tensor x) -> Tensor')\n", namespace="swapper")
     done = subprocess.run(
         [sys.executable, "-c", _SWAP_PROBE], capture_output=True, text=True,
-        env={**os.environ, "OPREGISTRY_AUTOLOAD": "0", "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, d]),
+        env={**os.environ, "OPREGISTRY_AUTOLOAD": "0",
+             "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, d]),
              "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path]), **env})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr

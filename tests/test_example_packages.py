@@ -375,8 +375,7 @@ def test_int8kit_row_scales_is_one_kernel_for_every_device(int8kit):
         torch.library.opcheck(torch.ops.int8kit.row_scales.default, args, kwargs)
     x = torch.randn(3, 10)
     torch.testing.assert_close(row_scales(x), x.abs().amax(-1, keepdim=True) / 127)
-    # the composite kernel also serves Meta's neighbours: a device without its own kernel
-    assert row_scales(x.to("meta")).shape == (3, 1)
+    assert row_scales(x.to("meta")).shape == (3, 1)  # meta tensors: the fake kernel
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: torch.ops.int8kit.row_scales(t) * 2, fullgraph=True)
     torch.testing.assert_close(compiled(x), x.abs().amax(-1, keepdim=True) / 127 * 2)
@@ -395,9 +394,6 @@ def test_int8kit_triton_candidates_and_their_fallback_in_the_plan(int8kit):
     rows = [(k.kernel.key, k.status, k.kernel.fn, bool(k.kernel.triton)) for k in op.kernels
             if k.kernel.key in ("CPU", "CUDA")]
     triton_ref = "int8kit.triton_quant:quantize_with_scales"
-    plain = next(k.kernel.fn for k in op.kernels
-                 if k.kernel.key == "CPU" and not k.kernel.triton)
-    assert callable(plain) or ":" in str(plain)
     # candidates first, in the order they are tried; the plain kernel last
     assert [(key, fn == triton_ref, triton) for key, _, fn, triton in rows] == [
         ("CPU", True, True), ("CPU", False, False), ("CUDA", True, True), ("CUDA", False, False)]
@@ -436,9 +432,10 @@ def test_int8kit_show_says_why_each_candidate_serves_or_not(dists):
     [cuda_triton] = [x for x in lines if x.startswith("CUDA") and triton_ref in x]
     [cpu_triton] = [x for x in lines if x.startswith("CPU") and triton_ref in x]
     [cpu_plain] = [x for x in lines if x.startswith("CPU") and "int8kit.ops" in x]
-    assert "fallback" in cpu_plain and cpu_plain.split()[1] == "active"
+    assert "candidate 2, fallback" in cpu_plain and cpu_plain.split()[1] == "active"
     if HAS_TRITON:
-        assert "int8kit.triton_quant:interpreted" in cpu_triton
+        assert cpu_triton.split()[1] == "active" and "candidate 1" in cpu_triton
+        assert "per call: int8kit.triton_quant:interpreted" in cpu_triton
     else:
         assert "triton" in cpu_triton and cpu_triton.split()[1] != "active"
     if not torch.cuda.is_available():
@@ -465,7 +462,7 @@ print(json.dumps({"errors": [str(p) for p in reg.errors], "q": torch.equal(q, re
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed "
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed "
                     "(requirements-dev.txt installs it on Linux)")
 def test_int8kit_triton_kernel_serves_cpu_calls_under_the_interpreter(dists):
     """TRITON_INTERPRET=1: the CPU Triton candidate takes the calls (its predicate), and

@@ -10,6 +10,7 @@ style package (loaded through a temporary dist-info, see below).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from opregistry.model import resolve_ref
 from . import per_version
 from .conftest import BACKENDS, load
 
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NNKIT_OPS = {
     "nnkit::rms_norm": "nnkit==0.1.0",
@@ -353,5 +355,132 @@ def test_int8kit_discovery_imports_torch_as_documented(dists, monkeypatch):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("]")[0] + "]" == str(
-        ["int8kit::dequantize_rows", "int8kit::quantize_rows"])
+        ["int8kit::dequantize_rows", "int8kit::quantize_rows", "int8kit::quantize_with_scales",
+         "int8kit::row_scales"])
     assert proc.stdout.strip().endswith("True")
+
+
+# -- int8kit: a kernel for every device, and a Triton candidate with a fallback ----------
+
+
+def test_int8kit_row_scales_is_one_kernel_for_every_device(int8kit):
+    """``device_types="default"``: CompositeExplicitAutograd beside its fake; opcheck, compile."""
+    from int8kit.ops import row_scales
+
+    assert not int8kit.errors, int8kit.errors
+    op = int8kit.op("int8kit::row_scales")
+    assert {(k.kernel.key, k.status) for k in op.kernels} == {
+        ("CompositeExplicitAutograd", "active"), ("Meta", "active")}
+    for args, kwargs in resolve_ref(op.op.samples)():
+        torch.library.opcheck(torch.ops.int8kit.row_scales.default, args, kwargs)
+    x = torch.randn(3, 10)
+    torch.testing.assert_close(row_scales(x), x.abs().amax(-1, keepdim=True) / 127)
+    assert row_scales(x.to("meta")).shape == (3, 1)  # meta tensors: the fake kernel
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch.ops.int8kit.row_scales(t) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x), x.abs().amax(-1, keepdim=True) / 127 * 2)
+
+
+def _reference_quantize(x, scale):
+    return torch.floor(x.float() / scale.float() + 0.5).clamp(-127, 127).to(torch.int8)
+
+
+def test_int8kit_triton_candidates_and_their_fallback_in_the_plan(int8kit):
+    """On a machine without a GPU the plain kernel serves; the plan says why each candidate
+    does or does not: the CUDA Triton candidate waits for a GPU (its capability is asked on
+    the first call there), the CPU one declines outside Triton's interpreter."""
+    assert not int8kit.errors, int8kit.errors
+    op = int8kit.op("int8kit::quantize_with_scales")
+    rows = [(k.kernel.key, k.status, k.kernel.fn, bool(k.kernel.triton)) for k in op.kernels
+            if k.kernel.key in ("CPU", "CUDA")]
+    triton_ref = "int8kit.triton_quant:quantize_with_scales"
+    # candidates first, in the order they are tried; the plain kernel last
+    assert [(key, fn == triton_ref, triton) for key, _, fn, triton in rows] == [
+        ("CPU", True, True), ("CPU", False, False), ("CUDA", True, True), ("CUDA", False, False)]
+    statuses = {(key, triton): status for key, status, _, triton in rows}
+    if HAS_TRITON:
+        assert statuses[("CPU", True)] == "active"  # with its per-call predicate
+    else:
+        assert statuses[("CPU", True)] in ("unmet", "inactive")
+    assert statuses[("CPU", False)] == "active"
+    if not torch.cuda.is_available():
+        assert statuses[("CUDA", True)] != "active" and statuses[("CUDA", False)] != "active"
+    # the samples (contiguous and not) through opcheck; eager equals the reference
+    for args, kwargs in resolve_ref(op.op.samples)():
+        torch.library.opcheck(torch.ops.int8kit.quantize_with_scales.default, args, kwargs)
+        assert torch.equal(torch.ops.int8kit.quantize_with_scales(*args), _reference_quantize(*args))
+    x = torch.randn(6, 33)
+    scale = torch.ops.int8kit.row_scales(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda t, s: torch.ops.int8kit.quantize_with_scales(t, s).float() * s, fullgraph=True)
+    torch.testing.assert_close(compiled(x, scale), _reference_quantize(x, scale).float() * scale)
+
+
+def test_int8kit_show_says_why_each_candidate_serves_or_not(dists):
+    """`opregistry show` on this (GPU-less or GPU) machine, through the real CLI."""
+    name = dists.make("int8kit", version="0.1.0", ops={"int8kit": "int8kit.ops:lib"})
+    env = {**__import__("os").environ, "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, name]),
+           "PYTHONPATH": f"{dists.root}:{EXAMPLES / 'int8kit'}"}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-m", "opregistry", "show",
+                           "int8kit::quantize_with_scales"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
+    triton_ref = "int8kit.triton_quant:quantize_with_scales"
+    [cuda_triton] = [x for x in lines if x.startswith("CUDA") and triton_ref in x]
+    [cpu_triton] = [x for x in lines if x.startswith("CPU") and triton_ref in x]
+    [cpu_plain] = [x for x in lines if x.startswith("CPU") and "int8kit.ops" in x]
+    assert "candidate 2, fallback" in cpu_plain and cpu_plain.split()[1] == "active"
+    if HAS_TRITON:
+        assert cpu_triton.split()[1] == "active" and "candidate 1" in cpu_triton
+        assert "per call: int8kit.triton_quant:interpreted" in cpu_triton
+    else:
+        assert "triton" in cpu_triton and cpu_triton.split()[1] != "active"
+    if not torch.cuda.is_available():
+        assert cuda_triton.split()[1] == "unavailable", cuda_triton
+
+
+INT8KIT_TRITON_PROBE = """
+import json, sys, torch, opregistry
+with opregistry.kernel_counts() as counts:
+    reg = opregistry.load(plugins=sys.argv[1].split(","))
+    x = torch.randn(5, 77)
+    scale = torch.ops.int8kit.row_scales(x)
+    q = torch.ops.int8kit.quantize_with_scales(x, scale)
+    xt = x.double().t().contiguous().t()
+    qt = torch.ops.int8kit.quantize_with_scales(xt, scale.double())
+    compiled = torch.compile(lambda a, s: torch.ops.int8kit.quantize_with_scales(a, s),
+                             backend="aot_eager", fullgraph=True)
+    qc = compiled(x, scale)
+    torch.library.opcheck(torch.ops.int8kit.quantize_with_scales.default, (x, scale))
+ref = torch.floor(x / scale + 0.5).clamp(-127, 127).to(torch.int8)
+print(json.dumps({"errors": [str(p) for p in reg.errors], "q": torch.equal(q, ref),
+                  "qt": torch.equal(qt, ref), "compiled": torch.equal(qc, ref),
+                  "rows": [[r[0], r[1], r[2], r[3]] for r in counts.rows]}))
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed "
+                    "(requirements-dev.txt installs it on Linux)")
+def test_int8kit_triton_kernel_serves_cpu_calls_under_the_interpreter(dists):
+    """TRITON_INTERPRET=1: the CPU Triton candidate takes the calls (its predicate), and
+    computes what the plain kernel does, contiguous or not; compile and opcheck pass."""
+    from .test_kinds import _needs_interpreter_launch
+
+    _needs_interpreter_launch()
+    name = dists.make("int8kit", version="0.1.0", ops={"int8kit": "int8kit.ops:lib"})
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "OPREGISTRY_AUTOLOAD": "0",
+           "PYTHONPATH": __import__("os").pathsep.join(
+               [str(dists.root), str(EXAMPLES / "int8kit"), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", INT8KIT_TRITON_PROBE, ",".join([*BACKENDS, name])],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [] and result["q"] and result["qt"] and result["compiled"]
+    served = {(op, kernel.split(" ")[0]): calls for op, key, kernel, calls in result["rows"]
+              if key == "CPU"}
+    assert served[("int8kit::quantize_with_scales",
+                   "int8kit.triton_quant:quantize_with_scales")] >= 2
+    assert ("int8kit::quantize_with_scales", "int8kit.ops:quantize_with_scales") not in served

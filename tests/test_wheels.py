@@ -181,7 +181,7 @@ def test_op_package_depends_on_the_backends_its_kernels_need(built: Path, name: 
              if r.marker is not None and r.marker.evaluate({"extra": "cuda"})}
     used = set(_backends_used().get(name, ())) or None
     if used is None:  # not installed in this environment (int8kit): its declared keys
-        used = {"cpu", "meta", "autograd", "vmap"}
+        used = {"cpu", "meta", "autograd", "vmap", "cuda"}
     for backend in used:
         dist = f"opregistry-{backend}"
         if backend == "cuda":

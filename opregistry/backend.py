@@ -22,7 +22,8 @@ from .keys import COMPOSITE_KEYS, DEVICE_KEYS, canonical_key
 from .model import Backend, Kernel
 from .torch_state import enable_fast_dispatch, library_alive
 
-__all__ = ["DeviceBackend", "op_name", "device_kernel", "triton_kernel", "enable_fast_dispatch"]
+__all__ = ["DeviceBackend", "op_name", "device_kernel", "triton_kernel", "eager_triton",
+           "enable_fast_dispatch"]
 
 #: ``(qualname, key) -> (library, fn)``: the device kernels DeviceBackends
 #: registered.  The autograd backend calls them directly when nothing requires
@@ -141,7 +142,6 @@ def triton_kernel(library: Any, kernel: Kernel, fn: Callable[..., Any],
     import os
 
     import torch.library
-    from torch._library.triton import set_wrap_triton_enabled
     from torch._subclasses.functional_tensor import FunctionalTensorMode
 
     table_key = (id(library), kernel.op)
@@ -150,6 +150,18 @@ def triton_kernel(library: Any, kernel: Kernel, fn: Callable[..., Any],
         table = _triton_kernels[table_key] = {}
         _register_decomposition(library, kernel.op, table, FunctionalTensorMode, os.environ)
     table[device_type] = fn
+
+    return eager_triton(fn)
+
+
+def eager_triton(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called with ``wrap_triton`` switched off: real tensors need no tracing.
+
+    The device kernel of a Triton kernel, and a Triton candidate in a chain of
+    kernel candidates (which, being chosen per call, gets no ``FunctionalTensorMode``
+    rule: ``torch.compile`` keeps such an op whole and uses its fake kernel).
+    """
+    from torch._library.triton import set_wrap_triton_enabled
 
     def triton_device_kernel(*args: Any, **kwargs: Any) -> Any:
         with set_wrap_triton_enabled(False):

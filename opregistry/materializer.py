@@ -23,6 +23,7 @@ import attrs
 from attrs import define, field
 
 from . import guard
+from .backend import eager_triton
 from .config import Policy
 from .containment import describe, must_propagate
 from .errors import MaterializationError
@@ -397,7 +398,9 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
         if not alive:
             continue
         anchor = alive[-1].kernel
-        steps = [Step(fn=imported[id(k)][0], predicate=imported[id(k)][1],
+        # a Triton candidate runs eagerly with wrap_triton off, as a Triton kernel does
+        steps = [Step(fn=eager_triton(imported[id(k)][0]) if k.kernel.triton else imported[id(k)][0],
+                      predicate=imported[id(k)][1],
                       capability=k.kernel.when.capability if k.kernel.when else None,
                       label=f"{describe_ref(k.kernel.fn)} ({k.kernel.origin.dist})")
                  for k in alive]

@@ -227,3 +227,22 @@ def test_capability_condition_is_read_per_device_and_cached(monkeypatch) -> None
     assert [kernel(on0), kernel(on1), kernel(on1), kernel(on0)] == \
         ["portable", "sm90", "sm90", "portable"]
     assert asked == [0, 1]
+
+
+def test_a_triton_candidate_runs_with_wrap_triton_off(dists, ns) -> None:
+    """As a Triton kernel's device kernel does: real tensors need no tracing of the launch."""
+    pytest.importorskip("triton", reason="requirements-dev.txt installs triton on Linux")
+    make(dists, ns, 'lib.impl("scale", "cpu", "cand_fast:records", triton=True, '
+                    'predicate="cand_fast:small")\n'
+                    'SEEN = []\n'
+                    'def records(x):\n'
+                    '    from torch._library.triton import is_wrap_triton_enabled\n'
+                    '    SEEN.append(is_wrap_triton_enabled())\n'
+                    '    return x * 2 + 1000')
+    registry = load(dists)
+    assert not registry.errors, registry.errors
+    assert torch.equal(getattr(torch.ops, ns).scale(torch.ones(2)), torch.full((2,), 1002.0))
+    assert sys.modules["cand_fast"].SEEN == [False]
+    from torch._library.triton import is_wrap_triton_enabled
+
+    assert is_wrap_triton_enabled()  # switched off for the call only

@@ -192,7 +192,8 @@ def test_replacement_warning_has_the_shape_replaced_kernels_reads(ns):
     found: list[tuple[str, str, str]] = []
     rest = torch_state._parse_replacements("before\n" + texts[0] + "\nafter\n", found)
     assert [(op, key) for op, key, _ in found] == [(f"{ns}::probe", "CPU")]
-    assert found[0][2].startswith(__file__), found
+    # the new kernel's file (torch 2.8 writes /dev/null:LINE for Python registrations)
+    assert found[0][2].startswith(__file__) or not torch_state.site_recorded(found[0][2]), found
     assert rest == "before\nafter\n", "other output is passed on"
 
 

@@ -93,26 +93,29 @@ def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
     :param policy: the override policy; a registration it allows is kept, with a warning.
     :param owns: whether a ``file:line`` belongs to the distribution (for new ``DEF``s).
     """
-    watching = protected is not None and "torch" in sys.modules
+    if protected is None or "torch" not in sys.modules:
+        # nothing to watch: containment only.  The materializer resolves thousands
+        # of kernel references in modules imported already through here, so this
+        # path costs one call and one record, no context manager
+        try:
+            return Guarded(fn(*args), None)
+        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
+            if must_propagate(exc):
+                raise
+            return Guarded(None, exc)
+    from .torch_state import watch_registrations
+
     result: Any = None
     error: BaseException | None = None
-    watch = None
-    with contextlib.ExitStack() as stack:
-        if watching:
-            from .torch_state import watch_registrations
-
-            watch = stack.enter_context(watch_registrations())
+    with watch_registrations() as watch:
         try:
             result = fn(*args)
         except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
             if must_propagate(exc):
                 raise
             error = exc
-    problems: tuple[Problem, ...] = ()
-    if watch is not None:
-        problems = _unplanned(watch, origin, what,
-                              frozenset(protected or ()) | RESERVED_NAMESPACES,
-                              policy or Policy(), owns or (lambda where: False))
+    problems = _unplanned(watch, origin, what, frozenset(protected) | RESERVED_NAMESPACES,
+                          policy or Policy(), owns or (lambda where: False))
     return Guarded(result, error, problems)
 
 

@@ -219,34 +219,27 @@ def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
     """The callable ``ref`` names, imported contained; or the problem that fails its distribution."""
     module = ref.partition(":")[0] if isinstance(ref, str) else None
     loaded = sys.modules.get(module) if module else None
-    # a module imported already runs no code of its own: no watch needed (the common case)
+    # a module imported already runs no code of its own: contained, but not watched
+    # (the common case: guard.run's unwatched path is one call)
     fresh = module is not None and (loaded is None or getattr(
         getattr(loaded, "__spec__", None), "_initializing", False))
     # an autocast rule's "kernel" is the torch.dtype it casts to, not a callable
     resolve = resolve_ref if kernel.key not in AUTOCAST_KEYS else _resolve_any
-    if not fresh:
-        # no watch to set up (guard.run with protected=None would only contain the
-        # error): per kernel at import torch, the guard's bookkeeping cost more
-        # than the attribute lookup itself
-        try:
-            return resolve(ref), None
-        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
-            if must_propagate(exc):
-                raise
-            return None, _failure(kernel.origin, f"importing {describe_ref(ref)} for {kernel.op}",
-                                  exc, kernel.op, kernel.key,
-                                  guard.raised_at(exc) or kernel.source)
     outcome = guard.run(resolve, ref, origin=kernel.origin, what=f"importing {module or ref}",
                         protected=watched if fresh else None, policy=policy,
-                        owns=guard.owned_by(module) if module else None)
-    errors = [p for p in outcome.problems if p.severity == "error"]
-    warnings.extend(p for p in outcome.problems if p.severity != "error")
+                        owns=guard.owned_by(module) if fresh and module else None)
+    error = None
+    for p in outcome.problems:
+        if p.severity != "error":
+            warnings.append(p)
+        elif error is None:
+            error = p
     if outcome.error is not None:
         # the line that raised in the kernel module, else the kernel's declaration
         return None, _failure(kernel.origin, f"importing {describe_ref(ref)} for {kernel.op}",
                               outcome.error, kernel.op, kernel.key,
                               guard.raised_at(outcome.error) or kernel.source)
-    return outcome.result, (errors[0] if errors else None)
+    return outcome.result, error
 
 
 def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
@@ -332,20 +325,12 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
             if count and (kernel.key in DEVICE_KEYS or kernel.key in COMPOSITE_KEYS):
                 label = f"{describe_ref(kernel.fn)} ({kernel.origin.dist})"
                 fn = counted(kernel.op, kernel.key, label, fn)
-            try:
-                done = materializers[k.backend](
-                    library=libs[dist].get(kernel.namespace),
-                    op=op.op if op else None, kernel=kernel, fn=fn, setup_context=setup,
-                    dispatch_class=dispatch_class)
-                if not done:
-                    raise MaterializationError(
-                        f"backend {k.backend} did not register it (returned {done!r})")
-            except BaseException as exc:  # noqa: BLE001 - a backend's code, contained
-                if must_propagate(exc):
-                    raise
-                what = f"registering the {kernel.key} kernel of {kernel.op} (backend {k.backend})"
-                failed[dist] = _failure(kernel.origin, what, exc, kernel.op, kernel.key,
-                                        kernel.source)
+            problem = _register(
+                materializers, k.backend, kernel, f"the {kernel.key} kernel of {kernel.op}",
+                library=libs[dist].get(kernel.namespace), op=op.op if op else None,
+                kernel=kernel, fn=fn, setup_context=setup, dispatch_class=dispatch_class)
+            if problem is not None:
+                failed[dist] = problem
                 break
 
     # candidates: every function imported under its own distribution first, so that
@@ -404,22 +389,16 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                       capability=k.kernel.when.capability if k.kernel.when else None,
                       label=f"{describe_ref(k.kernel.fn)} ({k.kernel.origin.dist})")
                  for k in alive]
-        try:
-            done = materializers[alive[-1].backend](
-                library=libs[anchor.origin.distribution].get(anchor.namespace), op=op.op,
-                kernel=anchor, setup_context=None,
-                fn=chain(qualname, key, steps,
-                         observer(qualname, key, [s.label for s in steps]) if count else None,
-                         keywords=any(a.kwarg_only for a in op.parsed.arguments)))
-            if not done:
-                raise MaterializationError(
-                    f"backend {alive[-1].backend} did not register it (returned {done!r})")
-        except BaseException as exc:  # noqa: BLE001 - a backend's code, contained
-            if must_propagate(exc):
-                raise
-            failed[anchor.origin.distribution] = _failure(
-                anchor.origin, f"registering the {key} kernel candidates of {qualname} "
-                f"(backend {alive[-1].backend})", exc, qualname, key, anchor.source)
+        problem = _register(
+            materializers, alive[-1].backend, anchor,
+            f"the {key} kernel candidates of {qualname}",
+            library=libs[anchor.origin.distribution].get(anchor.namespace), op=op.op,
+            kernel=anchor, setup_context=None,
+            fn=chain(qualname, key, steps,
+                     observer(qualname, key, [s.label for s in steps]) if count else None,
+                     keywords=any(a.kwarg_only for a in op.parsed.arguments)))
+        if problem is not None:
+            failed[anchor.origin.distribution] = problem
 
     for dist, problem in failed.items():
         libs[dist].destroy()
@@ -434,6 +413,22 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
                   if op.op.origin and op.op.origin.distribution not in failed]
     _defined.update(result.ops)
     return result
+
+
+def _register(materializers: dict[str, Callable[..., Any]], backend: str, culprit: Any,
+              what: str, **registration: Any) -> Problem | None:
+    """Call ``backend``'s materialize hook, contained: ``None``, or the problem that fails it."""
+    try:
+        done = materializers[backend](**registration)
+        if not done:
+            raise MaterializationError(f"backend {backend} did not register it (returned {done!r})")
+    except BaseException as exc:  # noqa: BLE001 - a backend's code, contained
+        if must_propagate(exc):
+            raise
+        # ``culprit``: the kernel whose distribution fails (registration has a ``kernel`` too)
+        return _failure(culprit.origin, f"registering {what} (backend {backend})", exc,
+                        culprit.op, culprit.key, culprit.source)
+    return None
 
 
 def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,

@@ -29,17 +29,53 @@ RECORDS = [
 ]
 
 
-@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
-def test_stamped_is_evolve(record: object) -> None:
-    stamped = _stamped(record, ORIGIN)
-    evolved = attrs.evolve(record, origin=ORIGIN)
+OTHER = Origin("dist-b", "2.0", "opregistry.ops", "ep2", "mod2:lib")
+
+
+def _same_as_evolve(stamped: object, record: object, origin: Origin) -> None:
+    evolved = attrs.evolve(record, origin=origin)
     assert type(stamped) is type(evolved)
     for field in attrs.fields(type(record)):
         assert getattr(stamped, field.name) == getattr(evolved, field.name), field.name
     assert stamped == evolved and hash(stamped) == hash(evolved)
-    assert record.origin is None and stamped.origin is ORIGIN  # the original is untouched
+    assert stamped.origin is origin
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         stamped.origin = None  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_stamped_is_evolve(record: object) -> None:
+    record = attrs.evolve(record)  # a fresh, unclaimed copy: _stamped may write to it
+    hashed = hash(record)  # origin takes no part in equality: a set holding it stays valid
+    stamped = _stamped(record, ORIGIN)
+    _same_as_evolve(stamped, record, ORIGIN)
+    assert stamped is record and hash(stamped) == hashed  # unclaimed: stamped in place
+    assert _stamped(stamped, ORIGIN) is stamped  # collected again (reload): as it is
+    # claimed by another distribution first: a copy, and the first keeps its origin
+    other = _stamped(stamped, OTHER)
+    _same_as_evolve(other, record, OTHER)
+    assert other is not stamped and stamped.origin is ORIGIN
+
+
+def test_a_record_two_distributions_return_is_attributed_to_each(
+        dists: DistFactory, ns: str) -> None:
+    """One module-level list of records returned by two entry points: each keeps its origin."""
+    shared = (
+        "from opregistry import Namespace, OpDef\n"
+        f"NS = [Namespace(name='{ns}', kind='FRAGMENT')]\n"
+        f"OPS = [OpDef(namespace='{ns}', name='f', schema='(Tensor x) -> Tensor')]\n")
+    hooks = (f"from {ns}_shared import NS, OPS\n"
+             "def opregistry_namespaces():\n    return NS\n"
+             "def opregistry_ops():\n    return OPS\n")
+    dists.make("share-a", ops={"a": f"{ns}_a"},
+               modules={f"{ns}_shared": shared, f"{ns}_a": hooks})
+    dists.make("share-b", ops={"b": f"{ns}_b"}, modules={f"{ns}_b": hooks})
+    registry = load(dists)
+    # both define ns::f: the problem names both, which it can only do if the one
+    # record object, collected twice, was attributed to each distribution
+    conflict = [p for p in registry.problems if f"{ns}::f" in p.message]
+    assert conflict, [p.message for p in registry.problems]
+    assert {"share-a", "share-b"} <= {c.distribution for p in conflict for c in p.culprits}
 
 
 def test_signature_memo_returns_equal_records_and_keeps_raising() -> None:

@@ -280,7 +280,7 @@ def watch_registrations() -> Iterator[Watch]:
     library are wrapped too: ``torch.ops.load_library`` and the loader of
     extension modules (``importlib.machinery.ExtensionFileLoader.create_module``,
     where the shared library is opened and its ``TORCH_LIBRARY`` blocks run).
-    Around each, the dispatcher's op names are compared (~2 ms) and torch's
+    Around each, the dispatcher's op names are compared (~3 ms) and torch's
     warnings about replaced kernels captured (:func:`replaced_kernels`); what
     a library registered lands in ``watch.natives``.  A library an op package
     declares (:func:`load_native`) is checked by the materializer instead, and

@@ -122,6 +122,20 @@ def test_native_impl_for_an_op_nobody_defines_is_refused(dists, native_libraries
     assert p.natives == ()
 
 
+def test_native_impl_whose_definer_is_left_out_is_not_loaded(dists, native_libraries, tmp_path):
+    """The definer is blocked: the op is not planned, so neither is the library."""
+    definer = _dist(dists, "ni-blocked", IMPL_NS, "DEF", None, DEFINER)
+    d = _dist(dists, "ni-orphan", IMPL_NS, "IMPL",
+              _copy(native_libraries["impl"], tmp_path, "ni_orphan"), TRIPLE_CPU)
+    p = plan(dists, block=[definer])
+    problem = next(e for e in p.errors if e.code == "kernel-for-undefined-op")
+    assert problem.culprits[0].distribution == d and problem.op == f"{IMPL_NS}::triple"
+    assert p.natives == ()
+    # unblocked, the same two are planned, the library with them
+    assert [(n.kind, n.keys) for n in plan(dists).natives] == [
+        ("IMPL", ((f"{IMPL_NS}::triple", "CPU"),))]
+
+
 def test_native_impl_for_a_torch_op_is_refused(dists, native_libraries, tmp_path):
     d = _dist(dists, "ni-aten", "aten", "IMPL",
               _copy(native_libraries["impl"], tmp_path, "ni_aten"),
@@ -144,6 +158,19 @@ def test_overridden_native_kernel_keeps_its_library_out(dists, native_libraries,
     problem = next(e for e in p.errors if e.code == "native-kernel-displaced")
     assert problem.culprits[0].distribution == d and problem.key == "CPU"
     assert "overridden" in problem.message and "not loaded" in problem.message
+    assert p.natives == ()
+
+
+def test_switched_off_native_kernel_keeps_its_library_out(dists, native_libraries, tmp_path,
+                                                          monkeypatch):
+    """The user switches the C++ kernel off: its library is not loaded (it would register it)."""
+    _dist(dists, "ni-def4", IMPL_NS, "DEF", None, DEFINER)
+    d = _dist(dists, "ni-switched", IMPL_NS, "IMPL",
+              _copy(native_libraries["impl"], tmp_path, "ni_switched"), TRIPLE_CPU)
+    monkeypatch.setenv("OPREGISTRY_KERNELS", f"-{IMPL_NS}::triple:CPU")
+    p = plan(dists)
+    problem = next(e for e in p.errors if e.code == "native-kernel-displaced")
+    assert problem.culprits[0].distribution == d and "disabled" in problem.message
     assert p.natives == ()
 
 

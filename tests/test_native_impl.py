@@ -32,7 +32,8 @@ from .native_build import FRAG_NS, IMPL_NS
 
 KERNELS = ("import torch\n"
            "def fake(x):\n    return torch.empty_like(x)\n"
-           "def cpu(x):\n    return x * 3\n")
+           "def cpu(x):\n    return x * 3\n"
+           "def ident(x):\n    return x.clone()\n")
 
 
 def _dist(dists: DistFactory, name: str, namespace: str, kind: str, library: str | None,
@@ -204,10 +205,10 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def _probe(dists: DistFactory, library: str, ns: str, op: str) -> dict:
+def _probe(dists: DistFactory, library: str, ns: str, op: str, **env: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, library, ns, op], capture_output=True, text=True,
-        env={**os.environ, "OPREGISTRY_AUTOLOAD": "0",
+        env={**os.environ, **env, "OPREGISTRY_AUTOLOAD": "0",
              "OPREGISTRY_PLUGINS": ",".join([*BACKENDS, *dists.names]),
              "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path])})
     assert done.returncode == 0, done.stderr
@@ -224,6 +225,23 @@ def test_native_impl_kernel_runs_for_a_python_defined_op(dists, native_libraries
     assert found["result"] == [0.0, 3.0, 6.0, 9.0]  # the C++ kernel: x * 3
     assert found["kernels"] == [["CPU", "native"], ["Meta", "active"]]
     assert found["natives"] == [[IMPL_NS, "IMPL"]]
+
+
+def test_native_impl_overriding_the_definers_python_kernel(dists, native_libraries):
+    """``override=True`` and the policy: the C++ kernel replaces the definer's Python one,
+    which is then never registered (no replacement for torch to warn about)."""
+    _dist(dists, "ni-owner3", IMPL_NS, "DEF", None,
+          DEFINER.replace("fake='KMOD:fake')\n", "fake='KMOD:fake', kernels={'cpu': 'KMOD:ident'})\n", 1))
+    _dist(dists, "ni-better", IMPL_NS, "IMPL", str(native_libraries["impl"]),
+          "lib.impl('triple', native=['CPU'], override=True)\n")
+    refused = _probe(dists, str(native_libraries["impl"]), IMPL_NS, "triple")
+    assert [code for code, _, _ in refused["errors"]] == ["kernel-override-denied"]
+    assert refused["mapped"] is False and refused["result"] == [0.0, 1.0, 2.0, 3.0]
+    found = _probe(dists, str(native_libraries["impl"]), IMPL_NS, "triple",
+                   OPREGISTRY_ALLOW_OVERRIDE=IMPL_NS)
+    assert found["errors"] == []
+    assert found["result"] == [0.0, 3.0, 6.0, 9.0]
+    assert found["kernels"] == [["CPU", "native"], ["CPU", "overridden"], ["Meta", "active"]]
 
 
 def test_native_impl_registering_an_undeclared_kernel_is_caught(dists, native_libraries):

@@ -9,7 +9,8 @@ be used to register the namespace"); the tests prove it never is.
 ``SWAP_ATEN`` and ``SWAP_OWN``: a ``TORCH_LIBRARY_IMPL`` each that replaces a
 kernel torch already has (aten::add.Tensor's CPU kernel; ``twice``'s).  ``IMPL``,
 ``IMPL_EXTRA`` and ``FRAGMENT``: C++ kernels and ops for namespaces Python DEFs own
-(``IMPL_NS``, ``FRAG_NS``), as IMPL and FRAGMENT libraries ship them.
+(``IMPL_NS``, ``FRAG_NS``), as IMPL and FRAGMENT libraries ship them; ``IMPL_META``:
+a C++ Meta kernel for ``SOURCE``'s ``twice``, an IMPL library for a native DEF.
 
 Each is built in a subprocess, so that building does not load it into the
 test process (``cpp_extension.load`` loads what it builds); both build at
@@ -124,10 +125,21 @@ TORCH_LIBRARY_FRAGMENT(opregistry_nfrag, m) { m.def("halve(Tensor x) -> Tensor")
 TORCH_LIBRARY_IMPL(opregistry_nfrag, CPU, m) { m.impl("halve", &halve); }
 """
 
+#: an IMPL library for ``SOURCE``'s native DEF: a C++ Meta kernel for ``twice``
+IMPL_META = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+static at::Tensor twice_meta(const at::Tensor& x) { return at::empty_like(x); }
+
+TORCH_LIBRARY_IMPL(opregistry_native_test, Meta, m) { m.impl("twice", &twice_meta); }
+"""
+
 _SOURCES = {"test": (SOURCE, "native_test"), "rival": (RIVAL, "native_rival"),
             "swap_aten": (SWAP_ATEN, "native_swap_aten"), "swap_own": (SWAP_OWN, "native_swap_own"),
             "impl": (IMPL, "native_impl"), "impl_extra": (IMPL_EXTRA, "native_impl_extra"),
-            "fragment": (FRAGMENT, "native_fragment")}
+            "fragment": (FRAGMENT, "native_fragment"), "impl_meta": (IMPL_META, "native_impl_meta")}
 
 _BUILD = """
 import sys

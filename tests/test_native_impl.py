@@ -192,6 +192,13 @@ _PROBE = textwrap.dedent("""
     import torch
     ns, op = sys.argv[2], sys.argv[3]
     x = torch.arange(4.0)
+
+    def meta(packet):
+        try:
+            return str(packet(x.to("meta")).device)
+        except NotImplementedError:
+            return "no Meta kernel"
+
     row = registry.op(f"{ns}::{op}")
     packet = getattr(getattr(torch.ops, ns), op, None) if row is not None else None
     print(json.dumps({
@@ -199,6 +206,7 @@ _PROBE = textwrap.dedent("""
                    for p in registry.errors],
         "mapped": sys.argv[1] in open("/proc/self/maps").read(),
         "result": packet(x).tolist() if packet is not None else None,
+        "meta": meta(packet) if packet is not None else None,
         "kernels": sorted([k.kernel.key, k.status] for k in row.kernels) if row else None,
         "natives": [[n.namespace, n.kind] for n in registry.plan.natives],
     }))
@@ -225,6 +233,25 @@ def test_native_impl_kernel_runs_for_a_python_defined_op(dists, native_libraries
     assert found["result"] == [0.0, 3.0, 6.0, 9.0]  # the C++ kernel: x * 3
     assert found["kernels"] == [["CPU", "native"], ["Meta", "active"]]
     assert found["natives"] == [[IMPL_NS, "IMPL"]]
+
+
+def test_native_impl_for_a_native_def(dists, native_libraries):
+    """A C++ Meta kernel (an IMPL library) for an op a native DEF's TORCH_LIBRARY defines:
+    the DEF's library loads first, the IMPL's after the definitions, both checked."""
+    from .native_build import NS
+
+    _dist(dists, "nd-owner", NS, "DEF", str(native_libraries["test"]),
+          "lib.define('twice(Tensor x) -> Tensor', native=['CPU'])\n"
+          "lib.define('hidden(Tensor x) -> Tensor', native=['CPU'])\n")
+    _dist(dists, "nd-meta", NS, "IMPL", str(native_libraries["impl_meta"]),
+          "lib.impl('twice', native=['Meta'])\n")
+    found = _probe(dists, str(native_libraries["impl_meta"]), NS, "twice")
+    assert found["errors"] == []
+    assert found["mapped"] is True
+    assert found["result"] == [0.0, 2.0, 4.0, 6.0]
+    assert found["meta"] == "meta"  # the C++ Meta kernel
+    assert found["kernels"] == [["CPU", "native"], ["Meta", "native"]]
+    assert sorted(found["natives"]) == [[NS, "DEF"], [NS, "IMPL"]]
 
 
 def test_native_impl_overriding_the_definers_python_kernel(dists, native_libraries):

@@ -150,7 +150,8 @@ def plan_natives(ctx: Context, namespaces: dict[str, NamespacePlan],
             namespace=ns.name, kind=ns.kind, library=ns.native, origin=ns.origin,
             ops=tuple(sorted((op.op.qualname, f"{ns.name}::{op.op.full_schema}") for op in own)),
             keys=tuple(sorted((k.kernel.op, k.kernel.key) for op in own for k in op.kernels
-                              if k.kernel.native and k.status == "native"))))
+                              if k.kernel.native and k.kernel.library is None
+                              and k.status == "native"))))
     for (dist, library), kernels in _impl_libraries(ctx.kernels).items():
         keys = {(k.op, k.key) for k in kernels
                 for p in (ops[k.op].kernels if k.op in ops else ())

@@ -448,7 +448,8 @@ class OpLibrary:
     # -- records -------------------------------------------------------------
     def _add_native_impl(self, qualname: str, key: str | None, fn: Any, keys: tuple[str, ...],
                          override: bool, source: str | None, extras: bool) -> None:
-        where = f"OpLibrary({self.namespace!r}, {self.kind!r}).impl({qualname!r}, native={list(keys)!r})"
+        where = (f"OpLibrary({self.namespace!r}, {self.kind!r}).impl({qualname!r}, "
+                 f"native={list(keys)!r})")
         if self.native is None:
             raise DeclarationError(
                 f"{where} names C++ kernels, but the library declares no native library "

@@ -56,15 +56,14 @@ def _missing(library: NativeLibrary) -> str | None:
 
 def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespace: str,
             source: str | None) -> None:
-    ns = _Declared(origin, namespace, source)
     missing = _missing(library)
     if missing is not None:
         ctx.refuse("native-library-missing",
-                   f"{ns.origin} declares the native library of namespace {ns.name!r}, but "
-                   f"{missing}; nothing of {dist_name(ns.origin)} is loaded",
-                   f"reinstall {dist_name(ns.origin)} (its build may have failed), or block it "
-                   f"with OPREGISTRY_BLOCK={dist_name(ns.origin)}",
-                   (ns.origin,), namespace=ns.name, source=ns.source)
+                   f"{origin} declares the native library of namespace {namespace!r}, but "
+                   f"{missing}; nothing of {dist_name(origin)} is loaded",
+                   f"reinstall {dist_name(origin)} (its build may have failed), or block it "
+                   f"with OPREGISTRY_BLOCK={dist_name(origin)}",
+                   (origin,), namespace=namespace, source=source)
         return
     installed = installed_torch_build()
     if installed is None:
@@ -72,21 +71,14 @@ def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespa
     why = library.mismatch(*installed)
     if why is not None:
         ctx.refuse("native-torch-mismatch",
-                   f"{ns.origin}: the native library {library.target} of namespace {ns.name!r} "
+                   f"{origin}: the native library {library.target} of namespace {namespace!r} "
                    f"was built for {library.built_for()}; the installed torch is "
                    f"{installed[0]}" + (f" (CUDA {installed[1]})" if installed[1] else "")
                    + f" ({why}): it is not loaded",
-                   f"install the build of {dist_name(ns.origin)} made for torch "
+                   f"install the build of {dist_name(origin)} made for torch "
                    f"{_release(installed[0])} (or rebuild it: pip install --no-build-isolation "
                    f"--force-reinstall ...), or install torch=={_release(library.torch or '?')}",
-                   (ns.origin,), namespace=ns.name, source=ns.source)
-
-
-class _Declared:
-    """Where a native library is declared: its distribution, namespace and line."""
-
-    def __init__(self, origin: Origin | None, name: str, source: str | None) -> None:
-        self.origin, self.name, self.source = origin, name, source
+                   (origin,), namespace=namespace, source=source)
 
 
 def _impl_libraries(kernels: Iterable[Kernel]) -> dict[tuple[str, NativeLibrary], list[Kernel]]:

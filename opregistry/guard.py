@@ -15,10 +15,12 @@ policy names the op or namespace.  Which registrations are unplanned:
   outside the plan).
 
 Registrations torch makes while importing its own modules (a plugin that
-imports ``torch._inductor``) are torch's business and left alone.  C++
-registrations (``torch.ops.load_library``) are not seen here; for a native
-library an op package declares, the materializer compares the dispatcher
-before and after loading it (docs/reliability.md).
+imports ``torch._inductor``) are torch's business and left alone.  A native
+library the code loads by itself (``torch.ops.load_library``, an extension
+module's import) is judged by the same rules from what the dispatcher gained
+and the kernels it replaced, but cannot be undone: its distribution is left
+out.  For a native library an op package declares, the materializer
+compares the dispatcher before and after loading it (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from attrs import frozen
 
 from .config import Policy
 from .containment import must_propagate
+from .errors import DOCS_URL
 from .keys import RESERVED_NAMESPACES
 from .model import Origin, Problem, source_of
 
@@ -141,6 +144,9 @@ def _unplanned(watch: Any, origin: Origin, what: str, protected: frozenset[str],
             continue
         destroy_library(library)
         problems.append(_problem(origin, what, found, creator, allowed=False))
+    for loaded, defined, replaced, where in watch.natives:
+        problems.extend(_native(origin, what, loaded, defined, replaced, where, protected,
+                                policy, owns))
     foreign = sorted({_op(entry) for _, entry, _ in watch.foreign
                       if _op(entry).partition("::")[0] in protected})
     if foreign:
@@ -156,6 +162,55 @@ def _unplanned(watch: Any, origin: Origin, what: str, protected: frozenset[str],
                  f"override=True) and the user allows it with OPREGISTRY_ALLOW_OVERRIDE",
             culprits=(origin,), op=foreign[0], source=where))
     return tuple(problems)
+
+
+def _native(origin: Origin, what: str, loaded: str, defined: frozenset[str],
+            replaced: tuple[tuple[str, str, str], ...], where: str | None,
+            protected: frozenset[str], policy: Policy,
+            owns: Callable[[str], bool]) -> list[Problem]:
+    """What a native library the plugin loaded by itself did: the same rules as for Python.
+
+    Unlike a ``Library``, a shared library cannot be undone: its registrations
+    stay, and the distribution is left out.
+    """
+    problems = []
+    hits = sorted(op for op in defined if op.partition("::")[0] in protected)
+    found = hits or (sorted(defined) if where and owns(where) else [])
+    declare = (f"declare the library (OpLibrary(ns, native=NativeLibrary(...)), "
+               f"{DOCS_URL}op-authors/#native-c-op-packages) so that it is resolved before it "
+               f"loads")
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        if all(policy.allows(op) for op in found):
+            problems.append(Problem(
+                code="plugin-registered-outside-plan", severity="warning",
+                message=f"{origin} loaded {loaded} while {what}, which registered {shown} "
+                        f"outside opregistry; the override policy allows it, so it stays in "
+                        f"effect", hint=declare, others=(origin,), op=found[0], source=where))
+        else:
+            problems.append(Problem(
+                code="plugin-registered-outside-plan",
+                message=f"{origin} loaded {loaded} while {what}, which registered {shown} "
+                        f"outside opregistry's plan; a native library cannot be unloaded, so "
+                        f"its registrations stay in the process, and {origin.distribution} is "
+                        f"left out",
+                hint=f"{declare}, or block {origin.distribution} (OPREGISTRY_BLOCK)",
+                culprits=(origin,), op=found[0], source=where))
+    swapped = sorted({(op, key, site) for op, key, site in replaced
+                      if op.partition("::")[0] in protected})
+    if swapped:
+        shown = ", ".join(f"{op} ({key})" for op, key, _ in swapped[:5])
+        problems.append(Problem(
+            code="plugin-replaced-torch-kernel",
+            message=f"{origin} loaded {loaded} while {what}, which replaced the kernel of "
+                    f"{shown} (new kernel registered at {swapped[0][2]}); torch cannot take it "
+                    f"back: it stays replaced until the process ends, and "
+                    f"{origin.distribution} is left out",
+            hint=f"block {origin.distribution} (OPREGISTRY_BLOCK) or uninstall it; a package "
+                 f"that means to replace a kernel declares it (OpLibrary(ns, 'IMPL'), "
+                 f"override=True) and the user allows it with OPREGISTRY_ALLOW_OVERRIDE",
+            culprits=(origin,), op=swapped[0][0], key=swapped[0][1], source=where))
+    return problems
 
 
 def _op(entry: str) -> str:

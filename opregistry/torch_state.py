@@ -16,7 +16,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .plan import TorchState
 
@@ -226,6 +226,20 @@ class Watch:
     def __init__(self) -> None:
         self.libraries: list[tuple[Any, str | None]] = []
         self.foreign: list[tuple[Any, str, str | None]] = []
+        #: native libraries loaded in the window that registered something:
+        #: ``(what was loaded, ops it defined, kernels it replaced, file:line)``
+        self.natives: list[tuple[str, frozenset[str], tuple[tuple[str, str, str], ...],
+                                 str | None]] = []
+
+
+class _NativeWindow(threading.local):
+    """Per thread: whether a native load is being watched (or planned) already."""
+
+    def __init__(self) -> None:
+        self.active = False
+
+
+_native_window = _NativeWindow()
 
 
 def _creator(frame: Any, torch_root: str) -> str | None:
@@ -241,6 +255,16 @@ def _creator(frame: Any, torch_root: str) -> str | None:
     return None
 
 
+def _importer(frame: Any, torch_root: str) -> str | None:
+    """``file:line`` of the first frame outside torch and the import system (who loaded it)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(torch_root) and "importlib" not in filename:
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
 @contextlib.contextmanager
 def watch_registrations() -> Iterator[Watch]:
     """Record the ``Library`` objects created, and the kernels registered, inside the block.
@@ -249,7 +273,16 @@ def watch_registrations() -> Iterator[Watch]:
     ``Library.impl`` are wrapped for the duration (process-wide, so another
     thread registering meanwhile is recorded too;
     opregistry's own registrations never happen inside a watched block).
-    Registrations made from C++ (``torch.ops.load_library``) are not seen.
+
+    C++ registrations bypass those, so the two ways Python loads a native
+    library are wrapped too: ``torch.ops.load_library`` and the loader of
+    extension modules (``importlib.machinery.ExtensionFileLoader.create_module``,
+    where the shared library is opened and its ``TORCH_LIBRARY`` blocks run).
+    Around each, the dispatcher's op names are compared (~2 ms) and torch's
+    warnings about replaced kernels captured (:func:`replaced_kernels`); what
+    a library registered lands in ``watch.natives``.  A library an op package
+    declares (:func:`load_native`) is checked by the materializer instead, and
+    a library loaded while another one is being loaded counts as part of it.
     """
     import torch
     import torch.library as torch_library
@@ -281,13 +314,46 @@ def watch_registrations() -> Iterator[Watch]:
                 for entry in sorted(set(getattr(self, "_op_impls", ())) - before):
                     watch.foreign.append((self, entry, where))
 
+    def native(what: str, load: Callable[[], Any]) -> Any:
+        if _native_window.active:  # part of a load watched (or planned) already
+            return load()
+        where = _importer(sys._getframe(2), root)
+        before = frozenset(registered_ops())
+        _native_window.active = True
+        try:
+            with replaced_kernels() as replaced:
+                return load()
+        finally:
+            _native_window.active = False
+            defined = frozenset(registered_ops()) - before
+            if defined or replaced:
+                watch.natives.append((what, defined, tuple(replaced), where))
+
+    from importlib.machinery import ExtensionFileLoader
+
+    ops_class = type(torch.ops)
+    original_load_library = ops_class.load_library
+    original_create = ExtensionFileLoader.create_module
+
+    def recording_load_library(self: Any, path: Any) -> Any:
+        return native(f"the shared library {path}",
+                      lambda: original_load_library(self, path))
+
+    def recording_create(self: Any, spec: Any) -> Any:
+        return native(f"the extension module {spec.name} ({spec.origin})",
+                      lambda: original_create(self, spec))
+
     torch._C._dispatch_library = recording_make
     cls.impl = recording_impl  # type: ignore[method-assign]
+    ops_class.load_library = recording_load_library
+    ExtensionFileLoader.create_module = recording_create  # type: ignore[method-assign]
     try:
         yield watch
     finally:
         torch._C._dispatch_library = original_make
         cls.impl = original_impl  # type: ignore[method-assign]
+        ops_class.load_library = original_load_library
+        ExtensionFileLoader.create_module = original_create  # type: ignore[method-assign]
 
 
 def library_registrations(library: Any) -> tuple[str, frozenset[str], frozenset[str]]:
@@ -327,15 +393,21 @@ def load_native(module: str | None, path: str | None) -> tuple[tuple[str, str, s
     """
     visible = replacements_visible()
     before = {} if visible else kernel_sites()
-    with replaced_kernels() as replaced:
-        if module is not None:
-            import importlib
+    # planned: the materializer compares the whole dispatcher around this load, so a
+    # watch around it (guard.run) must not report the library as loaded behind its back
+    outer, _native_window.active = _native_window.active, True
+    try:
+        with replaced_kernels() as replaced:
+            if module is not None:
+                import importlib
 
-            importlib.import_module(module)
-        else:
-            import torch
+                importlib.import_module(module)
+            else:
+                import torch
 
-            torch.ops.load_library(path)
+                torch.ops.load_library(path)
+    finally:
+        _native_window.active = outer
     if not visible:  # the warnings are hidden: compare every op's kernels (slow, ~0.5 s each)
         replaced.extend((op, key, site) for (op, key), site in sorted(kernel_sites().items())
                         if before.get((op, key), site) != site)

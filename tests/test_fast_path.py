@@ -259,6 +259,28 @@ def test_bench_register_and_startup_run(tmp_path: Path) -> None:
         assert 0 < parts["import torch"] < parts["wall"] and 0 < parts["finalization"] < parts["wall"]
 
 
+def test_scaling_plot_data_match_the_tables() -> None:
+    """The plot's ratio row is computed from the committed runs as performance.md quotes them."""
+    import json
+
+    import plot_scaling
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for name in ("scaling.json", "scaling-first-session.json"):
+        rows = json.loads((docs / "img" / name).read_text())["rows"]
+        assert [r["ops"] for r in rows] == [100, 1000, 10000], name
+        for group, base in plot_scaling.BASELINES.items():
+            ratios = plot_scaling.relative(rows, group)
+            assert base not in ratios and ratios, (name, group)
+            for series, values in ratios.items():
+                assert values == [r[group][series] / r[group][base] for r in rows]
+    page = (docs / "performance.md").read_text()
+    now = json.loads((docs / "img" / "scaling.json").read_text())["rows"]
+    startup = plot_scaling.relative(now, "startup")["import torch + N ops"]
+    # the table's "now" column for import torch + 10,000 ops is this file's ratio
+    assert f"→ **{startup[-1]:.2f}**" in page
+
+
 def test_garbage_collector_is_restored_after_load(dists: DistFactory, ns: str) -> None:
     """load() pauses the cyclic collector for speed and always turns it back on."""
     import gc

@@ -294,7 +294,8 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
             header=("NAME", "OWNER", "FRAGMENTS", "CLOSED"), empty="(none)")
     if data.get("natives"):  # only where a native (C++) op package is installed
         t.line("\nNative libraries")
-        t.table([(n["namespace"], n["module"] or n["path"], _built_for(n["built_for"]),
+        t.table([(n["namespace"] + ("" if n["kind"] == "DEF" else f' ({n["kind"]})'),
+                  n["module"] or n["path"], _built_for(n["built_for"]),
                   _dist(n["distribution"])) for n in data["natives"]],
                 header=("NAMESPACE", "LOADS", "BUILT FOR", "DISTRIBUTION"))
     t.line("\nOps")

@@ -216,7 +216,11 @@ class OpLibrary:
         declares: opregistry loads it, instead of defining them from Python,
         once the resolver has admitted the namespace, and checks it registered
         what :meth:`define` declared (``native=`` there names the keys its
-        ``TORCH_LIBRARY_IMPL`` blocks fill).
+        ``TORCH_LIBRARY_IMPL`` blocks fill).  On an ``IMPL`` library, the
+        compiled library only has ``TORCH_LIBRARY_IMPL`` blocks, for ops
+        another distribution defines: :meth:`impl` (``native=[keys]``)
+        declares each kernel, which the resolver judges as any other kernel
+        before the library is loaded (after the ops are defined).
     """
 
     def __init__(
@@ -230,11 +234,6 @@ class OpLibrary:
     ) -> None:
         if kind not in ("DEF", "FRAGMENT", "IMPL"):
             raise DeclarationError(f"OpLibrary kind must be DEF, FRAGMENT or IMPL, not {kind!r}")
-        if native is not None and kind == "IMPL":
-            raise DeclarationError(
-                f"OpLibrary({namespace!r}, 'IMPL', native=...): a native library is declared "
-                f"on the namespace its TORCH_LIBRARY or TORCH_LIBRARY_FRAGMENT defines (DEF or "
-                f"FRAGMENT); native kernels for other distributions' ops are not supported")
         if native is not None and type(native) is not NativeLibrary:
             raise DeclarationError(
                 f"OpLibrary({namespace!r}, native=...) takes a NativeLibrary, "
@@ -355,9 +354,12 @@ class OpLibrary:
     def impl(self, op: str, key: str, fn: None = None, *, override: bool = False) -> Callable[[F], F]: ...
     @overload
     def impl(self, op: str, key: str, fn: F, *, override: bool = False) -> F: ...
+    @overload
+    def impl(self, op: str, *, native: Iterable[str], override: bool = False) -> None: ...
 
-    def impl(self, op: str, key: str, fn: Any = None, *, override: bool = False,
-             triton: bool = False, when: Any = None, predicate: KernelRef | None = None, priority: int = 0) -> Any:
+    def impl(self, op: str, key: str | None = None, fn: Any = None, *, override: bool = False,
+             triton: bool = False, when: Any = None, predicate: KernelRef | None = None,
+             priority: int = 0, native: Iterable[str] = ()) -> Any:
         """Add a kernel for ``op`` (``"name"`` in this namespace, or ``"ns::name"``).
 
         ``override=True`` declares the intent to replace a kernel another
@@ -368,9 +370,24 @@ class OpLibrary:
         function of the op's arguments) make it a *candidate* that serves
         where they hold, in front of the key's other kernels; ``priority``
         orders candidates (highest first).
+
+        In an ``IMPL`` library with a native library, ``native=["CPU"]`` (no
+        ``key``, no ``fn``) declares the dispatch keys its
+        ``TORCH_LIBRARY_IMPL`` blocks fill for ``op``, as ``define(...,
+        native=...)`` does for a library's own ops.
         """
         qualname = op if "::" in op else f"{self.namespace}::{op}"
         source = _source(1)
+        native_keys = (native,) if isinstance(native, str) else tuple(native)
+        if native_keys:
+            self._add_native_impl(qualname, key, fn, native_keys, override, source,
+                                  bool(triton or when is not None or predicate is not None
+                                       or priority))
+            return None
+        if key is None:
+            raise DeclarationError(f"impl({op!r}): name the dispatch key (impl(op, 'cpu', fn)), "
+                                   f"or the C++ kernels' keys (impl(op, native=['CPU']))",
+                                   op=qualname)
         return _decorator_or_call(
             fn, lambda f: self._add_kernel(qualname, key, f, override=override, triton=triton,
                                            when=when,
@@ -429,6 +446,27 @@ class OpLibrary:
         return decorate
 
     # -- records -------------------------------------------------------------
+    def _add_native_impl(self, qualname: str, key: str | None, fn: Any, keys: tuple[str, ...],
+                         override: bool, source: str | None, extras: bool) -> None:
+        where = (f"OpLibrary({self.namespace!r}, {self.kind!r}).impl({qualname!r}, "
+                 f"native={list(keys)!r})")
+        if self.native is None:
+            raise DeclarationError(
+                f"{where} names C++ kernels, but the library declares no native library "
+                f"(OpLibrary(ns, 'IMPL', native=NativeLibrary(...)))", op=qualname)
+        if self.kind != "IMPL":
+            raise DeclarationError(
+                f"{where}: the C++ kernels of a {self.kind} library's own ops are declared with "
+                f"define(..., native=[...]); impl(..., native=...) belongs to an IMPL library "
+                f"(kernels for ops another distribution defines)", op=qualname)
+        if key is not None or fn is not None or extras:
+            raise DeclarationError(
+                f"{where}: a C++ kernel is registered by its library, so it takes no key, "
+                f"function, conditions or priority: impl(op, native=['CPU', ...])", op=qualname)
+        for k in keys:
+            self._add_kernel(qualname, k, self.native.target, native=True, library=self.native,
+                             override=override, source=source)
+
     def _add_op(self, name: str, overload: str, schema: str, **kwargs: Any) -> OpHandle:
         op = OpDef(namespace=self.namespace, name=name, overload=overload, schema=schema, **kwargs)
         if op.qualname in self._ops:

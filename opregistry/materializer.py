@@ -248,7 +248,7 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
     origins: dict[str, Origin] = {}
     # a namespace a native library defines: its TORCH_LIBRARY block is the DEF (or
     # FRAGMENT); Python adds kernels to it through an IMPL Library
-    native = {(n.namespace, n.origin.distribution) for n in plan.natives}
+    native = {(n.namespace, n.origin.distribution) for n in plan.natives if n.kind != "IMPL"}
     for ns in plan.namespaces:
         if ns.owner is not None:
             if (ns.name, ns.owner.distribution) not in native:
@@ -274,6 +274,8 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
             kernels_by_dist[k.kernel.origin.distribution].append((None, k))
             origins.setdefault(k.kernel.origin.distribution, k.kernel.origin)
 
+    for n in plan.natives:  # an IMPL library's: it may have no Python piece
+        origins.setdefault(n.origin.distribution, n.origin)
     libs = {d: _DistLibraries(origins[d], owned.get(d, {})) for d in sorted(origins)}
     # what kernel modules must not touch by themselves: the plan's namespaces and
     # those of the torch ops it adds kernels to (guard adds torch's reserved ones)
@@ -286,7 +288,7 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
     planned = frozenset(op.op.qualname for op in plan.ops)
     for native_plan in plan.natives:
         dist = native_plan.origin.distribution
-        if dist not in failed:
+        if dist not in failed and native_plan.kind != "IMPL":
             problem = _load_native(native_plan, watched, policy, result.problems, planned)
             if problem is not None:
                 failed[dist] = problem
@@ -303,6 +305,9 @@ def _materialize(plan: Plan, materializers: dict[str, Callable[..., Any]],
         except Exception as exc:
             failed[dist] = _failure(origin, f"defining {op.op.full_schema}", exc,
                                     op.op.qualname, None, op.op.source)
+
+    # IMPL libraries' native libraries once the ops they add kernels to are defined
+    _load_native_impls(plan, watched, policy, result.problems, planned, failed)
 
     for dist in sorted(kernels_by_dist):
         if dist in failed:
@@ -441,7 +446,9 @@ def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
     """
     from . import torch_state
     origin, library = native.origin, native.library
-    where = f"the native library {library.target} of namespace {native.namespace!r}"
+    where = (f"the native library {library.target} of namespace {native.namespace!r}"
+             if native.kind != "IMPL" else
+             f"the native library {library.target} (kernels for namespace {native.namespace!r})")
     version, abi, cuda = torch_state.torch_build()
     mismatch = library.mismatch(version, cuda, abi)
     if mismatch is not None:  # the C++11 ABI, which only a running torch tells
@@ -468,6 +475,27 @@ def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
     return (_replacements(native, where, outcome.result or ())
             or _verify_native(native, where, ops_after, ops_after - ops_before,
                               pairs_after - pairs_before, planned))
+
+
+def _load_native_impls(plan: Plan, watched: frozenset[str], policy: Policy,
+                       warnings: list[Problem], planned: frozenset[str],
+                       failed: dict[str, Problem]) -> None:
+    """Load each IMPL library's native library (``TORCH_LIBRARY_IMPL`` blocks only).
+
+    After the definitions, so that what it registered can be checked on
+    defined ops; one whose ops' definer failed is not loaded (its kernels would
+    wait in the dispatcher for ops that never come).
+    """
+    definers = {op.op.qualname: op.op.origin.distribution for op in plan.ops
+                if op.op.origin is not None}
+    for native_plan in plan.natives:
+        dist = native_plan.origin.distribution
+        if native_plan.kind != "IMPL" or dist in failed or any(
+                definers.get(op) in failed for op, _ in native_plan.keys):
+            continue
+        problem = _load_native(native_plan, watched, policy, warnings, planned)
+        if problem is not None:
+            failed[dist] = problem
 
 
 def _replacements(native: NativePlan, where: str,
@@ -554,8 +582,11 @@ def _verify_native(native: NativePlan, where: str, all_ops: frozenset[str],
 
     outside = sorted(op for op in new_ops if not op.startswith(own)
                      and foreign(torch_state.definition_site(op)))
+    # an IMPL library owns no op: every (op, key) it was not declared for is foreign
+    declared = frozenset(native.keys) if native.kind == "IMPL" else frozenset()
     touched = sorted(f"{op} ({key})" for op, key in new_pairs
-                     if not op.startswith(own) and op not in new_ops
+                     if (not op.startswith(own) or native.kind == "IMPL")
+                     and (op, key) not in declared and op not in new_ops
                      and foreign(torch_state.kernel_registrations(op).get(key)))
     if undeclared or outside or touched:
         found = undeclared + outside + touched
@@ -565,7 +596,9 @@ def _verify_native(native: NativePlan, where: str, all_ops: frozenset[str],
             f"{origin}: {where} registered {shown} with torch, which {origin.distribution} "
             f"does not declare{' (kernels for ops it does not own)' if touched else ''}."
             f"{stays}",
-            f"declare every op of its TORCH_LIBRARY block (define(..., native=[...])); a "
+            ("declare every kernel of its TORCH_LIBRARY_IMPL blocks (impl(op, native=[...])); a "
+             if native.kind == "IMPL" else
+             "declare every op of its TORCH_LIBRARY block (define(..., native=[...])); a ") +
             f"library that replaces kernels of other namespaces' ops is not trusted: block it "
             f"(OPREGISTRY_BLOCK={origin.distribution}) or uninstall it",
             op=found[0].partition(" ")[0])

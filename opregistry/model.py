@@ -499,6 +499,11 @@ class Kernel:
     #: a C++ kernel (``TORCH_LIBRARY_IMPL``) of the distribution's native library:
     #: registered by loading the library, never by a backend; ``fn`` names the library
     native: bool = False
+    #: the library of a C++ kernel declared in an IMPL library
+    #: (``OpLibrary(ns, "IMPL", native=...)``): its ``TORCH_LIBRARY_IMPL`` blocks add
+    #: kernels to ops another distribution defines.  ``None`` for the C++ kernels of a
+    #: DEF or FRAGMENT library's own ops (the namespace's library registers them)
+    library: NativeLibrary | None = None
 
     @property
     def conditional(self) -> bool:
@@ -520,6 +525,10 @@ class Kernel:
                 key=self.key,
             )
         _check_kind(self)
+        if self.library is not None and not self.native:
+            raise DeclarationError(f"kernel for {self.op} on {self.key}: a native library "
+                                   f"belongs to a C++ kernel (native=True)",
+                                   op=self.op, key=self.key)
         if self.setup_context is not None and self.key != "Autograd":
             raise DeclarationError(
                 f"kernel for {self.op} on {self.key}: setup_context only belongs to "

@@ -7,7 +7,10 @@ undeclared-op case), with CPU kernels.  ``RIVAL``: a second
 beside the example, torch would refuse it ("Only a single TORCH_LIBRARY can
 be used to register the namespace"); the tests prove it never is.
 ``SWAP_ATEN`` and ``SWAP_OWN``: a ``TORCH_LIBRARY_IMPL`` each that replaces a
-kernel torch already has (aten::add.Tensor's CPU kernel; ``twice``'s).
+kernel torch already has (aten::add.Tensor's CPU kernel; ``twice``'s).  ``IMPL``,
+``IMPL_EXTRA`` and ``FRAGMENT``: C++ kernels and ops for namespaces Python DEFs own
+(``IMPL_NS``, ``FRAG_NS``), as IMPL and FRAGMENT libraries ship them; ``IMPL_META``:
+a C++ Meta kernel for ``SOURCE``'s ``twice``, an IMPL library for a native DEF.
 
 Each is built in a subprocess, so that building does not load it into the
 test process (``cpp_extension.load`` loads what it builds); both build at
@@ -79,8 +82,64 @@ static at::Tensor twice(const at::Tensor& x) { return at::mul(x, 2); }
 TORCH_LIBRARY_IMPL(opregistry_native_test, CPU, m) { m.impl("twice", &twice); }
 """
 
+#: the namespaces the IMPL and FRAGMENT libraries below add to: Python DEFs of the tests
+IMPL_NS = "opregistry_nimpl"
+FRAG_NS = "opregistry_nfrag"
+
+#: an IMPL library: a C++ CPU kernel for ``triple``, an op a Python DEF defines
+IMPL = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor triple(const at::Tensor& x) { return at::mul(x, 3); }
+
+TORCH_LIBRARY_IMPL(opregistry_nimpl, CPU, m) { m.impl("triple", &triple); }
+"""
+
+#: an IMPL library that also registers a CPU kernel for ``quad`` (its package declares
+#: only ``triple``'s): the undeclared-registration case
+IMPL_EXTRA = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor triple(const at::Tensor& x) { return at::mul(x, 3); }
+
+TORCH_LIBRARY_IMPL(opregistry_nimpl, CPU, m) {
+  m.impl("triple", &triple);
+  m.impl("quad", &triple);
+}
+"""
+
+#: a FRAGMENT library: ``halve`` added to a namespace a Python DEF owns
+FRAGMENT = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor halve(const at::Tensor& x) { return at::mul(x, 0.5); }
+
+TORCH_LIBRARY_FRAGMENT(opregistry_nfrag, m) { m.def("halve(Tensor x) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(opregistry_nfrag, CPU, m) { m.impl("halve", &halve); }
+"""
+
+#: an IMPL library for ``SOURCE``'s native DEF: a C++ Meta kernel for ``twice``
+IMPL_META = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+static at::Tensor twice_meta(const at::Tensor& x) { return at::empty_like(x); }
+
+TORCH_LIBRARY_IMPL(opregistry_native_test, Meta, m) { m.impl("twice", &twice_meta); }
+"""
+
 _SOURCES = {"test": (SOURCE, "native_test"), "rival": (RIVAL, "native_rival"),
-            "swap_aten": (SWAP_ATEN, "native_swap_aten"), "swap_own": (SWAP_OWN, "native_swap_own")}
+            "swap_aten": (SWAP_ATEN, "native_swap_aten"), "swap_own": (SWAP_OWN, "native_swap_own"),
+            "impl": (IMPL, "native_impl"), "impl_extra": (IMPL_EXTRA, "native_impl_extra"),
+            "fragment": (FRAGMENT, "native_fragment"), "impl_meta": (IMPL_META, "native_impl_meta")}
 
 _BUILD = """
 import sys
@@ -103,7 +162,7 @@ def _paths(source: str, stem: str) -> tuple[str, Path, Path]:
 
 
 def build() -> dict[str, Path]:
-    """``{"test": path, "rival": path, "swap_aten": path, "swap_own": path}`` of the compiled
+    """``{"test": path, "rival": path, ...}`` (the keys of ``_SOURCES``) of the compiled
     libraries (built now if not cached)."""
     wanted = {key: _paths(source, stem) for key, (source, stem) in _SOURCES.items()}
     env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}

@@ -781,6 +781,42 @@ def native_replaces_kernel(env: Env) -> Fault:
                            "registered at ", live=True)
 
 
+def _native_impl_dist(env: Env, dist: str, namespace: str, body: str) -> str:
+    """``OpLibrary(namespace, 'IMPL', native=<a copy of tests/native_build.py's IMPL>)`` on
+    line 2 (never loaded: every case refuses it first), then ``body``."""
+    import shutil
+
+    library = Path(env.dists.root) / f"{dist}_impl.so"
+    shutil.copy(env.request.getfixturevalue("native_libraries")["impl"], library)
+    module = env.module_name(dist)
+    source = (f"from opregistry import OpLibrary, NativeLibrary\n"
+              f"lib = OpLibrary({namespace!r}, 'IMPL', native=NativeLibrary("
+              f"path={str(library)!r}))\n" + body)
+    return env.dists.make(dist, ops={"ops": f"{module}:lib"}, modules={module: source})
+
+
+def native_impl_kernel_overridden(env: Env) -> Fault:
+    """An IMPL library's C++ CPU kernel that a Python override displaces: its library would
+    register it all the same, so it is refused before loading."""
+    env.request.getfixturevalue("monkeypatch").setenv("OPREGISTRY_ALLOW_OVERRIDE", env.ns)
+    env.op_dist("owner", define("twice", kernels="{}", extra=", fake='KMOD:fake'"))
+    d = _native_impl_dist(env, "bad", env.ns, "lib.impl('twice', native=['CPU'])\n")
+    env.op_dist("over", "lib.impl('twice', 'cpu', 'KMOD:clone', override=True)\n", kind="IMPL")
+    return Fault({d}, source=env.at(d, BODY_LINE), says="would not serve (overridden")
+
+
+def native_impl_for_torch_op(env: Env) -> Fault:
+    """An IMPL library's C++ kernel for an aten op: refused whatever the policy."""
+    env.request.getfixturevalue("monkeypatch").setenv("OPREGISTRY_ALLOW_OVERRIDE", "aten")
+    d = _native_impl_dist(env, "bad", "aten",
+                          "lib.impl('add.Tensor', native=['CPU'], override=True)\n")
+
+    def unchanged() -> None:
+        assert torch.equal(torch.ones(2) + torch.ones(2), torch.full((2,), 2.0))
+
+    return Fault({d}, source=env.at(d, BODY_LINE), unchanged=unchanged, says="an op torch owns")
+
+
 CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "malformed-schema": ("schema-invalid", malformed_schema),
     "unknown-type": ("schema-invalid", unknown_type),
@@ -865,6 +901,8 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "native-fails-to-load": ("native-load-failed", native_fails_to_load),
     "native-undeclared-op": ("native-undeclared-registration", native_undeclared_op),
     "native-replaces-kernel": ("native-undeclared-registration", native_replaces_kernel),
+    "native-impl-kernel-overridden": ("native-kernel-displaced", native_impl_kernel_overridden),
+    "native-impl-for-torch-op": ("native-kernel-foreign", native_impl_for_torch_op),
 }
 
 

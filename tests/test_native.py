@@ -75,9 +75,11 @@ def test_native_library_needs_exactly_one_target():
         NativeLibrary(module="a/b")
 
 
-def test_impl_library_cannot_be_native():
-    with pytest.raises(DeclarationError, match="DEF or FRAGMENT"):
-        OpLibrary("nl_impl", "IMPL", native=NativeLibrary(module="a._C"))
+def test_impl_library_cannot_define_ops():
+    """An IMPL library's native library only adds kernels (tests/test_native_impl.py)."""
+    lib = OpLibrary("nl_impl", "IMPL", native=NativeLibrary(module="a._C"))
+    with pytest.raises(DeclarationError, match="only adds kernels"):
+        lib.define("f(Tensor x) -> Tensor")
 
 
 def test_build_info_is_read_from_its_file(tmp_path):

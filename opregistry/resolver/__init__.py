@@ -8,7 +8,8 @@ enforces the rules of ``docs/resolution.md``, one module per group of them:
 =================  ==========================================================
 :mod:`.backends`   which backend serves each dispatch key
 :mod:`.namespaces` rules 1-4: valid names, one DEF, FRAGMENTs, torch's own
-:mod:`.native`     native libraries: missing, built for another torch
+:mod:`.native`     native libraries: missing, built for another torch, IMPL
+                   kernels that would not serve
 :mod:`.ops`        op names, schemas and mutation (rule 7), no redefinition
 :mod:`.impls`      rules 5-6 (IMPL: kernels) and the override policy
 :mod:`.gaps`       what a planned op lacks (warnings)
@@ -35,7 +36,7 @@ from .context import Context
 from .gaps import report_gaps
 from .impls import check_kernels
 from .namespaces import check_namespaces
-from .native import check_natives, plan_natives
+from .native import check_native_impls, check_natives, plan_natives
 from .ops import check_ops
 
 __all__ = ["resolve"]
@@ -69,6 +70,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         check_natives(ctx)
         namespaces = check_namespaces(ctx)
         ops, external = check_kernels(ctx, check_ops(ctx, namespaces), owners)
+        check_native_impls(ctx, ops)
         new = [p for p in ctx.problems if p.severity == "error"]
         for p in new:
             errors.setdefault((p.code, p.message), p)

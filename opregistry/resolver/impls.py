@@ -279,7 +279,10 @@ def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
 
 
 def _native_fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
-    """A C++ kernel belongs to an op its own distribution's native library defines."""
+    """A C++ kernel belongs to an op its own distribution's native library defines,
+    or comes from an IMPL library's native library (``k.library``): any op then."""
+    if k.library is not None:
+        return True  # an IMPL library's: the rules for any other distribution's kernel
     if (op.op.namespace, dist_name(k.origin)) in ctx.natives and \
             dist_name(op.op.origin) == dist_name(k.origin):
         return True
@@ -357,6 +360,15 @@ def _check_triton(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
 
 def _external_allowed(ctx: Context, k: Kernel) -> bool:
     """Rule 6 and the policy for a kernel whose op no distribution defines."""
+    if k.native and ctx.torch_owns(k.namespace):
+        ctx.refuse("native-kernel-foreign",
+                   f"{k.origin} declares a C++ {k.key} kernel for {k.op}, an op torch owns; "
+                   f"native libraries may add kernels only to ops installed distributions "
+                   f"define (torch cannot take a replaced C++ kernel back)",
+                   "register a Python kernel (impl(op, key, fn, override=True)) if replacing "
+                   "torch's kernel is intended", (k.origin,), op=k.op, key=k.key,
+                   source=k.source)
+        return False
     if not ctx.torch_owns(k.namespace):
         hint = "check the op name; the op must be defined by an installed distribution"
         message = f"{k.origin} registers a {k.key} kernel for {k.op}, which no distribution defines"

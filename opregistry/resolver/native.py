@@ -14,6 +14,12 @@ This module adds what only a compiled library has:
 * ``native-library-missing``: the module to import or the file to load is
   not there (a build that did not happen, a wheel without its ``.so``).
 
+An IMPL library's native library (``OpLibrary(ns, "IMPL", native=...)``) only
+adds C++ kernels, each declared (``impl(op, native=[keys])``) and judged by the
+kernel rules like any other (conflicts, overrides, an op someone defines);
+``native-kernel-displaced`` refuses one the rules keep from serving, since
+loading its library would register it all the same.
+
 :func:`plan_natives` then lists, for the materializer, each admitted library
 with the schemas and (op, key) pairs it must register.
 """
@@ -22,13 +28,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Iterable
 
 from ..keys import installed_torch_build
-from ..model import NativeLibrary, Namespace
+from ..model import Kernel, NativeLibrary, Origin
 from ..plan import NamespacePlan, NativePlan, OpPlan
 from .context import Context, dist_name
 
-__all__ = ["check_natives", "plan_natives"]
+__all__ = ["check_native_impls", "check_natives", "plan_natives"]
 
 
 def _release(version: str) -> str:
@@ -47,17 +54,16 @@ def _missing(library: NativeLibrary) -> str | None:
     return None if found is not None else f"module {library.module} does not exist"
 
 
-def _refuse(ctx: Context, ns: Namespace) -> None:
-    library = ns.native
-    assert library is not None
+def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespace: str,
+            source: str | None) -> None:
     missing = _missing(library)
     if missing is not None:
         ctx.refuse("native-library-missing",
-                   f"{ns.origin} declares the native library of namespace {ns.name!r}, but "
-                   f"{missing}; nothing of {dist_name(ns.origin)} is loaded",
-                   f"reinstall {dist_name(ns.origin)} (its build may have failed), or block it "
-                   f"with OPREGISTRY_BLOCK={dist_name(ns.origin)}",
-                   (ns.origin,), namespace=ns.name, source=ns.source)
+                   f"{origin} declares the native library of namespace {namespace!r}, but "
+                   f"{missing}; nothing of {dist_name(origin)} is loaded",
+                   f"reinstall {dist_name(origin)} (its build may have failed), or block it "
+                   f"with OPREGISTRY_BLOCK={dist_name(origin)}",
+                   (origin,), namespace=namespace, source=source)
         return
     installed = installed_torch_build()
     if installed is None:
@@ -65,21 +71,58 @@ def _refuse(ctx: Context, ns: Namespace) -> None:
     why = library.mismatch(*installed)
     if why is not None:
         ctx.refuse("native-torch-mismatch",
-                   f"{ns.origin}: the native library {library.target} of namespace {ns.name!r} "
+                   f"{origin}: the native library {library.target} of namespace {namespace!r} "
                    f"was built for {library.built_for()}; the installed torch is "
                    f"{installed[0]}" + (f" (CUDA {installed[1]})" if installed[1] else "")
                    + f" ({why}): it is not loaded",
-                   f"install the build of {dist_name(ns.origin)} made for torch "
+                   f"install the build of {dist_name(origin)} made for torch "
                    f"{_release(installed[0])} (or rebuild it: pip install --no-build-isolation "
                    f"--force-reinstall ...), or install torch=={_release(library.torch or '?')}",
-                   (ns.origin,), namespace=ns.name, source=ns.source)
+                   (origin,), namespace=namespace, source=source)
+
+
+def _impl_libraries(kernels: Iterable[Kernel]) -> dict[tuple[str, NativeLibrary], list[Kernel]]:
+    """The C++ kernels of IMPL libraries, by (distribution, library), in declaration order."""
+    found: dict[tuple[str, NativeLibrary], list[Kernel]] = {}
+    for k in kernels:
+        if k.library is not None:
+            found.setdefault((dist_name(k.origin), k.library), []).append(k)
+    return found
 
 
 def check_natives(ctx: Context) -> None:
     """Refuse native libraries that are missing or built for another torch."""
     for ns in ctx.namespaces:
         if ns.native is not None:
-            _refuse(ctx, ns)
+            _refuse(ctx, ns.native, ns.origin, ns.name, ns.source)
+    for (_, library), kernels in sorted(_impl_libraries(ctx.kernels).items(),
+                                        key=lambda item: (item[0][0], item[0][1].target)):
+        first = kernels[0]
+        _refuse(ctx, library, first.origin, first.namespace, first.source)
+
+
+def check_native_impls(ctx: Context, ops: dict[str, OpPlan]) -> None:
+    """Refuse an IMPL library's C++ kernel that the rules keep from serving.
+
+    Loading the library registers every kernel of its ``TORCH_LIBRARY_IMPL``
+    blocks: one that another distribution's kernel overrides, or that the
+    user switched off, would be registered all the same.  Its library is not
+    loaded, and its distribution is left out, before torch sees either.
+    """
+    for k in ctx.kernels:
+        if k.library is None or k.op not in ops:
+            continue
+        planned = next((p for p in ops[k.op].kernels if p.kernel is k), None)
+        if planned is None or planned.status == "native":
+            continue
+        why = planned.reason or planned.status
+        ctx.refuse("native-kernel-displaced",
+                   f"{k.origin} declares a C++ {k.key} kernel for {k.op} (native library "
+                   f"{k.library.target}), but it would not serve ({planned.status}: {why}); "
+                   f"loading the library would register it all the same, so it is not loaded",
+                   f"drop the kernel that overrides it (or the switch), or block "
+                   f"{dist_name(k.origin)} (OPREGISTRY_BLOCK={dist_name(k.origin)})",
+                   (k.origin,), op=k.op, key=k.key, source=k.source)
 
 
 def plan_natives(ctx: Context, namespaces: dict[str, NamespacePlan],
@@ -99,5 +142,16 @@ def plan_natives(ctx: Context, namespaces: dict[str, NamespacePlan],
             namespace=ns.name, kind=ns.kind, library=ns.native, origin=ns.origin,
             ops=tuple(sorted((op.op.qualname, f"{ns.name}::{op.op.full_schema}") for op in own)),
             keys=tuple(sorted((k.kernel.op, k.kernel.key) for op in own for k in op.kernels
-                              if k.kernel.native and k.status == "native"))))
-    return tuple(sorted(plans, key=lambda p: (p.namespace, p.origin.distribution)))
+                              if k.kernel.native and k.kernel.library is None
+                              and k.status == "native"))))
+    for (dist, library), kernels in _impl_libraries(ctx.kernels).items():
+        keys = {(k.op, k.key) for k in kernels
+                for p in (ops[k.op].kernels if k.op in ops else ())
+                if p.kernel is k and p.status == "native"}
+        if len(keys) != len(kernels):
+            continue  # refused (an IMPL library loads whole, or not at all)
+        origin = kernels[0].origin
+        assert origin is not None
+        plans.append(NativePlan(namespace=min(k.namespace for k in kernels), kind="IMPL",
+                                library=library, origin=origin, keys=tuple(sorted(keys))))
+    return tuple(sorted(plans, key=lambda p: (p.namespace, p.origin.distribution, p.kind)))

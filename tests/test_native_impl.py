@@ -258,7 +258,8 @@ def test_native_impl_overriding_the_definers_python_kernel(dists, native_librari
     """``override=True`` and the policy: the C++ kernel replaces the definer's Python one,
     which is then never registered (no replacement for torch to warn about)."""
     _dist(dists, "ni-owner3", IMPL_NS, "DEF", None,
-          DEFINER.replace("fake='KMOD:fake')\n", "fake='KMOD:fake', kernels={'cpu': 'KMOD:ident'})\n", 1))
+          DEFINER.replace("fake='KMOD:fake')\n",
+                          "fake='KMOD:fake', kernels={'cpu': 'KMOD:ident'})\n", 1))
     _dist(dists, "ni-better", IMPL_NS, "IMPL", str(native_libraries["impl"]),
           "lib.impl('triple', native=['CPU'], override=True)\n")
     refused = _probe(dists, str(native_libraries["impl"]), IMPL_NS, "triple")
@@ -289,9 +290,9 @@ def test_native_impl_registering_an_undeclared_kernel_is_caught(dists, native_li
 def test_native_fragment_beside_a_python_def(dists, native_libraries):
     """``TORCH_LIBRARY_FRAGMENT`` adds ``halve`` to a namespace a Python DEF owns."""
     _dist(dists, "nf-owner", FRAG_NS, "DEF", None,
-                  "lib.define('triple(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:cpu'})\n")
+          "lib.define('triple(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:cpu'})\n")
     _dist(dists, "nf-frag", FRAG_NS, "FRAGMENT", str(native_libraries["fragment"]),
-                 "lib.define('halve(Tensor x) -> Tensor', native=['CPU'], fake='KMOD:fake')\n")
+          "lib.define('halve(Tensor x) -> Tensor', native=['CPU'], fake='KMOD:fake')\n")
     found = _probe(dists, str(native_libraries["fragment"]), FRAG_NS, "halve")
     assert found["errors"] == []
     assert found["mapped"] is True

@@ -61,6 +61,34 @@ def _fresh(default: Any) -> Any:
     return list(default) if isinstance(default, list) else default
 
 
+class _Op:
+    """Everything one op's Autograd kernel needs besides its hot path: one object, not ~14 cells.
+
+    At 10,000 ops every object an op keeps alive costs twice more: at each
+    full collection of the program and at the interpreter's exit.  The hot
+    path reads only ``fast`` (a closure cell) and the module's globals.
+    """
+
+    __slots__ = ("qualname", "backward", "setup_context", "device_kernel", "handle",
+                 "enable_fast", "fast", "apply")
+
+    def __init__(self, qualname: str, backward: Callable[..., Any],
+                 setup_context: Callable[..., Any] | None, device_kernel: DeviceKernelLookup,
+                 handle: Any, enable_fast: Callable[[str], bool] | None) -> None:
+        self.qualname = qualname
+        self.backward = backward
+        self.setup_context = setup_context
+        self.device_kernel = device_kernel
+        self.handle = handle
+        # called once, then cleared: see make_autograd_kernel
+        self.enable_fast = enable_fast
+        # keyset id -> (library, device fn) for the direct call, or False: redispatch
+        self.fast: dict[int, Any] = {}
+        # the autograd.Function's apply, built on the first grad-requiring call:
+        # 1,000 ops are registered at ``import torch``, and most never see one
+        self.apply: Any = None
+
+
 def make_autograd_kernel(
     qualname: str,
     backward: Callable[..., Any],
@@ -78,65 +106,62 @@ def make_autograd_kernel(
         Lazily, because building the ``OpOverload`` costs ~0.2 ms per op, too
         much for 1,000 ops at ``import torch``.
     """
-    if handle is None:
-        handle = tp.op_handle(qualname)
-    after_autograd = tp.AFTER_AUTOGRAD
-    grad_enabled = tp.grad_enabled
-    any_requires_grad = tp.any_requires_grad
-    redispatch = handle.redispatch_boxed
-    # keyset id -> (library, device fn) for the direct call, or False: redispatch
-    fast: dict[int, Any] = {}
-    # the autograd.Function's apply, built on the first grad-requiring call:
-    # 1,000 ops are registered at ``import torch``, and most never see one
-    function: list[Any] = []
-    fast_pending = [True] if enable_fast is not None else []  # cleared once called
-
-    def below(keyset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run the op below Autograd: the device kernel itself, or a redispatch."""
-        ident = keyset.raw_repr()
-        entry = fast.get(ident)
-        if entry is None or (entry and not tp.library_alive(entry[0])):
-            entry = fast[ident] = device_kernel(qualname, tp.first_key_after_autograd(keyset)) or False
-            if entry and fast_pending:
-                fast_pending.clear()
-                enable_fast(qualname)  # type: ignore[misc]  # idempotent, never raises
-        if entry:
-            return entry[1](*args, **kwargs)
-        with tp.below_autograd():
-            return redispatch(keyset & after_autograd, *args, **kwargs)
+    op = _Op(qualname, backward, setup_context, device_kernel,
+             tp.op_handle(qualname) if handle is None else handle, enable_fast)
+    fast = op.fast
 
     def autograd_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        if grad_enabled() and any_requires_grad(*args):
-            apply = function[0] if function else _build(
-                qualname, handle.schema(), backward, setup_context, fast, below, function)
-            stack = _pending.stack
-            stack.append((keyset, kwargs))
-            try:
-                return apply(*args)
-            finally:
-                stack.pop()
+        if _grad_enabled() and _any_requires_grad(*args):
+            return _with_grad(op, keyset, args, kwargs)
         # hot path: one dict lookup, one liveness check, one Python call
         entry = fast.get(keyset.raw_repr())
         if entry and entry[0].m is not None:
             return entry[1](*args, **kwargs)
-        return below(keyset, args, kwargs)
+        return _below(op, keyset, args, kwargs)
 
     autograd_kernel.__qualname__ = autograd_kernel.__name__ = f"autograd_kernel[{qualname}]"
     return autograd_kernel
 
 
-def _build(
-    qualname: str,
-    schema: Any,
-    backward: Callable[..., Any],
-    setup_context: Callable[..., Any] | None,
-    fast: dict[int, Any],
-    below: Callable[..., Any],
-    function: list[Any],
-) -> Any:
-    """Build the op's ``autograd.Function``, append its apply to ``function`` and return it."""
+_grad_enabled = tp.grad_enabled
+_any_requires_grad = tp.any_requires_grad
+
+
+def _below(op: _Op, keyset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run the op below Autograd: the device kernel itself, or a redispatch."""
+    ident = keyset.raw_repr()
+    fast = op.fast
+    entry = fast.get(ident)
+    if entry is None or (entry and not tp.library_alive(entry[0])):
+        entry = fast[ident] = op.device_kernel(
+            op.qualname, tp.first_key_after_autograd(keyset)) or False
+        if entry and op.enable_fast is not None:
+            enable, op.enable_fast = op.enable_fast, None
+            enable(op.qualname)  # idempotent, never raises
+    if entry:
+        return entry[1](*args, **kwargs)
+    with tp.below_autograd():
+        return op.handle.redispatch_boxed(keyset & tp.AFTER_AUTOGRAD, *args, **kwargs)
+
+
+def _with_grad(op: _Op, keyset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call with an input requiring grad: through the op's ``autograd.Function``."""
+    apply = op.apply if op.apply is not None else _build(op)
+    stack = _pending.stack
+    stack.append((keyset, kwargs))
+    try:
+        return apply(*args)
+    finally:
+        stack.pop()
+
+
+def _build(op: _Op) -> Any:
+    """Build the op's ``autograd.Function``; set and return its apply."""
     import torch
 
+    schema = op.handle.schema()
+    setup_context = op.setup_context
+    fast = op.fast
     n_positional = sum(1 for a in schema.arguments if not a.kwarg_only)
     n_kwarg_only = len(schema.arguments) - n_positional
     has_kwarg_only = n_kwarg_only > 0
@@ -167,7 +192,7 @@ def _build(
         if entry and entry[0].m is not None:
             result = entry[1](*args, **kwargs)
         else:
-            result = below(keyset, args, kwargs)
+            result = _below(op, keyset, args, kwargs)
         if setup_context is not None:
             # the dispatcher drops arguments equal to their defaults; put them back
             if len(args) < n_positional or len(kwargs) < n_kwarg_only:
@@ -179,13 +204,12 @@ def _build(
         return result
 
     generated: Any = type(
-        "OpregistryAutograd_" + qualname.replace("::", "_").replace(".", "_"),
+        "OpregistryAutograd_" + op.qualname.replace("::", "_").replace(".", "_"),
         (torch.autograd.Function,),
-        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+        {"forward": staticmethod(forward), "backward": staticmethod(op.backward)},
     )
     if tp.has_tensorlist(schema):
-        generated = tp.supports_tensorlist(generated)
-        function.append(generated.apply)
+        op.apply = tp.supports_tensorlist(generated).apply
     else:
-        function.append(tp.function_apply(generated))
-    return function[0]
+        op.apply = tp.function_apply(generated)
+    return op.apply

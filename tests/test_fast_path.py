@@ -259,6 +259,25 @@ def test_bench_register_and_startup_run(tmp_path: Path) -> None:
         assert 0 < parts["import torch"] < parts["wall"] and 0 < parts["finalization"] < parts["wall"]
 
 
+def test_objects_per_op_counts_what_the_ops_keep(tmp_path: Path) -> None:
+    """objects_per_op.py loads the generated ops and counts, by type, what they keep alive."""
+    data = _script("objects_per_op.py", "--dists", "2", "--ops-per-dist", "3", tmp_path=tmp_path)
+    assert data["ops"] >= 6 and data["objects"] > 0
+    by_type = data["by_type"]
+    # one state object per Autograd kernel and one per vmap rule (not a closure's cells)
+    assert by_type.get("_Op", 0) >= 6 and by_type.get("_VmapRule", 0) >= 6
+    assert sum(by_type.values()) <= data["objects"]
+
+
+def test_raw_floor_registers_and_counts(tmp_path: Path) -> None:
+    """raw_floor.py times bare import torch beside N raw registrations, and counts their objects."""
+    data = _script("raw_floor.py", "--ops", "20", "--reps", "1", tmp_path=tmp_path)
+    assert data["ops"] == 20
+    bare, raw = data["processes"]["import torch (bare)"], data["processes"]["import torch + 20 raw ops"]
+    assert bare["seconds"] > 0 and raw["seconds"] > 0 and bare["ratio"] == 1.0
+    assert raw["objects"] > bare["objects"]  # the registrations keep objects alive
+
+
 def test_scaling_plot_data_match_the_tables() -> None:
     """The plot's ratio row is computed from the committed runs as performance.md quotes them."""
     import json

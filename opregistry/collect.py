@@ -76,11 +76,12 @@ class _PluginManager(pluggy.PluginManager):
 
     def __init__(self, project_name: str) -> None:
         super().__init__(project_name)
-        #: the hook names taken from the plugin of the last ``register()``
+        #: the hook names taken from :attr:`parsed_from`, the plugin of the last ``register()``
         self.parsed: list[str] = []
+        self.parsed_from: Any = None
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
-        self.parsed = []
+        self.parsed, self.parsed_from = [], plugin
         return super().register(plugin, name)
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
@@ -100,15 +101,16 @@ class _PluginManager(pluggy.PluginManager):
 
 
 def _hookimpls(pm: pluggy.PluginManager, obj: Any) -> dict[str, list[Any]]:
-    """The hook implementations of the plugin ``obj``, just registered, by hook name.
+    """The hook implementations of the plugin ``obj``, by hook name.
 
-    Each list is in pluggy's order (``get_hookimpls()``).  With
-    :class:`_PluginManager`, the implementations are found from the end of
+    Each list is in pluggy's order (``get_hookimpls()``).  For the plugin a
+    :class:`_PluginManager` registered last, the implementations are found from the end of
     each hook's list, where pluggy has just put them: collecting 1,000
     distributions stays linear (pluggy's ``get_hookcallers`` made it
     quadratic, ~0.5 s of 1,000 op packages' collection).
     """
-    if not isinstance(pm, _PluginManager):
+    if not isinstance(pm, _PluginManager) or pm.parsed_from is not obj:
+        # another plugin manager, or not the plugin registered last: pluggy's lookup
         return {caller.name: [i for i in caller.get_hookimpls() if i.plugin is obj]
                 for caller in pm.get_hookcallers(obj) or ()}
     wanted: dict[str, int] = {}
@@ -116,13 +118,15 @@ def _hookimpls(pm: pluggy.PluginManager, obj: Any) -> dict[str, list[Any]]:
         wanted[hook_name] = wanted.get(hook_name, 0) + 1
     found: dict[str, list[Any]] = {}
     for hook_name, count in wanted.items():
+        caller = getattr(pm.hook, hook_name, None)  # none: the plugin was not registered
         mine = []
-        for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls()):
+        for impl in reversed(caller.get_hookimpls() if caller is not None else ()):
             if impl.plugin is obj:
                 mine.append(impl)
                 if len(mine) == count:
                     break
-        found[hook_name] = mine[::-1]
+        if mine:
+            found[hook_name] = mine[::-1]
     return found
 
 

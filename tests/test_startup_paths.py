@@ -103,3 +103,46 @@ def test_missing_kernel_in_an_imported_module_fails_its_distribution(
     assert f"{ns}::ok" not in registry.op_names  # nothing of it registered
     with pytest.raises(opregistry.ResolutionError, match="no_such_kernel"):
         load(dists, strict=True)
+
+
+def test_a_plugins_hook_implementations_are_what_pluggy_lists() -> None:
+    """collect finds a plugin's hooks from its own registration: the same as pluggy's lookup."""
+    from opregistry import hookimpl
+    from opregistry.collect import _hookimpls, make_plugin_manager
+
+    class Named:
+        @hookimpl(specname="opregistry_ops")
+        def first(self) -> list[object]:
+            return []
+
+        @hookimpl(specname="opregistry_ops")
+        def second(self) -> list[object]:
+            return []
+
+        def opregistry_namespaces(self) -> list[object]:  # unmarked: taken by its name
+            return []
+
+    class Early:
+        @hookimpl(tryfirst=True)
+        def opregistry_ops(self) -> list[object]:
+            return []
+
+    class Late:
+        @hookimpl(trylast=True)
+        def opregistry_kernels(self) -> list[object]:
+            return []
+
+        def opregistry_ops(self) -> list[object]:
+            return []
+
+    pm = make_plugin_manager()
+    plugins = [Early(), Named(), Late(), Early(), Named(), Late()]
+    for i, plugin in enumerate(plugins):
+        pm.register(plugin, name=f"p{i}")
+        found = _hookimpls(pm, plugin)
+        # the long way: every hook caller the plugin is in, its implementations in pluggy's order
+        want = {caller.name: [impl for impl in caller.get_hookimpls() if impl.plugin is plugin]
+                for caller in pm.get_hookcallers(plugin) or ()}
+        assert found == want and all(found.values()), (i, found, want)
+    assert [i.function.__name__ for i in _hookimpls(pm, plugins[-2])["opregistry_ops"]] \
+        == ["first", "second"]

@@ -1,6 +1,7 @@
 """What each loaded op keeps alive: objects tracked by the garbage collector, per op and by type.
 
-    python benchmarks/objects_per_op.py [--dists 100] [--ops-per-dist 10] [--top 20] [--json out.json]
+    python benchmarks/objects_per_op.py [--dists 100] [--ops-per-dist 10] [--top 20]
+                                        [--json out.json]
 
 In a fresh process (``OPREGISTRY_AUTOLOAD=0``, so ``import torch`` loads
 nothing), counts ``gc.get_objects()`` by type after a full collection,

@@ -273,7 +273,8 @@ def test_raw_floor_registers_and_counts(tmp_path: Path) -> None:
     """raw_floor.py times bare import torch beside N raw registrations, and counts their objects."""
     data = _script("raw_floor.py", "--ops", "20", "--reps", "1", tmp_path=tmp_path)
     assert data["ops"] == 20
-    bare, raw = data["processes"]["import torch (bare)"], data["processes"]["import torch + 20 raw ops"]
+    processes = data["processes"]
+    bare, raw = processes["import torch (bare)"], processes["import torch + 20 raw ops"]
     assert bare["seconds"] > 0 and raw["seconds"] > 0 and bare["ratio"] == 1.0
     assert raw["objects"] > bare["objects"]  # the registrations keep objects alive
 

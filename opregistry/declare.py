@@ -307,6 +307,7 @@ class OpLibrary:
             raise DeclarationError(
                 f"{self.namespace}: schema {schema!r} must look like 'name(Tensor x) -> Tensor'"
             )
+        source = _source(1)  # the op author's line, for the op and each of its kernels
         name, _, rest = schema.partition("(")
         base, overload = _split_name(name.strip())
         handle = self._add_op(
@@ -317,37 +318,37 @@ class OpLibrary:
             tags=tags,
             samples=samples,
             doc=doc,
-            source=_source(1),
+            source=source,
         )
         qualname = handle.qualname
         for key, value in (kernels or {}).items():
             for fn in (value if isinstance(value, (list, tuple)) else (value,)):
                 if isinstance(fn, Candidate):
                     self._add_kernel(qualname, key, fn.fn, when=fn.when, predicate=fn.predicate,
-                                     priority=fn.priority, source=_source(1))
+                                     priority=fn.priority, source=source)
                 else:
-                    self._add_kernel(qualname, key, fn, source=_source(1))
+                    self._add_kernel(qualname, key, fn, source=source)
         tritons = ({"cuda": triton} if isinstance(triton, str) or callable(triton)
                    else dict(triton or {}))
         for device, fn in tritons.items():
-            self._add_kernel(qualname, device, fn, triton=True, source=_source(1))
+            self._add_kernel(qualname, device, fn, triton=True, source=source)
         if fake is None and tritons:
             # as torch.library.triton_op: the function is traceable, so it is its own fake
             fake = next(iter(tritons.values()))
         for device, dtype in (autocast or {}).items():
-            self._add_autocast(qualname, device, dtype, _source(1))
+            self._add_autocast(qualname, device, dtype, source)
         for cls, rule in (torch_dispatch or {}).items():
-            self._add_torch_dispatch(qualname, cls, rule, _source(1))
+            self._add_torch_dispatch(qualname, cls, rule, source)
         for key in native_keys:
             self._add_kernel(qualname, key, self.native.target,  # type: ignore[union-attr]
-                             native=True, source=_source(1))
+                             native=True, source=source)
         if fake is not None:
-            self._add_kernel(qualname, "Meta", fake, source=_source(1))
+            self._add_kernel(qualname, "Meta", fake, source=source)
         if autograd is not None:
             backward, setup = autograd if isinstance(autograd, tuple) else (autograd, None)
-            self._add_kernel(qualname, "Autograd", backward, setup_context=setup, source=_source(1))
+            self._add_kernel(qualname, "Autograd", backward, setup_context=setup, source=source)
         if vmap is not None:
-            self._add_kernel(qualname, "FuncTorchBatched", vmap, source=_source(1))
+            self._add_kernel(qualname, "FuncTorchBatched", vmap, source=source)
         return handle
 
     @overload
@@ -479,8 +480,8 @@ class OpLibrary:
         return OpHandle(self, op)
 
     def _add_kernel(self, qualname: str, key: str, fn: KernelRef, **kwargs: Any) -> None:
-        if (kwargs.get("dispatch_class") is None and isinstance(key, str)
-                and _keys.family(key) == _keys.TORCH_DISPATCH and key.endswith("]")):
+        if (isinstance(key, str) and key.endswith("]") and kwargs.get("dispatch_class") is None
+                and _keys.family(key) == _keys.TORCH_DISPATCH):
             # impl(op, "TorchDispatch[module:Mode]", rule): the class is named in the key
             kwargs["dispatch_class"] = key[len(_keys.TORCH_DISPATCH) + 1:-1]
         self._kernels.append(Kernel(op=qualname, key=key, fn=fn, **kwargs))

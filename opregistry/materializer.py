@@ -17,6 +17,7 @@ import contextlib
 import gc
 import sys
 from collections import defaultdict
+from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator
 
 import attrs
@@ -214,11 +215,22 @@ def _resolve_any(ref: Any) -> Any:
     return resolve_ref(ref, want_callable=False)
 
 
+_MISSING = object()
+
+
 def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
               warnings: list[Problem]) -> tuple[Any, Problem | None]:
     """The callable ``ref`` names, imported contained; or the problem that fails its distribution."""
     module = ref.partition(":")[0] if isinstance(ref, str) else None
     loaded = sys.modules.get(module) if module else None
+    if type(loaded) is ModuleType:
+        # the common case, a function of a module imported in full: read from the module's
+        # own namespace, no code of the plugin runs, so there is nothing to contain
+        spec = loaded.__dict__.get("__spec__")
+        found = loaded.__dict__.get(ref.partition(":")[2], _MISSING)
+        if found is not _MISSING and (callable(found) or kernel.key in AUTOCAST_KEYS) \
+                and not getattr(spec, "_initializing", False):
+            return found, None
     # a module imported already runs no code of its own: contained, but not watched
     # (the common case: guard.run's unwatched path is one call)
     fresh = module is not None and (loaded is None or getattr(
@@ -474,7 +486,7 @@ def _load_native(native: NativePlan, watched: frozenset[str], policy: Policy,
     # a replaced kernel first: unlike the rest, it changes what existing ops do
     return (_replacements(native, where, outcome.result or ())
             or _verify_native(native, where, ops_after, ops_after - ops_before,
-                              pairs_after - pairs_before, planned))
+                              torch_state.new_kernels(pairs_before, pairs_after), planned))
 
 
 def _load_native_impls(plan: Plan, watched: frozenset[str], policy: Policy,

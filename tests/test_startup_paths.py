@@ -146,3 +146,117 @@ def test_a_plugins_hook_implementations_are_what_pluggy_lists() -> None:
         assert found == want and all(found.values()), (i, found, want)
     assert [i.function.__name__ for i in _hookimpls(pm, plugins[-2])["opregistry_ops"]] \
         == ["first", "second"]
+
+
+def test_remembered_non_hooks_answer_as_pluggy_does() -> None:
+    """The per-class memo of names that are no hooks never hides a hook pluggy would find.
+
+    Each plugin is registered with opregistry's manager (the memo warm from the
+    plugins before it) and parsed name by name by pluggy's own manager: the
+    same hook implementations must come out, for instances that hold a marked
+    function themselves (``__dict__`` or a ``__slots__`` slot), a subclass that
+    marks a method its parent has unmarked, and modules and classes as plugins.
+    """
+    import types
+
+    import pluggy
+
+    from opregistry import hookimpl, hookspecs
+    from opregistry.collect import make_plugin_manager
+
+    @hookimpl(specname="opregistry_ops")
+    def marked(self: object = None) -> list[object]:
+        return []
+
+    class Plain:
+        def helper(self) -> list[object]:
+            return []
+
+    class Marked(Plain):
+        @hookimpl(specname="opregistry_ops")
+        def helper(self) -> list[object]:
+            return []
+
+    class Slotted:
+        __slots__ = ("helper",)
+
+    slotted_empty, slotted_marked = Slotted(), Slotted()
+    slotted_marked.helper = types.MethodType(marked, slotted_marked)
+    holder = Plain()
+    holder.helper = types.MethodType(marked, holder)  # the instance's own, bound
+    module = types.ModuleType("plugin_module")
+    module.helper = marked  # type: ignore[attr-defined]
+
+    class AsClass:
+        helper = staticmethod(marked)
+
+    plugins = [Plain(), Plain(), holder, Plain(), Marked(), Plain(), slotted_empty,
+               slotted_marked, Slotted(), module, AsClass, Plain()]
+    pm = make_plugin_manager()
+    stock = pluggy.PluginManager(hookspecs.PROJECT)
+    for i, plugin in enumerate(plugins):
+        pm.parsed = []
+        pm.register(plugin, name=f"p{i}")
+        want = [name for name in dir(plugin)
+                if stock.parse_hookimpl_opts(plugin, name) is not None]
+        assert sorted(pm.parsed) == sorted("opregistry_ops" for _ in want), (i, want)
+    assert [bool(pm.get_hookcallers(p)) for p in plugins] == [
+        False, False, True, False, True, False, False, True, False, True, True, False]
+
+
+def test_kernel_sort_key_orders_as_the_general_one() -> None:
+    """The resolver sorts kernels by a shorter key: the same order as the general key."""
+    import itertools
+    import random
+
+    from opregistry.resolver import _kernel_order, _order
+
+    origins = [None, ORIGIN, OTHER, attrs.evolve(OTHER, entry_point="ep0"),
+               attrs.evolve(ORIGIN, value="mod:lib2"), attrs.evolve(ORIGIN, group="g")]
+    kernels = [Kernel(op=op, key=key, fn=fn, override=override, source=source, origin=origin)
+               for op, key, fn, override, source, origin in itertools.product(
+                   ("nsx::f", "nsx::a"), ("cpu", "Meta"), ("mod:k", "mod:a", len),
+                   (False, True), (None, "m.py:1", "m.py:2"), origins)]
+    rnd = random.Random(7)
+    for _ in range(5):
+        rnd.shuffle(kernels)
+        # stable sorts: equal keys keep the shuffled order, so the keys must tie alike
+        assert [id(k) for k in sorted(kernels, key=_kernel_order)] \
+            == [id(k) for k in sorted(kernels, key=_order)]
+    assert _kernel_order(RECORDS[0]) == _order(RECORDS[0])  # not a kernel: the general key
+
+
+def test_kernels_a_module_provides_through_getattr_still_run_contained(
+        dists: DistFactory, ns: str) -> None:
+    """A kernel an imported module makes in ``__getattr__`` (PEP 562) takes the long way.
+
+    The shortcut reads only the module's own namespace, where no plugin code
+    runs; a kernel made by the module's ``__getattr__`` is still found, and a
+    ``__getattr__`` that raises (even ``SystemExit``) fails its distribution
+    only.
+    """
+    import torch
+
+    kernels = ("import torch\n"
+               "def __getattr__(name):\n"
+               "    if name == 'made':\n"
+               "        return lambda x: x + 1\n"
+               "    raise AttributeError(name)\n")
+    body = ("import KMOD  # imported before materialize\n"
+            'lib.define("made(Tensor x) -> Tensor", kernels={"cpu": "KMOD:made"})\n')
+    op_dist(dists, "getattr-kernel", ns, body, kernels=kernels)
+    registry = load(dists)
+    assert f"{ns}::made" in registry.op_names
+    assert torch.equal(getattr(torch.ops, ns).made(torch.zeros(2)), torch.ones(2))
+
+
+def test_a_raising_module_getattr_fails_only_its_distribution(dists: DistFactory, ns: str) -> None:
+    kernels = "def __getattr__(name):\n    raise SystemExit(3)\n"
+    body = ("import KMOD  # imported before materialize\n"
+            'lib.define("gone(Tensor x) -> Tensor", kernels={"cpu": "KMOD:gone"})\n')
+    op_dist(dists, "getattr-raises", ns, body, kernels=kernels)
+    registry = load(dists)
+    problems = [p for p in registry.problems if p.code == "materialize-failed"]
+    assert len(problems) == 1 and "getattr-raises" in problems[0].message, registry.problems
+    assert "SystemExit" in problems[0].message
+    assert f"{ns}::gone" not in registry.op_names

@@ -113,14 +113,15 @@ def test_native_library_reads(ns):
     assert version == torch.__version__ and abi == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
     assert installed_torch_build() == (torch.__version__, cuda)  # from disk, same answer
     ops, pairs = torch_state.dispatcher_registrations()
-    assert "aten::add.Tensor" in ops and ("aten::add.Tensor", "CPU") in pairs
+    assert "aten::add.Tensor" in ops and "aten::add.Tensor" in pairs["CPU"]
     lib = torch.library.Library(ns, "DEF")
     try:
         lib.define("probe(Tensor x) -> Tensor")
         lib.impl("probe", lambda x: x.clone(), "CPU")
         after_ops, after_pairs = torch_state.dispatcher_registrations()
         assert f"{ns}::probe" in after_ops - ops
-        assert (f"{ns}::probe", "CPU") in after_pairs - pairs
+        assert torch_state.new_kernels(pairs, after_pairs) == {(f"{ns}::probe", "CPU")}
+        assert torch_state.new_kernels(after_pairs, pairs) == set()
         site = torch_state.definition_site(f"{ns}::probe")
         # torch 2.8 writes /dev/null:LINE for every Python registration (site_recorded)
         assert site.startswith(__file__ + ":") or not torch_state.site_recorded(site)

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import attrs
 
 from ..config import Policy
-from ..model import Declarations, OpDef, Origin, Problem, describe_ref
+from ..model import Declarations, Kernel, OpDef, Origin, Problem, describe_ref
 from ..plan import BackendPlan, Plan, TorchState
 from .backends import check_backends
 from .context import Context
@@ -59,7 +59,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
     # order of discovery; sorting once here spares each pass its own sort
     ordered = attrs.evolve(decl, namespaces=sorted(decl.namespaces, key=_order),
                            ops=sorted(decl.ops, key=_order),
-                           kernels=sorted(decl.kernels, key=_order),
+                           kernels=sorted(decl.kernels, key=_kernel_order),
                            backends=sorted(decl.backends, key=_order))
     excluded_ops: dict[str, Origin] = {}
     while True:
@@ -110,6 +110,17 @@ def _note_excluded_ops(ops: Iterable[OpDef], excluded: dict[str, Origin],
     for op in ops:  # sorted: the first definer named must not depend on order
         if op.origin is not None and op.origin.distribution in excluded:
             excluded_ops.setdefault(op.qualname, op.origin)
+
+
+def _kernel_order(k: Any) -> tuple[str, ...]:
+    """:func:`_order` for a :class:`~opregistry.model.Kernel` (five in six records), less the
+    fields every kernel has alike: the same order, for half the cost."""
+    if type(k) is not Kernel:
+        return _order(k)
+    o = k.origin
+    return (k.key, o.distribution if o else "", o.entry_point if o else "",
+            describe_ref(k.fn) or "", str(k.override), k.source or "",
+            o.value if o else "", o.group if o else "")
 
 
 def _order(record: Any) -> tuple[str, ...]:

@@ -57,8 +57,11 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
         op_plan = ops.get(qualname)
         definer = dist_name(op_plan.op.origin) if op_plan else None
         # candidates with conditions sit in front of the key's one plain kernel (rule 5b)
-        conditioned = [k for k in declared if k.conditional]
-        group = [k for k in declared if not k.conditional]
+        if len(declared) == 1 and not declared[0].conditional:
+            conditioned, group = [], declared  # the common case: one plain kernel
+        else:
+            conditioned = [k for k in declared if k.conditional]
+            group = [k for k in declared if not k.conditional]
         if not group:
             planned[qualname].extend(_candidates(ctx, conditioned, None, owners))
             continue
@@ -397,10 +400,10 @@ def _external_allowed(ctx: Context, k: Kernel) -> bool:
 def _choose(ctx: Context, qualname: str, key: str, group: list[Kernel], definer: str | None
             ) -> tuple[Kernel | None, list[Kernel]]:
     """Rule 5: the kernel that serves (op, key), and the kernels it overrides."""
+    if len(group) == 1:  # nothing to compare it with
+        return group[0], []
     if _duplicates(ctx, qualname, key, group):
         return None, []
-    if len(group) == 1:
-        return group[0], []
     # by identity, not ==: records compare without their origin
     overrides = [k.override and dist_name(k.origin) != definer for k in group]
     overriders = [k for k, o in zip(group, overrides) if o]

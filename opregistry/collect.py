@@ -120,10 +120,18 @@ def _class_decides(plugin: Any, name: str) -> bool:
     """Whether pluggy's lookup of ``name`` on ``plugin`` reads its class only.
 
     True for an instance (not a class, not a module) that does not hold
-    ``name`` itself: not in its ``__dict__``, and not a ``__slots__`` slot,
-    whose value is the instance's.
+    ``name`` itself (not in its ``__dict__``, not a ``__slots__`` slot), and
+    whose class holds it as a function, a static or class method, or a value
+    that is no descriptor: what pluggy finds there does not depend on the
+    instance, whether it looks with ``getattr_static`` (pluggy >= 1.6) or
+    with ``getattr`` (older: a property, a ``__getattr__`` or a custom
+    ``__getattribute__`` would run the instance's code, so those are asked
+    every time).
     """
     if isinstance(plugin, (type, types.ModuleType)):
+        return False
+    cls = type(plugin)
+    if cls.__getattribute__ is not object.__getattribute__:
         return False
     try:
         own = object.__getattribute__(plugin, "__dict__")
@@ -131,11 +139,12 @@ def _class_decides(plugin: Any, name: str) -> bool:
         own = {}
     if isinstance(own, dict) and name in own:
         return False
-    for klass in type(plugin).__mro__:
+    for klass in cls.__mro__:
         found = klass.__dict__.get(name, _ABSENT)
         if found is not _ABSENT:
-            return not isinstance(found, types.MemberDescriptorType)
-    return True
+            return (isinstance(found, (types.FunctionType, staticmethod, classmethod))
+                    or not hasattr(type(found), "__get__"))
+    return False  # only a __getattr__ could answer: the instance's code
 
 
 def _hookimpls(pm: pluggy.PluginManager, obj: Any) -> dict[str, list[Any]]:

@@ -21,6 +21,11 @@ source folders first on ``PYTHONPATH``; ``opregistry list`` as
 reports the median of the per-pair ratios: a before/after comparison that a
 shared machine's load cannot skew as much as two separate runs.
 
+Every timed process runs in an empty working directory
+(``benchops.neutral_cwd``): ``python -c`` / ``-m`` put the working
+directory first on ``sys.path``, so run from a checkout's root a
+``[baseline]`` process would import that checkout's ``opregistry``.
+
 It also checks (untimed) that the autoloaded registry holds the generated
 ops and that ``opregistry list`` never imported torch.
 """
@@ -93,7 +98,9 @@ CLOCK = ["wall"]
 
 def run(cmd: list[str], env: dict[str, str]) -> float:
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # in an empty directory: python -c / -m put the working directory first on sys.path
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=benchops.neutral_cwd())
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -105,10 +112,10 @@ def run(cmd: list[str], env: dict[str, str]) -> float:
 def check(gen: Path, n_ops: int) -> None:
     env = environ([gen, HERE])
     out = subprocess.run([sys.executable, "-c", CHECK_LIST], env=env, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, cwd=benchops.neutral_cwd()).stdout
     assert "torch not imported" in out, out
     out = subprocess.run([sys.executable, "-c", CHECK_AUTOLOAD], env=env, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, cwd=benchops.neutral_cwd()).stdout
     ops = int(out.split()[0])
     assert ops >= n_ops, f"autoload registered {ops} ops, expected >= {n_ops}"
 

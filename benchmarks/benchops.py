@@ -285,6 +285,24 @@ def report_targets(targets: list[tuple[str, float, bool]], width: int, json_path
             {**payload, "targets": [[t, r, m] for t, r, m in targets]}, indent=1))
 
 
+_NEUTRAL: list[Any] = []
+
+
+def neutral_cwd() -> str:
+    """An empty directory to run timed children in (created once, removed at exit).
+
+    ``python -c`` and ``python -m`` put the working directory first on
+    ``sys.path``, ahead of ``PYTHONPATH``: run from a checkout's root, a child
+    imports that checkout's ``opregistry`` whatever ``PYTHONPATH`` says, and a
+    ``--baseline`` comparison would time this checkout's core on both sides.
+    """
+    if not _NEUTRAL:
+        import tempfile
+
+        _NEUTRAL.append(tempfile.TemporaryDirectory(prefix="opregistry-bench-cwd-"))
+    return str(_NEUTRAL[0].name)
+
+
 def environ(paths: "list[Path]", **extra: str) -> dict[str, str]:
     """This process' environment for a timed child: ``paths`` on ``PYTHONPATH``, no ``OPREGISTRY_*``.
 

@@ -118,8 +118,10 @@ def main() -> int:
         # a PYTHONPATH of the caller's comes after: another checkout's code to profile
         paths = [str(gen), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
         env.update(OPREGISTRY_AUTOLOAD="0", PYTHONPATH=os.pathsep.join(paths))
+        # run in an empty directory: python -c puts the working directory first on sys.path
         return subprocess.run([sys.executable, "-c", CHILD, str(opts.cprofile),
-                               "cpu" if opts.cpu else "wall", str(opts.repeat)], env=env).returncode
+                               "cpu" if opts.cpu else "wall", str(opts.repeat)], env=env,
+                              cwd=tmp).returncode
 
 
 if __name__ == "__main__":

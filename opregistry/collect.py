@@ -134,6 +134,10 @@ def _class_decides(plugin: Any, name: str) -> bool:
     if cls.__getattribute__ is not object.__getattribute__:
         return False
     try:
+        hash(cls)  # a metaclass may define __eq__ without __hash__: nothing to remember by
+    except TypeError:
+        return False
+    try:
         own = object.__getattribute__(plugin, "__dict__")
     except AttributeError:
         own = {}

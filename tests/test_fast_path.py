@@ -325,3 +325,23 @@ def test_garbage_collector_is_restored_after_load(dists: DistFactory, ns: str) -
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_timed_children_do_not_import_from_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --baseline comparison times each checkout's own core, wherever it is run from.
+
+    ``python -c`` / ``-m`` put the working directory first on ``sys.path``; the
+    start-up benchmarks run their children elsewhere, so an ``opregistry``
+    package in the caller's directory (a checkout's root) shadows nothing.
+    """
+    import bench_startup
+
+    poison = tmp_path / "opregistry"
+    poison.mkdir()
+    (poison / "__init__.py").write_text("raise SystemExit('imported from the working directory')\n")
+    monkeypatch.chdir(tmp_path)
+    env = benchops.environ([Path(benchops.__file__).parent])
+    # raises CalledProcessError if the child imported the poison package
+    bench_startup.run([sys.executable, "-c", "import opregistry"], env)
+    bench_startup.run([sys.executable, "-m", "opregistry", "--version"], env)

@@ -190,13 +190,28 @@ def test_remembered_non_hooks_answer_as_pluggy_does() -> None:
     class AsClass:
         helper = staticmethod(marked)
 
+    class EqMeta(type):  # a metaclass with __eq__ and no __hash__: its classes are unhashable
+        def __eq__(cls, other: object) -> bool:
+            return cls is other
+
+        __hash__ = None  # type: ignore[assignment]
+
+    class Unhashable(metaclass=EqMeta):
+        @hookimpl(specname="opregistry_ops")
+        def helper(self) -> list[object]:
+            return []
+
+        def other(self) -> None:
+            pass
+
     class Propertied:  # pluggy >= 1.6 skips properties, older ones evaluate them
         @property
         def helper(self) -> object:
             return marked
 
     plugins = [Plain(), Plain(), holder, Plain(), Marked(), Plain(), slotted_empty,
-               slotted_marked, Slotted(), module, AsClass, Propertied(), Propertied(), Plain()]
+               slotted_marked, Slotted(), module, AsClass, Propertied(), Propertied(),
+               Unhashable(), Unhashable(), Plain()]
     pm = make_plugin_manager()
     stock = pluggy.PluginManager(hookspecs.PROJECT)
     stock_finds_property = stock.parse_hookimpl_opts(Propertied(), "helper") is not None
@@ -208,7 +223,7 @@ def test_remembered_non_hooks_answer_as_pluggy_does() -> None:
         assert sorted(pm.parsed) == sorted("opregistry_ops" for _ in want), (i, want)
     assert [bool(pm.get_hookcallers(p)) for p in plugins] == [
         False, False, True, False, True, False, False, True, False, True, True,
-        *[stock_finds_property] * 2, False]
+        *[stock_finds_property] * 2, True, True, False]
 
 
 def test_kernel_sort_key_orders_as_the_general_one() -> None:

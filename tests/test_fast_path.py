@@ -345,3 +345,17 @@ def test_timed_children_do_not_import_from_the_working_directory(
     # raises CalledProcessError if the child imported the poison package
     bench_startup.run([sys.executable, "-c", "import opregistry"], env)
     bench_startup.run([sys.executable, "-m", "opregistry", "--version"], env)
+
+
+def test_autograd_layer_floor_times_torchs_pieces(tmp_path: Path) -> None:
+    """autograd_layer_floor.py times the torch calls a Python Autograd kernel pays for."""
+    data = _script("autograd_layer_floor.py", "--number", "200", "--reps", "1",
+                   tmp_path=tmp_path)
+    assert data["torch"] == torch.__version__
+    times = data["us"]
+    assert {"cpu only", "Autograd kernel", "Autograd kernel, with_keyset", "keyset.raw_repr()",
+            "torch.is_grad_enabled()", "with_keyset + raw_repr"} <= set(times)
+    assert all(us > 0 for name, us in times.items() if name != "with_keyset + raw_repr")
+    assert times["with_keyset + raw_repr"] == pytest.approx(
+        times["Autograd kernel, with_keyset"] - times["Autograd kernel"]
+        + times["keyset.raw_repr()"])

@@ -221,20 +221,17 @@ _MISSING = object()
 def _imported(ref: Any, kernel: Any, watched: frozenset[str], policy: Policy,
               warnings: list[Problem]) -> tuple[Any, Problem | None]:
     """The callable ``ref`` names, imported contained; or the problem that fails its distribution."""
-    module = ref.partition(":")[0] if isinstance(ref, str) else None
+    module, _, attribute = ref.partition(":") if isinstance(ref, str) else (None, "", "")
     loaded = sys.modules.get(module) if module else None
-    if type(loaded) is ModuleType:
+    initializing = getattr(getattr(loaded, "__spec__", None), "_initializing", False)
+    if type(loaded) is ModuleType and not initializing:
         # the common case, a function of a module imported in full: read from the module's
         # own namespace, no code of the plugin runs, so there is nothing to contain
-        spec = loaded.__dict__.get("__spec__")
-        found = loaded.__dict__.get(ref.partition(":")[2], _MISSING)
-        if found is not _MISSING and (callable(found) or kernel.key in AUTOCAST_KEYS) \
-                and not getattr(spec, "_initializing", False):
+        found = loaded.__dict__.get(attribute, _MISSING)
+        if found is not _MISSING and (callable(found) or kernel.key in AUTOCAST_KEYS):
             return found, None
     # a module imported already runs no code of its own: contained, but not watched
-    # (the common case: guard.run's unwatched path is one call)
-    fresh = module is not None and (loaded is None or getattr(
-        getattr(loaded, "__spec__", None), "_initializing", False))
+    fresh = module is not None and (loaded is None or initializing)
     # an autocast rule's "kernel" is the torch.dtype it casts to, not a callable
     resolve = resolve_ref if kernel.key not in AUTOCAST_KEYS else _resolve_any
     outcome = guard.run(resolve, ref, origin=kernel.origin, what=f"importing {module or ref}",

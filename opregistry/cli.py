@@ -391,9 +391,16 @@ def _print_show(data: dict[str, Any], t: Text) -> None:
     rows.append(("samples:", data["samples"] or "none declared (opregistry check skips it)"))
     t.table(rows)
     t.line("\nKernels")
-    t.table([(k["key"], k["status"], k["kernel"] or "-", _dist(k["distribution"]),
-              k["backend"] or "-", _kernel_note(k)) for k in data["kernels"]],
-            header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE"), empty="(none)")
+    t.table([(k["key"], k["kind"] or "-", k["status"], k["kernel"] or "-",
+              _dist(k["distribution"]), k["backend"] or "-", _kernel_note(k))
+             for k in data["kernels"]],
+            header=("KEY", "KIND", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE"),
+            empty="(none)")
+    if "steps" in data:
+        t.line("\nRegistration steps (in the order opregistry makes them)")
+        t.table([(s["action"], s["key"] or "-", s["kind"] or "-", s["what"] or "-",
+                  s["backend"] or "-", s["distribution"]) for s in data["steps"]],
+                header=("STEP", "KEY", "KIND", "WHAT", "BACKEND", "DISTRIBUTION"), empty="(none)")
     _print_problems(data["problems"], t)
     live = data.get("live")
     if live is not None:
@@ -413,7 +420,7 @@ def cmd_show(args: argparse.Namespace, t: Text) -> int:
     match = report.find_ops(resolved, args.op)
     if match.kind not in ("ops", "external"):
         return _explain_match("show", match)
-    data = report.show_report(resolved, args.op)
+    data = report.show_report(resolved, args.op, steps=args.steps)
     if args.live and data["ops"]:
         namespace = data["ops"][0]["name"].split("::")[0]
         live = {row["op"]: row for row in report.live_namespace(namespace, resolved)}
@@ -787,6 +794,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("op", metavar="OP", help=names_help)
     p.add_argument("--live", action="store_true",
                    help="also show the dispatcher's schema and kernels for it (imports torch)")
+    p.add_argument("--steps", action="store_true",
+                   help="also show the registration steps opregistry takes for it, in order "
+                        "(define, each kernel with the backend that registers it)")
 
     add("plugins", cmd_plugins,
         "discovered distributions, what each contributes, and those skipped",

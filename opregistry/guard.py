@@ -33,16 +33,50 @@ from typing import Any, Callable, Iterable
 from attrs import frozen
 
 from .config import Policy
-from .containment import must_propagate
+from .containment import contain
 from .errors import DOCS_URL
 from .keys import RESERVED_NAMESPACES
 from .model import Origin, Problem, source_of
 
-__all__ = ["Guarded", "run", "owned_by", "raised_at"]
+__all__ = ["Guarded", "run", "owned_by", "raised_at", "resolve_ref", "initializing"]
 
 #: frames in these places are machinery, not the line a plugin author must fix
 _MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<attrs generated",
               contextlib.__file__)
+
+
+def initializing(module: Any) -> bool:
+    """Whether ``module`` is still being imported (its code has not finished running).
+
+    The one reading of importlib's ``__spec__._initializing`` flag: a module
+    half-imported has not defined everything yet, and reading from it is
+    not the same as importing it.
+    """
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def resolve_ref(ref: Any, want_callable: bool = True) -> Any:
+    """Import a ``"module:function"`` reference, or return a callable as is.
+
+    Importing runs the module's code: call it through :func:`run`.
+    ``want_callable=False`` accepts any object (an autocast rule's ``torch:bfloat16``).
+    """
+    if not isinstance(ref, str):
+        return ref
+    module_name, _, attr_path = ref.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    # materializing resolves thousands of references into a few modules, all
+    # imported already: sys.modules answers ~10x faster than import_module,
+    # which is still asked for anything not there or still being imported
+    if obj is None or initializing(obj):
+        import importlib
+
+        obj = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    if want_callable and not callable(obj):
+        raise TypeError(f"{ref} is a {type(obj).__name__}, not a callable")
+    return obj
 
 
 def raised_at(exc: BaseException) -> str | None:
@@ -100,23 +134,11 @@ def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
         # nothing to watch: containment only.  The materializer resolves thousands
         # of kernel references in modules imported already through here, so this
         # path costs one call and one record, no context manager
-        try:
-            return Guarded(fn(*args), None)
-        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
-            if must_propagate(exc):
-                raise
-            return Guarded(None, exc)
+        return Guarded(*contain(fn, *args))
     from .torch_state import watch_registrations
 
-    result: Any = None
-    error: BaseException | None = None
     with watch_registrations() as watch:
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
-            if must_propagate(exc):
-                raise
-            error = exc
+        result, error = contain(fn, *args)
     problems = _unplanned(watch, origin, what, frozenset(protected) | RESERVED_NAMESPACES,
                           policy or Policy(), owns or (lambda where: False))
     return Guarded(result, error, problems)

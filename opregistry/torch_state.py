@@ -13,19 +13,22 @@ plugin keeps its own private calls in its ``_torch_private.py``.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
-from .plan import TorchState
+from .environment import TorchState
+from .state import process
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
            "destroy_library", "library_alive", "device_keyset", "lookup_op",
            "Watch", "watch_registrations", "library_registrations", "torch_dir",
            "torch_build", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
-           "fast_dispatch_enabled", "site_recorded"]
+           "fast_dispatch_enabled", "site_recorded", "eager_triton", "functional_tensor_mode",
+           "traceable_tensor_type", "triton_decomposition_disabled"]
 
 
 def registered_ops() -> list[str]:
@@ -100,9 +103,10 @@ def destroy_library(library: Any) -> None:
     when an ``OpOverload`` with it is called after its op was destroyed,
     where the C++ path raises a ``RuntimeError``.
     """
-    if _fast_dispatch:
+    fast = process().fast_dispatch
+    if fast:
         for qualname in getattr(library, "_op_defs", ()):
-            op = _fast_dispatch.pop(qualname, None)
+            op = fast.pop(qualname, None)
             if op is not None:
                 op._enable_pyobj_dispatch(False)
     library._destroy()
@@ -121,11 +125,7 @@ def device_keyset(device_type: str) -> Any:
     return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
 
 
-#: ``qualname -> OpOverload`` of the ops opregistry switched to the PyObject dispatch
-_fast_dispatch: dict[str, Any] = {}
-_FAST_DISPATCH: list[bool] = []  # the feature test, computed once
-
-
+@functools.lru_cache(maxsize=1)  # a fact of the imported torch: computed once
 def fast_dispatch_available() -> bool:
     """Whether this torch offers custom ops the "PyObject dispatch" (torch 2.14+, pytorch#187949).
 
@@ -135,23 +135,21 @@ def fast_dispatch_available() -> bool:
     first taking an ``enabled`` parameter.  ``tests/test_fast_dispatch.py``
     fails if torch has the C++ half but the Python half changed shape.
     """
-    if not _FAST_DISPATCH:
-        import inspect
+    import inspect
 
-        import torch
+    import torch
 
-        overload = torch._ops.OpOverload
-        ok = (callable(getattr(torch._C, "_dispatch_make_pyobj_dispatch_fns", None))
-              and callable(getattr(overload, "_is_pyobj_dispatcher_enabled", None))
-              and callable(getattr(overload, "_can_enable_pyobj_dispatch", None))
-              and callable(getattr(overload, "_enable_pyobj_dispatch", None)))
-        if ok:
-            try:
-                ok = "enabled" in inspect.signature(overload._enable_pyobj_dispatch).parameters
-            except (TypeError, ValueError):
-                ok = False
-        _FAST_DISPATCH.append(ok)
-    return _FAST_DISPATCH[0]
+    overload = torch._ops.OpOverload
+    ok = (callable(getattr(torch._C, "_dispatch_make_pyobj_dispatch_fns", None))
+          and callable(getattr(overload, "_is_pyobj_dispatcher_enabled", None))
+          and callable(getattr(overload, "_can_enable_pyobj_dispatch", None))
+          and callable(getattr(overload, "_enable_pyobj_dispatch", None)))
+    if ok:
+        try:
+            ok = "enabled" in inspect.signature(overload._enable_pyobj_dispatch).parameters
+        except (TypeError, ValueError):
+            ok = False
+    return ok
 
 
 def enable_fast_dispatch(qualname: str) -> bool:
@@ -167,7 +165,8 @@ def enable_fast_dispatch(qualname: str) -> bool:
     off before the op goes away.  Never raises: on any error the op keeps
     the C++ path.
     """
-    if qualname in _fast_dispatch:
+    fast = process().fast_dispatch
+    if qualname in fast:
         return True
     if not fast_dispatch_available():
         return False
@@ -180,13 +179,13 @@ def enable_fast_dispatch(qualname: str) -> bool:
             return False
     except Exception:  # noqa: BLE001 - an optimisation: the C++ path stays, correct
         return False
-    _fast_dispatch[op.name()] = op
+    fast[op.name()] = op
     return True
 
 
 def fast_dispatch_enabled() -> frozenset[str]:
     """The ops (``ns::name[.overload]``) opregistry switched to the PyObject dispatch, live."""
-    return frozenset(_fast_dispatch)
+    return frozenset(process().fast_dispatch)
 
 
 def lookup_op(qualname: str) -> Any:
@@ -234,14 +233,6 @@ class Watch:
                                  str | None]] = []
 
 
-class _NativeWindow(threading.local):
-    """Per thread: whether a native load is being watched (or planned) already."""
-
-    def __init__(self) -> None:
-        self.active = False
-
-
-_native_window = _NativeWindow()
 
 
 def _creator(frame: Any, torch_root: str) -> str | None:
@@ -317,16 +308,17 @@ def watch_registrations() -> Iterator[Watch]:
                     watch.foreign.append((self, entry, where))
 
     def native(what: str, load: Callable[[], Any]) -> Any:
-        if _native_window.active:  # part of a load watched (or planned) already
+        thread = process().thread
+        if thread.native_load:  # part of a load watched (or planned) already
             return load()
         where = _importer(sys._getframe(2), root)
         before = frozenset(registered_ops())
-        _native_window.active = True
+        thread.native_load = True
         try:
             with replaced_kernels() as replaced:
                 return load()
         finally:
-            _native_window.active = False
+            thread.native_load = False
             defined = frozenset(registered_ops()) - before
             if defined or replaced:
                 watch.natives.append((what, defined, tuple(replaced), where))
@@ -397,7 +389,8 @@ def load_native(module: str | None, path: str | None) -> tuple[tuple[str, str, s
     before = {} if visible else kernel_sites()
     # planned: the materializer compares the whole dispatcher around this load, so a
     # watch around it (guard.run) must not report the library as loaded behind its back
-    outer, _native_window.active = _native_window.active, True
+    thread = process().thread
+    outer, thread.native_load = thread.native_load, True
     try:
         with replaced_kernels() as replaced:
             if module is not None:
@@ -409,7 +402,7 @@ def load_native(module: str | None, path: str | None) -> tuple[tuple[str, str, s
 
                 torch.ops.load_library(path)
     finally:
-        _native_window.active = outer
+        thread.native_load = outer
     if not visible:  # the warnings are hidden: compare every op's kernels (slow, ~0.5 s each)
         replaced.extend((op, key, site) for (op, key), site in sorted(kernel_sites().items())
                         if before.get((op, key), site) != site)
@@ -569,3 +562,47 @@ def definition_site(op: str) -> str | None:
     except RuntimeError:
         return None
     return debug[len("registered at "):] if debug.startswith("registered at ") else debug
+
+
+# -- Triton kernels (torch.library.triton_op semantics) ----------------------------
+
+
+def eager_triton(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called with ``wrap_triton`` switched off: real tensors need no tracing.
+
+    The device kernel of a Triton kernel, and a Triton candidate in a chain of
+    kernel candidates (which, being chosen per call, gets no ``FunctionalTensorMode``
+    rule: ``torch.compile`` keeps such an op whole and uses its fake kernel).
+    """
+    from torch._library.triton import set_wrap_triton_enabled
+
+    def triton_device_kernel(*args: Any, **kwargs: Any) -> Any:
+        with set_wrap_triton_enabled(False):
+            return fn(*args, **kwargs)
+
+    triton_device_kernel.__qualname__ = triton_device_kernel.__name__ = getattr(
+        fn, "__name__", "triton_kernel")
+    return triton_device_kernel
+
+
+def functional_tensor_mode() -> type:
+    """``FunctionalTensorMode``, the mode AOTDispatcher traces under (``torch.compile``)."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return FunctionalTensorMode
+
+
+def traceable_tensor_type(cls: type) -> bool:
+    """Whether a tensor of type ``cls`` can run a Triton kernel's function under tracing."""
+    import torch
+    from torch._subclasses import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return issubclass(cls, FakeTensor) or cls in (torch.Tensor, FunctionalTensor)
+
+
+def triton_decomposition_disabled() -> bool:
+    """Whether ``torch.export`` is tracing, which keeps Triton ops whole."""
+    from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+    return bool(custom_triton_ops_decomposition_disabled())

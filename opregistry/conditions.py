@@ -97,7 +97,7 @@ class Condition:
 
     :param torch: torch versions, ``">=2.10,<2.15"`` (read from torch's files).
     :param requires: installed Python distributions, ``["triton>=3.2"]``
-        (``importlib.metadata``; nothing is imported).
+        (importlib-metadata; nothing is imported).
     :param capability: CUDA compute capability of the call's device,
         ``">=9.0"`` (a CUDA kernel only; read on the first call on each device).
     :param platform: ``sys.platform`` prefixes, ``"linux"`` or ``["linux", "win32"]``.

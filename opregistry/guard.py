@@ -146,33 +146,21 @@ def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
 
 def _unplanned(watch: Any, origin: Origin, what: str, protected: frozenset[str],
                policy: Policy, owns: Callable[[str], bool]) -> tuple[Problem, ...]:
-    from .torch_state import destroy_library, library_registrations
-
     problems = []
-    for library, creator in watch.libraries:
+    for handle, namespace, kind, creator in watch.created:
         if creator is None:
             continue  # torch importing one of its own modules
-        namespace, defined, kernels = library_registrations(library)
-        touched = sorted(defined | {_op(k) for k in kernels})
-        if not touched and getattr(library, "_registration_handles", None):
-            touched = [f"{namespace}::*"]  # fake / vmap / autograd through torch's registries
-        hits = [op for op in touched if op.partition("::")[0] in protected]
-        new_defs = sorted(defined) if owns(creator) else []
-        if not hits and not new_defs:
-            continue
-        found = hits or new_defs
-        if all(policy.allows(op) for op in found):
-            problems.append(_problem(origin, what, found, creator, allowed=True))
-            continue
-        destroy_library(library)
-        problems.append(_problem(origin, what, found, creator, allowed=False))
+        problem = _judge_library(watch, handle, namespace, kind, creator, origin, what,
+                                 protected, policy, owns)
+        if problem is not None:
+            problems.append(problem)
     for loaded, defined, replaced, where in watch.natives:
         problems.extend(_native(origin, what, loaded, defined, replaced, where, protected,
                                 policy, owns))
-    foreign = sorted({_op(entry) for _, entry, _ in watch.foreign
-                      if _op(entry).partition("::")[0] in protected})
+    earlier = [e for e in watch.events if e.site is not None and not watch.made(e)]
+    foreign = sorted({e.op for e in earlier if e.op.partition("::")[0] in protected})
     if foreign:
-        where = next((w for _, e, w in watch.foreign if w), None)
+        where = next((e.site for e in earlier if e.op in foreign), None)
         problems.append(Problem(
             code="plugin-replaced-torch-kernel",
             message=f"{origin} registered kernels for {', '.join(foreign)} while {what}, "
@@ -184,6 +172,27 @@ def _unplanned(watch: Any, origin: Origin, what: str, protected: frozenset[str],
                  f"override=True) and the user allows it with OPREGISTRY_ALLOW_OVERRIDE",
             culprits=(origin,), op=foreign[0], source=where))
     return tuple(problems)
+
+
+def _judge_library(watch: Any, handle: Any, namespace: str, kind: str, creator: str,
+                   origin: Origin, what: str, protected: frozenset[str], policy: Policy,
+                   owns: Callable[[str], bool]) -> Problem | None:
+    """A ``Library`` the code created: undone (and a problem) if it registered outside the plan."""
+    from .torch_state import undo_library
+
+    events = [e for e in watch.events if e.handle is handle]
+    touched = sorted({e.op for e in events})
+    if not touched and kind == "DEF":
+        touched = [f"{namespace}::*"]  # a namespace claimed, nothing in it yet
+    hits = [op for op in touched if op.partition("::")[0] in protected]
+    new_defs = sorted({e.op for e in events if e.slot == "schema"}) if owns(creator) else []
+    if not hits and not new_defs:
+        return None
+    found = hits or new_defs
+    if all(policy.allows(op) for op in found):
+        return _problem(origin, what, found, creator, allowed=True)
+    undo_library(handle, [e.library for e in events])
+    return _problem(origin, what, found, creator, allowed=False)
 
 
 def _native(origin: Origin, what: str, loaded: str, defined: frozenset[str],

@@ -36,7 +36,7 @@ from .selection import Step as Link
 from .selection import chain, counted, counting_forced, observer, print_counts_at_exit
 from .state import process
 from .steps import Step, Steps, plan_steps
-from .torch_state import destroy_library, device_keyset, lookup_op
+from .torch_state import destroy_library, device_keyset, lookup_op, recorder, registering
 
 __all__ = ["Materialized", "materialize", "gc_paused", "defined_ops"]
 
@@ -80,7 +80,8 @@ class _DistLibraries:
         if lib is None:
             from torch.library import Library
 
-            lib = self.libs[namespace] = Library(namespace, self.owned.get(namespace, "IMPL"))
+            with registering():  # opregistry's own: the recorder of foreign registrations skips it
+                lib = self.libs[namespace] = Library(namespace, self.owned.get(namespace, "IMPL"))
         return lib
 
     def destroy(self) -> None:
@@ -162,6 +163,7 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
               and (b.backend.origin.distribution, b.backend.name) in materializers}
     with gc_paused():
         steps = plan_steps(plan)
+        recorder()  # from now on, every registration through torch.library is attributed
         return Executor(steps, chosen, policy or Policy(), _counting()).run()
 
 
@@ -314,7 +316,8 @@ class Executor:
     def _defining(self, step: Step, action: Callable[[Any, OpPlan], None]) -> Problem | None:
         op: OpPlan = step.subject
         try:
-            action(self.libs[step.distribution].get(step.namespace), op)
+            with registering():
+                action(self.libs[step.distribution].get(step.namespace), op)
         except Exception as exc:
             return load_failure(step.origin, f"defining {op.op.full_schema}", exc,
                                 op.op.qualname, None, op.op.source)
@@ -384,7 +387,8 @@ class Executor:
                       **registration: Any) -> Problem | None:
         """Call ``backend``'s materialize hook, contained: ``None``, or the problem that fails it."""
         hook = self.materializers[backend]  # type: ignore[index]
-        done, exc = contain(lambda: hook(**registration))
+        with registering():
+            done, exc = contain(lambda: hook(**registration))
         if exc is None and not done:
             exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
         if exc is not None:

@@ -5,7 +5,7 @@ conditions (:class:`~opregistry.model.Condition`; see ``docs/op-authors.md``):
 
 * checked once, when the registry is resolved, without importing torch or
   the package named: the torch version (read from its files), Python
-  packages (``importlib.metadata``), the platform (``sys.platform``);
+  packages (``importlib-metadata``), the platform (``sys.platform``);
 * checked per call: the CUDA compute capability of the call's device (read
   on the first call on each device, then cached: CUDA is never initialized
   by opregistry at ``import torch``) and a predicate on the call's arguments.

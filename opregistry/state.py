@@ -35,7 +35,10 @@ class _PerThread(threading.local):
 
     def __init__(self) -> None:
         self.native_load = False
+        #: open registration watches (opregistry.torch_state.watch_registrations)
         self.watches: list[Any] = []
+        #: opregistry itself is registering (its own registrations are not recorded)
+        self.registering = False
 
 
 class ProcessState:
@@ -69,6 +72,9 @@ class ProcessState:
         self.interrupt_lock = threading.Lock()
         #: per-thread flags (opregistry.torch_state's registration watch)
         self.thread = _PerThread()
+        #: the wrapper of torch.library.Library's registration methods (installed once,
+        #: when opregistry first loads or watches; opregistry.torch_state.Recorder)
+        self.recorder: Any = None
 
 
 _state = ProcessState()
@@ -85,5 +91,7 @@ def reset() -> ProcessState:
     if _state.registry is not None:
         raise RuntimeError("opregistry.state.reset(): unload the registry first "
                            "(opregistry.get_registry().unload())")
+    if _state.recorder is not None:
+        _state.recorder.uninstall()
     _state = ProcessState()
     return _state

@@ -173,7 +173,7 @@ class Registry:
                 collected, full = _collect_and_resolve(self.settings, _snapshot)
             late = {o.distribution for o in deferred}
             problems = [p for p in full.problems
-                        if p.severity == "error" and {o.distribution for o in p.culprits} & late]
+                        if p.leaves_out and {o.distribution for o in p.culprits} & late]
             settled = {o.distribution for o in self.plan.distributions}
             if not problems and _share(full, settled) != _share(self.plan, settled):
                 problems.append(Problem(

@@ -61,7 +61,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
     # entry point: its other entry points would register half a package
     excluded: dict[str, Origin] = {}
     for p in decl.problems:
-        if p.severity == "error":
+        if p.leaves_out:
             for o in p.culprits:
                 excluded.setdefault(o.distribution, o)
     # every pass (and the first definer named below) must not depend on the
@@ -83,7 +83,8 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         new = [p for p in ctx.problems if p.severity == "error"]
         for p in new:
             errors.setdefault((p.code, p.message), p)
-        culprits = {o.distribution: o for p in new for o in p.culprits}
+        # rule 9: the culprits of a problem whose code leaves them out (opregistry.problems)
+        culprits = {o.distribution: o for p in new if p.leaves_out for o in p.culprits}
         if not culprits.keys() - excluded.keys():
             break
         excluded.update(culprits)

@@ -163,7 +163,8 @@ def _record(dist: Any, site: str) -> list[tuple[str, str]]:
     for row in csv.reader(text.splitlines()):
         if row and row[0]:
             rel = row[0].replace("\\", "/")
-            out.append((os.path.normpath(os.path.join(site, rel)), rel))
+            path = os.path.join(site, rel)
+            out.append((os.path.normpath(path) if ".." in rel or "/./" in rel else path, rel))
     return out
 
 

@@ -256,3 +256,9 @@ class ForeignScan:
     def to_dict(self) -> dict[str, Any]:
         return {"distributions": [d.to_dict() for d in self.distributions],
                 "skipped": self.skipped, "cached": self.cached}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ForeignScan:
+        return cls(distributions=tuple(ForeignDistribution.from_dict(d)
+                                       for d in data["distributions"]),
+                   skipped=int(data["skipped"]), cached=int(data["cached"]))

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping
 
 import attrs
 
+from ..config import canonical_name
 from ..diskcache import DiskCache
 from ..distfiles import DistInfo, distributions, files_of, module_name
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
@@ -56,16 +57,22 @@ def _is_native(path: str) -> bool:
     return name.endswith(NATIVE_SUFFIXES) or ".so." in name
 
 
-def _scanned_files(info: DistInfo) -> tuple[dict[str, str], list[str]]:
-    """``({module: .py path}, [shared library paths])`` of what ``info`` installed."""
+def _scanned_files(info: DistInfo) -> list[tuple[str, str]]:
+    """``(path, relative name)`` of the Python files and shared libraries ``info`` installed."""
+    return [(path, rel) for path, rel in files_of(info)
+            if rel.endswith(".py") or (_is_native(path) and not rel.startswith("../"))]
+
+
+def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], list[str]]:
+    """``({module: .py path}, [shared library paths])``; files that are no module are left out."""
     modules: dict[str, str] = {}
     natives: list[str] = []
-    for path, rel in files_of(info):
+    for path, rel in files:
         if rel.endswith(".py"):
             name = module_name(rel)
             if name is not None:
                 modules.setdefault(name, path)
-        elif _is_native(path) and not rel.startswith("../"):
+        else:
             natives.append(path)
     return modules, sorted(natives)
 
@@ -151,9 +158,13 @@ def _library_module(path: str, modules: Mapping[str, str]) -> str | None:
     return None
 
 
-def scan_distribution(info: DistInfo) -> tuple[ForeignDistribution, bool]:
-    """Scan one distribution (no cache): its record, and whether it uses torch at all."""
-    modules, natives = _scanned_files(info)
+def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
+                      ) -> tuple[ForeignDistribution, bool]:
+    """Scan one distribution (no cache): its record, and whether it uses torch at all.
+
+    ``files``: what :func:`_scanned_files` gives, when the caller has it.
+    """
+    modules, natives = _split(_scanned_files(info) if files is None else files)
     requires = info.requires_any(("torch", "opregistry"))
     mentions, texts = _mentions_torch(modules.values())
     record = ForeignDistribution(
@@ -192,8 +203,8 @@ def _stamp(infos: list[DistInfo]) -> str:
 def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
         ForeignDistribution | None, bool, bool]:
     """``(record or None, uses torch, from the cache)`` of one distribution."""
-    modules, natives = _scanned_files(info)
-    digest = _digest(info, [*modules.values(), *natives], content)
+    files = _scanned_files(info)
+    digest = _digest(info, [path for path, _ in files], content)
     key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
     entry = cache.load(key)
     if isinstance(entry, dict) and entry.get("digest") == digest:
@@ -203,18 +214,20 @@ def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
                     bool(entry.get("uses_torch")), True)
         except (KeyError, TypeError, ValueError) as exc:
             log.debug("cached scan malformed, scanning again", key=key, error=str(exc))
-    record, uses = scan_distribution(info)
+    record, uses = scan_distribution(info, files)
     record = attrs.evolve(record, digest=digest)
     cache.store(key, {"digest": digest, "uses_torch": uses,
                       "dist": record.to_dict() if uses else None})
     return (record if uses else None), uses, False
 
 
-def scan_installed(*, cache: bool = True, content_digests: bool | None = None,
+def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
+                   content_digests: bool | None = None,
                    environ: Mapping[str, str] | None = None) -> ForeignScan:
     """Every installed distribution that uses torch, and what it registers; torch is not imported.
 
-    ``cache=False`` scans every distribution again (and stores nothing);
+    ``only``: scan these distributions (names as pip spells them) and count
+    no other; ``cache=False`` scans every distribution again (and stores nothing);
     ``content_digests``: check cached scans against the sha256 of every file
     read, not their size and mtime (default: in locked mode, when
     ``OPREGISTRY_LOCK`` is set).  ``environ`` (default ``os.environ``) is
@@ -225,10 +238,13 @@ def scan_installed(*, cache: bool = True, content_digests: bool | None = None,
     content = bool((env.get("OPREGISTRY_LOCK") or "").strip()) if content_digests is None \
         else content_digests
     infos = distributions()
+    wanted = None if only is None else {canonical_name(n) for n in only}
     store = DiskCache.open(CACHE_NAME, stamp=_stamp(infos), environ=env) if cache \
         else DiskCache(None, "")
     found, skipped, hits = [], 0, 0
     for info in infos:
+        if wanted is not None and info.installed.name not in wanted:
+            continue
         if info.installed.name in NOT_SCANNED or not info.installed.location:
             skipped += 1
             continue

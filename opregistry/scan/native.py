@@ -142,16 +142,32 @@ def scan_library(path: str) -> list[Registration]:
                "the library calls torch's Library, but no TORCH_LIBRARY block was found")
         found.append(Registration(kind="library", api="TORCH_LIBRARY", file=path, line=None,
                                   unresolved=why))
+    return found + _ops(path, _schemas(strings), owned)
+
+
+def _ops(path: str, schemas: list[tuple[str | None, str, str, str]], owned: set[str]
+         ) -> list[Registration]:
+    """The op definitions of the schema strings, for the namespaces the library DEFs/FRAGMENTs.
+
+    An unqualified schema belongs to the library's one namespace; with
+    several, it is reported with its namespace unresolved (the string does
+    not say which).  In a stripped library only qualified schemas count.
+    """
+    out = []
     seen = set()
-    for ns, name, overload, schema in _schemas(strings):
+    for ns, name, overload, schema in schemas:
         if (ns, name, overload) in seen:
             continue
         seen.add((ns, name, overload))
+        unresolved = "" if owned else "read from the strings of a stripped library"
         if ns is None and len(owned) == 1:
             ns = next(iter(owned))
-        if ns in owned or (not owned and ns is not None):
-            unresolved = "" if owned else "read from the strings of a stripped library"
-            found.append(Registration(kind="op", namespace=ns, name=name, overload=overload,
-                                      schema=schema, api="m.def", file=path, line=None,
-                                      unresolved=unresolved))
-    return found
+        elif ns is None and owned:
+            unresolved = (f"the schema string does not say which of the library's namespaces "
+                          f"({', '.join(sorted(owned))}) it belongs to")
+        elif ns is None or (owned and ns not in owned):
+            continue  # a schema of another library, or no namespace to give it
+        out.append(Registration(kind="op", namespace=ns, name=name, overload=overload,
+                                schema=schema, api="m.def", file=path, line=None,
+                                unresolved=unresolved))
+    return out

@@ -513,14 +513,15 @@ def _aliases(index: Index, modules: Iterable[ModuleSource]) -> frozenset[str]:
     """Module-level names bound to a registration function, a ``Library`` or a custom op.
 
     ``register_fake = torch.library.register_fake``, ``lib = Library(...)``,
-    ``from torch.library import custom_op as co``: a file that uses one of
-    these names may register without naming torch's API itself.
+    ``from torch.library import custom_op as co``: a file that imports one of
+    these names (``from .._ops import register_kernel``) may register without
+    naming torch at all.
     """
     out = set()
     for module in modules:
         scope = index.scope_of(module)
         for name, found in scope.names.items():
-            if name in API_NAMES or not any(_mentions_api(b) for b in found):
+            if not any(_mentions_api(b) for b in found):
                 continue
             value = scope.lookup(name)
             if isinstance(value, (Lib, Op)) or (isinstance(value, Ref) and _api(value.path)):

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator, Union
 from attrs import frozen
 
 __all__ = ["Str", "Num", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Unknown", "Value",
-           "Scope", "Index", "ModuleSource", "bindings", "bind_arguments", "unroll"]
+           "Scope", "Index", "ModuleSource", "bindings", "bind_arguments", "unroll", "LIBRARY_CTORS"]
 
 
 @frozen
@@ -208,8 +208,11 @@ def bindings(body: list[ast.stmt], module: ModuleSource,
                 found.setdefault(name, []).append(("a loop variable", "unknown"))
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
+                plain = isinstance(item.optional_vars, ast.Name)
                 for name, _ in _targets(item.optional_vars) if item.optional_vars else ():
-                    found.setdefault(name, []).append(("bound by a with statement", "unknown"))
+                    found.setdefault(name, []).append(
+                        (item.context_expr, "with") if plain else ("bound by a with statement",
+                                                                   "unknown"))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             found.setdefault(node.name, []).append((node, "def"))
         elif isinstance(node, ast.ClassDef):
@@ -289,6 +292,10 @@ class Scope:
             return self.index.resolve(str(what))
         if how == "expr":
             return self.index.evaluate(what, self)  # type: ignore[arg-type]
+        if how == "with":  # ``with _scoped_library(ns, kind) as lib``: the library itself
+            value = self.index.evaluate(what, self)  # type: ignore[arg-type]
+            return value if isinstance(value, Lib) else Unknown(
+                f"a name bound by a with statement in {self.label}")
         if how == "def":
             return self.index.definition(what, self)  # type: ignore[arg-type]
         if how == "param":

@@ -14,7 +14,8 @@ One per registration style:
                     decorator stacks
 ``fx-aliases``      bitsandbytes' layout: ``register_kernel = torch.library.register_kernel``
                     in ``_ops``, used from ``backends/cpu.py``; a helper function
-                    that defines the op its caller names; a decorator factory
+                    that defines the op its caller names; decorator factories, one
+                    naming the op after the function it decorates (as torchao)
 ``fx-dynamic``      a namespace read from the environment: the scan must say
                     "unresolved", with file:line
 ``fx-native``       a C++ ``TORCH_LIBRARY`` library (two namespaces) loaded with
@@ -185,6 +186,27 @@ ALIASES = {
         @op_factory("one")
         def _made_one(x):
             return x.clone()
+
+
+        def named_after(target):
+            """torchao's _register_custom_op: the op is named after the function it decorates."""
+            def decorator(fn):
+                op_name = fn.__name__
+                if op_name[0] == "_":
+                    op_name = op_name[1:]
+                target.define(op_name + torch.library.infer_schema(fn, mutates_args=()))
+                target.impl(op_name, fn, "CompositeExplicitAutograd")
+                return fn
+
+            return decorator
+
+
+        register_named = named_after(lib)
+
+
+        @register_named
+        def _from_name(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
     ''',
     "fx_aliases/backends/__init__.py": "",
     "fx_aliases/backends/cpu.py": '''
@@ -302,7 +324,8 @@ EXPECTED_OPS: dict[str, set[str]] = {
                  "fx_pylib_frag::extra", "fx_pylib_frag::looped0", "fx_pylib_frag::looped1"},
     "fx_customop": {"fx_custom::double", "fx_custom::triple", "fx_custom::quad",
                     "fx_custom::tri"},
-    "fx_aliases": {"fx_alias::gemm", "fx_alias::helper_op", "fx_alias::made_one"},
+    "fx_aliases": {"fx_alias::gemm", "fx_alias::helper_op", "fx_alias::made_one",
+                   "fx_alias::from_name"},
     "fx_dynamic": {"fx_dyn::op"},
     "fx_native": {"fx_native::scale", "fx_native::scale.twice", "fx_native_frag::frag_op"},
     "fx_native_single": {"fx_single::hidden", "fx_single::plain"},

@@ -180,6 +180,9 @@ def test_aliases_across_modules_and_helpers(scan: ForeignScan, site: Path) -> No
     gemm = [r for r in regs if r.op == "fx_alias::gemm" and r.kind == "kernel"]
     assert [(r.module, r.key, r.api) for r in gemm] == [
         ("fx_aliases.backends.cpu", "CPU", "torch.library.register_kernel")]
+    named = [(r.kind, r.key, r.line) for r in regs if r.op == "fx_alias::from_name"]
+    decorated = _line(site / "fx_aliases" / "_ops.py", "@register_named")
+    assert named == [("op", None, decorated), ("kernel", "CompositeExplicitAutograd", decorated)]
     helper = [r for r in regs if r.op == "fx_alias::helper_op" and r.kind == "op"]
     assert [r.line for r in helper] == [_line(site / "fx_aliases" / "_ops.py",
                                               '_define("helper_op"')]

@@ -33,8 +33,8 @@ from typing import Iterable, Mapping
 
 from ..foreign import Registration
 from ..keys import autocast_key, canonical_key
-from .pyvalues import (LIBRARY_CTORS, Func, Index, Lib, ModuleSource, Op, PathValue, Ref, Scope,
-                       Str, Unknown, Value, bind_arguments, unroll)
+from .pyvalues import (LIBRARY_CTORS, Func, Index, Inferred, Lib, ModuleSource, Op, PathValue, Ref,
+                       Scope, Str, Unknown, Value, bind_arguments, decide, unroll)
 
 __all__ = ["scan_modules", "importers", "API_PREFIXES", "API_NAMES"]
 
@@ -151,8 +151,8 @@ def _kernels(found: _Found, api: str, op: dict[str, object],
 
 
 def _schema_of(value: Value | None) -> tuple[str | None, str]:
-    if value is None:
-        return None, ""
+    if value is None or isinstance(value, Inferred):
+        return None, ""  # none given, or inferred from type hints at run time
     if isinstance(value, Str):
         return value.text, ""
     return None, f"the schema: {value.why if isinstance(value, Unknown) else 'not a string'}"
@@ -160,6 +160,9 @@ def _schema_of(value: Value | None) -> tuple[str | None, str]:
 
 def _define_on_lib(found: _Found, lib: Lib) -> None:
     schema = found.value(0, "schema")
+    if isinstance(schema, Inferred) and schema.name:  # name + infer_schema(fn)
+        found.emit("op", "Library.define", **found.op(Str(schema.name), lib))
+        return
     if isinstance(schema, Str):
         head, paren, rest = schema.text.partition("(")
         name = head.strip()
@@ -358,7 +361,31 @@ class _Walker(ast.NodeVisitor):
 
     def visit_If(self, node: ast.If) -> None:
         self.visit(node.test)
-        self._guarded([node.body, node.orelse])
+        if self.enter_functions:
+            self._guarded([node.body, node.orelse])
+            return
+        # a followed function's body runs in order: a test on known values picks its branch
+        verdict = decide(self.index, node.test, self.scope)
+        if verdict is not None:
+            for stmt in node.body if verdict else node.orelse:
+                self.visit(stmt)
+            return
+        before = self.scope.state()
+        self._guarded([node.body])
+        after_body = self.scope.state()
+        self.scope.restore(before)
+        self._guarded([node.orelse])
+        after = self.scope.state()
+        for name in set(after) | set(after_body):
+            if after.get(name) != after_body.get(name):
+                after[name] = Unknown(f"{name} depends on a condition in {self.scope.label}")
+        self.scope.restore(after)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.generic_visit(node)
+        if not self.enter_functions and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name):
+            self.scope.assign(node.targets[0].id, self.index.evaluate(node.value, self.scope))
 
     def visit_While(self, node: ast.While) -> None:
         self.visit(node.test)
@@ -560,8 +587,21 @@ def _functions(index: Index, modules: Iterable[ModuleSource], aliases: frozenset
                        for n in ast.walk(node)):
                     returned.add(node.name)
     index.registering = frozenset(registering)
-    index.returned = frozenset(returned)
-    return frozenset(exported)
+    index.returned = frozenset(returned | _factories(modules, returned))
+    return frozenset(exported | _factories(modules, returned))
+
+
+def _factories(modules: Iterable[ModuleSource], returned: set[str]) -> set[str]:
+    """Module-level names bound to what a decorator factory returns (``reg = factory(lib)``)."""
+    out = set()
+    for module in modules:
+        for node in module.tree.body if module.tree is not None else ():
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                func = node.value.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in returned:
+                    out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return out
 
 
 def _mentions_api(binding: tuple[object, str]) -> bool:

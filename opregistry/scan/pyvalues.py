@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Iterator, Union
 
 from attrs import frozen
 
-__all__ = ["Str", "Num", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Unknown", "Value",
+__all__ = ["Str", "Num", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred", "Unknown",
+           "Value", "decide",
            "Scope", "Index", "ModuleSource", "bindings", "bind_arguments", "unroll", "LIBRARY_CTORS"]
 
 
@@ -99,7 +100,18 @@ class Unknown:
     why: str
 
 
-Value = Union[Str, Num, Seq, Ref, Lib, Op, PathValue, Func, Unknown]
+@frozen
+class Inferred:
+    """``torch.library.infer_schema(fn)``: ``"(args) -> returns"``, read from type hints at run time.
+
+    ``name`` is set for ``"name" + infer_schema(fn)``: a schema whose op name
+    is known and whose signature only torch can tell.
+    """
+
+    name: str = ""
+
+
+Value = Union[Str, Num, Seq, Ref, Lib, Op, PathValue, Func, Inferred, Unknown]
 
 #: (expression or import target, how to read it)
 Binding = tuple[object, str]
@@ -247,6 +259,17 @@ class Scope:
         if self._names is None:
             self._names = bindings(self._body, self.module, self._params)
         return self._names
+
+    def assign(self, name: str, value: Value) -> None:
+        """``name = value`` run in order (a followed function's body is read statement by
+        statement): later reads see this value, not the merge of every assignment."""
+        self._memo[name] = value
+
+    def state(self) -> dict[str, Value]:
+        return dict(self._memo)
+
+    def restore(self, state: dict[str, Value]) -> None:
+        self._memo = dict(state)
 
     def lookup(self, name: str) -> Value:
         if name in self.names:
@@ -473,6 +496,22 @@ def unroll(node: ast.For, scope: Scope, limit: int = 64) -> list[Scope] | None:
     return out
 
 
+def decide(index: Index, test: ast.expr, scope: Scope) -> bool | None:
+    """Whether an ``if`` test is true, when it compares known strings or numbers; else ``None``."""
+    if isinstance(test, ast.Constant) and isinstance(test.value, bool):
+        return test.value
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = decide(index, test.operand, scope)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
+            test.ops[0], (ast.Eq, ast.NotEq)):
+        left = index.evaluate(test.left, scope)
+        right = index.evaluate(test.comparators[0], scope)
+        if isinstance(left, (Str, Num)) and isinstance(right, (Str, Num)):
+            return (left == right) == isinstance(test.ops[0], ast.Eq)
+    return None
+
+
 def _constant(value: object) -> Value:
     if isinstance(value, str):
         return Str(value)
@@ -514,6 +553,8 @@ def _binop(index: Index, node: ast.BinOp, scope: Scope) -> Value:
     left, right = index.evaluate(node.left, scope), index.evaluate(node.right, scope)
     if isinstance(left, Str) and isinstance(right, Str) and isinstance(node.op, ast.Add):
         return Str(left.text + right.text)
+    if isinstance(left, Str) and isinstance(right, Inferred) and isinstance(node.op, ast.Add):
+        return Inferred(left.text)
     if isinstance(left, Num) and isinstance(right, Num) and type(node.op) in _ARITHMETIC:
         return Num(_ARITHMETIC[type(node.op)](left.value, right.value))
     if isinstance(node.op, ast.Div) and isinstance(left, PathValue) and isinstance(right, Str):
@@ -569,6 +610,8 @@ def _call(index: Index, node: ast.Call, scope: Scope) -> Value:
                 return found
         if callee.path == "range":
             return _range(index, node, scope)
+        if callee.path.startswith("torch.") and callee.path.endswith(".infer_schema"):
+            return Inferred()
         if callee.path in _OS_PATH:
             return _path_call(index, callee.path, node, scope)
     return _unknown(callee, node, call=True)

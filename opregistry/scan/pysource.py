@@ -319,36 +319,20 @@ def _value_hook(index: Index) -> None:
     index.call_hook = hook
 
 
-class _Walker(ast.NodeVisitor):
-    """Visits one module, scope by scope, and collects what its calls register.
+class _Flow(ast.NodeVisitor):
+    """The control flow of the walk: which statements run under a condition, and in order.
 
-    A call is evaluated only when the name it calls is one of torch's
-    registration names (:data:`API_NAMES`) or an alias the distribution
-    binds at module level (``aliases``): evaluating every call of a large
-    package would cost seconds, and a call of ``np.zeros`` registers nothing.
+    A statement under ``if`` / ``while`` / ``except`` / ``match`` may not run:
+    its registrations are ``conditional``.  While a function's body is
+    followed for one call (``enter_functions`` false), it is read in order:
+    assignments update the names, and an ``if`` on known values takes one
+    branch.
     """
 
-    def __init__(self, index: Index, module: ModuleSource, aliases: frozenset[str],
-                 scope: Scope | None = None, at_import: bool = True,
-                 enter_functions: bool = True) -> None:
-        self.index = index
-        self.module = module
-        self.aliases = aliases
-        self.scope = scope or index.scope_of(module)
-        self.at_import = at_import
-        #: ``False`` while following a call: a nested function's body runs when it is called
-        self.enter_functions = enter_functions
-        #: how many ``if`` / ``while`` / ``except`` / ``match`` blocks hold the current statement
-        self.conditional = 0
-        self.found: list[Registration] = []
-
-    def _may_register(self, func: ast.AST) -> bool:
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        return name is not None and (name in API_NAMES or name in self.aliases)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        self._classify(node)
-        self.generic_visit(node)
+    index: Index
+    scope: Scope
+    enter_functions: bool
+    conditional: int
 
     def _guarded(self, blocks: Iterable[Iterable[ast.AST]]) -> None:
         self.conditional += 1
@@ -403,6 +387,38 @@ class _Walker(ast.NodeVisitor):
     def visit_Match(self, node: ast.Match) -> None:
         self.visit(node.subject)
         self._guarded([node.cases])
+
+
+class _Walker(_Flow):
+    """Visits one module, scope by scope, and collects what its calls register.
+
+    A call is evaluated only when the name it calls is one of torch's
+    registration names (:data:`API_NAMES`) or an alias the distribution
+    binds at module level (``aliases``): evaluating every call of a large
+    package would cost seconds, and a call of ``np.zeros`` registers nothing.
+    """
+
+    def __init__(self, index: Index, module: ModuleSource, aliases: frozenset[str],
+                 scope: Scope | None = None, at_import: bool = True,
+                 enter_functions: bool = True) -> None:
+        self.index = index
+        self.module = module
+        self.aliases = aliases
+        self.scope = scope or index.scope_of(module)
+        self.at_import = at_import
+        #: ``False`` while following a call: a nested function's body runs when it is called
+        self.enter_functions = enter_functions
+        #: how many ``if`` / ``while`` / ``except`` / ``match`` blocks hold the current statement
+        self.conditional = 0
+        self.found: list[Registration] = []
+
+    def _may_register(self, func: ast.AST) -> bool:
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        return name is not None and (name in API_NAMES or name in self.aliases)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self._classify(node)
+        self.generic_visit(node)
 
     def visit_For(self, node: ast.For) -> None:
         scopes = unroll(node, self.scope)

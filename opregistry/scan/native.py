@@ -38,7 +38,6 @@ _UID = re.compile(r"_\d+\Z")
 #: imported symbols that mean "this library registers with torch's dispatcher"
 _REGISTERS = (b"5torch7Library", b"TorchLibraryInit", b"aoti_torch_library_init_",
               b"torch_library_impl", b"TORCH_LIBRARY")
-_SCHEMA_RUN = re.compile(rb"[\x20-\x7e]*->[\x20-\x7e]*")
 _SCHEMA = re.compile(r"(?:([A-Za-z_]\w*)::)?([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?(\(.*\)\s*->\s*.+)\Z")
 
 
@@ -117,10 +116,19 @@ def is_extension_module(path: str) -> bool:
 def _schemas(strings: bytes) -> list[tuple[str | None, str, str, str]]:
     """``(namespace or None, name, overload, "(args) -> returns")`` of every schema string."""
     out = []
-    for run in _SCHEMA_RUN.finditer(strings):
-        m = _SCHEMA.match(run.group(0).decode("ascii").strip())
-        if m:
-            out.append((m.group(1), m.group(2), m.group(3) or "", m.group(4)))
+    start = strings.find(b"->")
+    seen = -1
+    while start >= 0:  # each "->", widened to the NUL-terminated string holding it
+        begin = strings.rfind(b"\0", 0, start) + 1
+        end = strings.find(b"\0", start)
+        end = len(strings) if end < 0 else end
+        if begin > seen:
+            seen = begin
+            text = strings[begin:end]
+            m = _SCHEMA.match(text.decode("ascii", "replace").strip()) if text.isascii() else None
+            if m:
+                out.append((m.group(1), m.group(2), m.group(3) or "", m.group(4)))
+        start = strings.find(b"->", end)
     return out
 
 

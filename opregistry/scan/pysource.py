@@ -588,20 +588,30 @@ def _functions(index: Index, modules: Iterable[ModuleSource], aliases: frozenset
     returned: set[str] = set()
     exported: set[str] = set()
     for module in modules:
-        tree = module.tree
-        top = {id(n) for n in (tree.body if tree is not None else ())}
-        for node in ast.walk(tree) if tree is not None else ():
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if module.tree is None:
+            continue
+        top = {id(n) for n in module.tree.body}
+        # one walk, with the chain of enclosing functions: a registration call marks them all
+        stack: list[tuple[ast.AST, tuple[ast.AST, ...]]] = [(module.tree, ())]
+        while stack:
+            node, outer = stack.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if outer:
+                    returned.add(outer[-1].name)  # type: ignore[attr-defined]
+                # decorators and defaults run where the function is defined, not in it
+                stack.extend((child, outer) for child in [*node.decorator_list,
+                                                          *node.args.defaults])
+                stack.extend((child, outer + (node,)) for child in node.body)
                 continue
-            if any(isinstance(n, ast.Call) and (getattr(n.func, "attr", None) in names
-                                                or getattr(n.func, "id", None) in names)
-                   for n in ast.walk(node)):
-                registering.add(node.name)
-                if id(node) in top:
-                    exported.add(node.name)
-                if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node
-                       for n in ast.walk(node)):
-                    returned.add(node.name)
+            if isinstance(node, ast.Call) and outer and (
+                    getattr(node.func, "attr", None) in names
+                    or getattr(node.func, "id", None) in names):
+                for func in outer:
+                    registering.add(func.name)  # type: ignore[attr-defined]
+                    if id(func) in top:
+                        exported.add(func.name)  # type: ignore[attr-defined]
+            stack.extend((child, outer) for child in ast.iter_child_nodes(node))
+    returned &= registering
     index.registering = frozenset(registering)
     index.returned = frozenset(returned | _factories(modules, returned))
     return frozenset(exported | _factories(modules, returned))
@@ -631,6 +641,11 @@ def _mentions_api(binding: tuple[object, str]) -> bool:
     return False
 
 
+def _words(names: Iterable[str]) -> re.Pattern[bytes]:
+    return re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names))
+                      + rb")\b")
+
+
 def _word(name: str) -> re.Pattern[bytes]:
     return re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
 
@@ -650,10 +665,14 @@ def scan_modules(modules: dict[str, ModuleSource], texts: Mapping[str, bytes]
              if b"torch" in texts.get(m.file, b"") and _API.search(texts.get(m.file, b""))]
     aliases = _aliases(index, first)
     helpers = _functions(index, first, aliases)
-    patterns = [_word(a) for a in sorted(aliases | helpers)]
     chosen = {m.name for m in first}
-    second = [m for m in modules.values() if m.name not in chosen
-              and any(p.search(texts.get(m.file, b"")) for p in patterns)]
+    second = []
+    if aliases | helpers:  # a file naming one of them and one of the modules that bind them
+        names = _words(aliases | helpers)
+        sources = _words({m.name.rpartition(".")[2] for m in first})
+        second = [m for m in modules.values() if m.name not in chosen
+                  and names.search(texts.get(m.file, b""))
+                  and sources.search(texts.get(m.file, b""))]
     found: list[Registration] = []
     for module in sorted([*first, *second], key=lambda m: m.name):
         tree = module.tree

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator, Union
 
 from attrs import frozen
 
-__all__ = ["Str", "Num", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred", "Unknown",
+__all__ = ["Str", "Num", "Bool", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred", "Unknown",
            "Value", "decide",
            "Scope", "Index", "ModuleSource", "bindings", "bind_arguments", "unroll", "LIBRARY_CTORS"]
 
@@ -73,6 +73,13 @@ class Num:
 
 
 @frozen
+class Bool:
+    """``True`` / ``False`` (a flag passed to a helper: ``_register_custom_op(lib, False)``)."""
+
+    value: bool
+
+
+@frozen
 class Seq:
     """A tuple or list whose items are all known."""
 
@@ -111,7 +118,7 @@ class Inferred:
     name: str = ""
 
 
-Value = Union[Str, Num, Seq, Ref, Lib, Op, PathValue, Func, Inferred, Unknown]
+Value = Union[Str, Num, Bool, Seq, Ref, Lib, Op, PathValue, Func, Inferred, Unknown]
 
 #: (expression or import target, how to read it)
 Binding = tuple[object, str]
@@ -498,8 +505,11 @@ def unroll(node: ast.For, scope: Scope, limit: int = 64) -> list[Scope] | None:
 
 def decide(index: Index, test: ast.expr, scope: Scope) -> bool | None:
     """Whether an ``if`` test is true, when it compares known strings or numbers; else ``None``."""
-    if isinstance(test, ast.Constant) and isinstance(test.value, bool):
-        return test.value
+    if isinstance(test, (ast.Constant, ast.Name, ast.Attribute)):
+        value = index.evaluate(test, scope)
+        if isinstance(value, Bool):
+            return value.value
+        return bool(value.text) if isinstance(value, Str) else None
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = decide(index, test.operand, scope)
         return None if inner is None else not inner
@@ -515,6 +525,8 @@ def decide(index: Index, test: ast.expr, scope: Scope) -> bool | None:
 def _constant(value: object) -> Value:
     if isinstance(value, str):
         return Str(value)
+    if isinstance(value, bool):
+        return Bool(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return Num(value)
     return Unknown(f"the constant {value!r}")
@@ -528,6 +540,8 @@ def _seq(values: list[Value], node: ast.AST) -> Value:
 def _format(value: Value) -> str | None:
     if isinstance(value, Str):
         return value.text
+    if isinstance(value, Bool):
+        return str(value.value)
     if isinstance(value, Num):
         return str(value.value)
     return None
@@ -653,8 +667,17 @@ def _path_call(index: Index, path: str, node: ast.Call, scope: Scope) -> Value:
     return PathValue(texts[0])
 
 
+def _ifexp(index: Index, node: ast.IfExp, scope: Scope) -> Value:
+    verdict = decide(index, node.test, scope)
+    if verdict is not None:
+        return index.evaluate(node.body if verdict else node.orelse, scope)
+    body, orelse = index.evaluate(node.body, scope), index.evaluate(node.orelse, scope)
+    return body if body == orelse else Unknown(f"the expression {_text(node)}")
+
+
 _EVALUATORS: dict[type, Callable[..., Value]] = {
-    ast.JoinedStr: _fstring, ast.BinOp: _binop, ast.Call: _call, ast.Subscript: _subscript}
+    ast.JoinedStr: _fstring, ast.BinOp: _binop, ast.Call: _call, ast.Subscript: _subscript,
+    ast.IfExp: _ifexp}
 
 
 def _text(node: ast.AST) -> str:

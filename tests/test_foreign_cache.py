@@ -170,3 +170,18 @@ def test_processes_scanning_at_once_share_the_cache(site: Site) -> None:
     assert len(results) == 1
     json.loads(_entry(site).read_text())
     assert site.namespaces() == ({"fx_aa"}, 1)
+
+
+def test_a_distribution_without_torch_is_checked_by_its_metadata(site: Site) -> None:
+    """No torch in it (nor in Requires-Dist): the next scans read only its METADATA and RECORD
+    stamps, and a reinstall that brings torch in is seen."""
+    info = next(site.root.glob("fx_cached-*.dist-info"))
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {NAME}\nVersion: 1.0\n")
+    site.rewrite("VALUE = 1\n")
+    assert (site.scan().distributions, site.scan().skipped) == ((), 1)
+    assert site.scan().cached == 1
+    site.rewrite(SOURCE)  # an edit in place, no reinstall: not looked at (PEP 376 files unchanged)
+    assert site.scan().distributions == ()
+    site.install("1.0")  # pip rewrites METADATA (now requiring torch) and RECORD
+    found = site.scan()
+    assert found.cached == 0 and found.distributions[0].namespaces() == {"fx_aa"}

@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import attrs
 
 from ..config import canonical_name
 from ..diskcache import DiskCache
-from ..distfiles import DistInfo, distributions, files_of, module_name
+from ..distfiles import (NATIVE_SUFFIXES, DistInfo, distributions, files_of, is_editable,
+                         module_name)
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
 from ..logs import get_logger
-from .native import NATIVE_SUFFIXES, is_extension_module, scan_library
-from .pysource import importers, scan_modules
-from .pyvalues import ModuleSource
+
+if TYPE_CHECKING:
+    from .pyvalues import ModuleSource
 
 __all__ = ["scan_installed", "scan_distribution", "NOT_SCANNED", "PLUGIN_GROUPS", "CACHE_NAME"]
 
@@ -123,6 +124,9 @@ def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
              texts: Mapping[str, bytes], natives: list[str],
              modules: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """``{library path: (module, how it was found)}`` for each registering library."""
+    from .native import is_extension_module
+    from .pysource import importers
+
     by_path = {os.path.normpath(r.how): r for r in found
                if r.kind == "load_library" and r.how and not r.unresolved}
     computed = sorted((r for r in found if r.kind == "load_library" and r.unresolved),
@@ -173,6 +177,11 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
         files=len(modules) + len(natives))
     if not (requires or mentions):
         return record, False
+    # the parsers are imported here: a scan answered from the cache never needs them
+    from .native import scan_library
+    from .pysource import scan_modules
+    from .pyvalues import ModuleSource
+
     sources = {name: ModuleSource(name, path, path.endswith("__init__.py"))
                for name, path in modules.items()}
     found = scan_modules(sources, texts)
@@ -200,13 +209,39 @@ def _stamp(infos: list[DistInfo]) -> str:
     return f"opregistry {version} scan-format {SCAN_FORMAT} code {h.hexdigest()[:16]}"
 
 
+def _metadata_stamp(info: DistInfo) -> str | None:
+    """Size and mtime of the files every install, upgrade or reinstall rewrites; ``None`` for
+    an editable install (its sources change without them)."""
+    if is_editable(info):
+        return None
+    out = []
+    for name in ("METADATA", "RECORD"):
+        try:
+            st = os.stat(os.path.join(info.installed.location, name))
+        except OSError:
+            return None
+        out.append(f"{name} {st.st_size} {st.st_mtime_ns}")
+    return "; ".join(out)
+
+
 def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
         ForeignDistribution | None, bool, bool]:
-    """``(record or None, uses torch, from the cache)`` of one distribution."""
-    files = _scanned_files(info)
-    digest = _digest(info, [path for path, _ in files], content)
+    """``(record or None, uses torch, from the cache)`` of one distribution.
+
+    A distribution found not to use torch is checked again only when its
+    metadata changes (an install rewrites ``METADATA`` and ``RECORD``):
+    listing and ``stat``-ing the files of numpy or sympy at every call would
+    cost more than the rest of the scan.  A torch user's entry is checked
+    against the digest of every file it read.
+    """
     key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
     entry = cache.load(key)
+    stamp = _metadata_stamp(info)
+    if (isinstance(entry, dict) and entry.get("uses_torch") is False and stamp is not None
+            and entry.get("metadata") == stamp and not content):
+        return None, False, True
+    files = _scanned_files(info)
+    digest = _digest(info, [path for path, _ in files], content)
     if isinstance(entry, dict) and entry.get("digest") == digest:
         try:
             dist = entry.get("dist")
@@ -216,7 +251,7 @@ def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
             log.debug("cached scan malformed, scanning again", key=key, error=str(exc))
     record, uses = scan_distribution(info, files)
     record = attrs.evolve(record, digest=digest)
-    cache.store(key, {"digest": digest, "uses_torch": uses,
+    cache.store(key, {"digest": digest, "uses_torch": uses, "metadata": stamp,
                       "dist": record.to_dict() if uses else None})
     return (record if uses else None), uses, False
 

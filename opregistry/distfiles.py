@@ -34,8 +34,8 @@ from attrs import field, frozen
 from .config import canonical_name
 from .foreign import InstalledDistribution
 
-__all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of", "is_editable", "module_name", "owner_of",
-           "Owners", "owners"]
+__all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of", "is_editable",
+           "module_name", "owner_of", "Owners", "owners"]
 
 #: shared libraries: what ``TORCH_LIBRARY`` code ships as
 NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")

@@ -49,7 +49,8 @@ class Site:
         importlib.invalidate_caches()
 
     def scan(self, **kwargs: object) -> ForeignScan:
-        env = {"OPREGISTRY_CACHE_DIR": str(self.cache), **kwargs.pop("environ", {})}  # type: ignore[dict-item]
+        extra: dict[str, str] = kwargs.pop("environ", {})  # type: ignore[assignment]
+        env = {"OPREGISTRY_CACHE_DIR": str(self.cache), **extra}
         return scan_installed(only=[NAME], environ=env, **kwargs)  # type: ignore[arg-type]
 
     def namespaces(self, **kwargs: object) -> tuple[set[str], int]:

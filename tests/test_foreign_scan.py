@@ -204,7 +204,8 @@ def test_a_dynamic_namespace_is_unresolved_with_its_line(scan: ForeignScan, site
     assert set(real["fx_dynamic"]) == {"fx_dyn::op"}  # what the scan could not know
     assert found.namespaces() == frozenset() and found.ops() == frozenset()
     [lib] = [r for r in found.registrations if r.kind == "FRAGMENT"]
-    assert lib.source == f"{site / 'fx_dynamic' / '__init__.py'}:{_line(site / 'fx_dynamic' / '__init__.py', 'Library(')}"
+    module = site / "fx_dynamic" / "__init__.py"
+    assert lib.source == f"{module}:{_line(module, 'Library(')}"
     assert "os.environ.get" in lib.unresolved and lib.namespace is None
 
 

@@ -26,9 +26,9 @@ from typing import Callable, Iterable, Iterator, Union
 
 from attrs import frozen
 
-__all__ = ["Str", "Num", "Bool", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred", "Unknown",
-           "Value", "decide",
-           "Scope", "Index", "ModuleSource", "bindings", "bind_arguments", "unroll", "LIBRARY_CTORS"]
+__all__ = ["Str", "Num", "Bool", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred",
+           "Unknown", "Value", "decide", "Scope", "Index", "ModuleSource", "bindings",
+           "bind_arguments", "unroll", "LIBRARY_CTORS"]
 
 
 @frozen

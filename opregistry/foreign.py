@@ -246,6 +246,26 @@ class ForeignScan:
                 out.setdefault(reg.namespace, []).append((dist, reg))
         return out
 
+    def importers(self, namespace: str) -> list[tuple[ForeignDistribution, str]]:
+        """``(distribution, module)`` whose import registers something in ``namespace``.
+
+        What lazy adoption imports on the first touch of ``torch.ops.<namespace>``:
+        modules whose registrations run at import, outside any condition,
+        first (those that define ops before those that only add kernels),
+        then the others; each module once, in a stable order.
+        """
+        ranked: dict[tuple[str, str], tuple[int, int, ForeignDistribution]] = {}
+        for dist, reg in self.registrations():
+            if reg.namespace != namespace or not reg.module:
+                continue
+            rank = (0 if reg.at_import and not reg.conditional else 1,
+                    0 if reg.kind in ("DEF", "FRAGMENT", "op") else 1)
+            key = (dist.name, reg.module)
+            if key not in ranked or rank < ranked[key][:2]:
+                ranked[key] = (*rank, dist)
+        order = sorted(ranked.items(), key=lambda item: (item[1][:2], item[0]))
+        return [(dist, module) for (_, module), (_, _, dist) in order]
+
     def get(self, name: str) -> ForeignDistribution | None:
         """The scan of distribution ``name`` (canonical), if it was scanned."""
         for dist in self.distributions:

@@ -258,6 +258,14 @@ def test_which_distributions_are_scanned(scan: ForeignScan) -> None:
     assert not undeclared.requires_torch and undeclared.ops() == {"fx_undeclared::quiet"}
 
 
+def test_which_module_to_import_for_a_namespace(scan: ForeignScan) -> None:
+    """The modules whose import registers a namespace: definitions at import first."""
+    assert [(d.name, m) for d, m in scan.importers("fx_alias")] == [
+        ("fx-aliases", "fx_aliases._ops"), ("fx-aliases", "fx_aliases.backends.cpu")]
+    assert [(d.name, m) for d, m in scan.importers("fx_native")] == [("fx-native", "fx_native")]
+    assert scan.importers("no_such_namespace") == []
+
+
 def test_records_round_trip_through_json(scan: ForeignScan) -> None:
     assert ForeignScan.from_dict(json.loads(json.dumps(scan.to_dict()))) == scan
 

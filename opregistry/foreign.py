@@ -177,6 +177,9 @@ class ForeignDistribution:
     #: the files read: Python sources and shared libraries
     files: int = 0
     digest: str = ""
+    #: why the scan of this distribution failed (a bug of the scanner: its registrations
+    #: are unknown, not absent)
+    error: str = ""
 
     @property
     def name(self) -> str:
@@ -205,7 +208,7 @@ class ForeignDistribution:
     def to_dict(self) -> dict[str, Any]:
         return {**self.distribution.to_dict(), "requires_torch": self.requires_torch,
                 "plugin_groups": list(self.plugin_groups), "files": self.files,
-                "digest": self.digest,
+                "digest": self.digest, "error": self.error,
                 "registrations": [r.to_dict() for r in self.registrations]}
 
     @classmethod
@@ -216,7 +219,7 @@ class ForeignDistribution:
             requires_torch=bool(data["requires_torch"]),
             plugin_groups=tuple(data["plugin_groups"]),
             registrations=tuple(Registration.from_dict(r) for r in data["registrations"]),
-            files=int(data["files"]), digest=data["digest"])
+            files=int(data["files"]), digest=data["digest"], error=data.get("error", ""))
 
 
 @frozen(kw_only=True)

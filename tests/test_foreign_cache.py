@@ -144,6 +144,23 @@ def test_no_cache_when_off_or_read_only(site: Site, tmp_path: Path) -> None:
     assert site.namespaces(cache=False) == ({"fx_aa"}, 0)
 
 
+def test_a_failing_scan_is_reported_and_not_cached(site: Site,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scanner bug on one distribution: said on that distribution, the others unaffected."""
+    import opregistry.scan.pysource as pysource
+
+    def broken(*args: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    original = pysource.scan_modules
+    monkeypatch.setattr(pysource, "scan_modules", broken)
+    [dist] = site.scan().distributions
+    assert dist.error == "the scan failed: RecursionError: maximum recursion depth exceeded"
+    assert dist.registrations == () and not (site.cache / CACHE_NAME).exists()
+    monkeypatch.setattr(pysource, "scan_modules", original)
+    assert site.namespaces() == ({"fx_aa"}, 0)
+
+
 def test_cache_dir_variable(site: Site, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     site.scan(environ={"OPREGISTRY_CACHE_DIR": str(elsewhere)})

@@ -249,7 +249,14 @@ def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
                     bool(entry.get("uses_torch")), True)
         except (KeyError, TypeError, ValueError) as exc:
             log.debug("cached scan malformed, scanning again", key=key, error=str(exc))
-    record, uses = scan_distribution(info, files)
+    try:
+        record, uses = scan_distribution(info, files)
+    except Exception as exc:  # noqa: BLE001 - one odd distribution never stops the scan
+        log.warning("scan of a distribution failed", distribution=info.installed.text,
+                    error=f"{type(exc).__name__}: {exc}")
+        record = ForeignDistribution(distribution=info.installed, requires_torch=info.requires_any(
+            ("torch", "opregistry")), error=f"the scan failed: {type(exc).__name__}: {exc}")
+        return record, True, False  # not cached: tried again next time
     record = attrs.evolve(record, digest=digest)
     cache.store(key, {"digest": digest, "uses_torch": uses, "metadata": stamp,
                       "dist": record.to_dict() if uses else None})

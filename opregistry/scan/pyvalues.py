@@ -146,7 +146,7 @@ class ModuleSource:
             try:
                 with open(self.file, "rb") as f:
                     self._tree = ast.parse(f.read(), self.file)
-            except (OSError, SyntaxError, ValueError) as exc:
+            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
         return self._tree
 

@@ -110,6 +110,7 @@ def test_the_fixtures_register_what_they_say(real: dict[str, dict[str, list[str]
                                           ("fx-customop", "fx_customop"),
                                           ("fx-aliases", "fx_aliases"),
                                           ("fx-native-single", "fx_native_single"),
+                                          ("fx-ext", "fx_ext"),
                                           ("fx-undeclared", "fx_undeclared")])
 def test_predicted_ops_are_the_real_ones(scan: ForeignScan, real: dict[str, dict[str, list[str]]],
                                          dist: str, package: str) -> None:
@@ -231,6 +232,16 @@ def test_cpp_library_namespaces_keys_and_loader(scan: ForeignScan, site: Path,
     assert all("fx_native, fx_native_frag" in r.unresolved for r in vague)
     assert {f"fx_native::{r.name}" + (f".{r.overload}" if r.overload else "")
             for r in vague} | {"fx_native_frag::frag_op"} == set(real["fx_native"])
+
+
+def test_an_extension_module_is_attributed_to_the_module_importing_it(scan: ForeignScan,
+                                                                     site: Path) -> None:
+    """``from . import _ext``: importing ``fx_ext`` runs the library's registrations."""
+    found = _dist(scan, "fx-ext")
+    assert {(r.kind, r.namespace, r.op, r.module, r.how) for r in found.registrations} == {
+        (kind, "fx_ext", op, "fx_ext", "imports the extension module fx_ext._ext")
+        for kind, op in (("DEF", None), ("IMPL", None), ("op", "fx_ext::triple"))}
+    assert all(Path(r.file).parent == site / "fx_ext" for r in found.registrations)
 
 
 def test_stripped_library_is_unresolved(scan: ForeignScan) -> None:

@@ -64,18 +64,19 @@ def _scanned_files(info: DistInfo) -> list[tuple[str, str]]:
             if rel.endswith(".py") or (_is_native(path) and not rel.startswith("../"))]
 
 
-def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], list[str]]:
-    """``({module: .py path}, [shared library paths])``; files that are no module are left out."""
+def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """``({module: .py path}, {shared library path: relative name})``; files that are no
+    module are left out."""
     modules: dict[str, str] = {}
-    natives: list[str] = []
+    natives: dict[str, str] = {}
     for path, rel in files:
         if rel.endswith(".py"):
             name = module_name(rel)
             if name is not None:
                 modules.setdefault(name, path)
         else:
-            natives.append(path)
-    return modules, sorted(natives)
+            natives[path] = rel
+    return modules, dict(sorted(natives.items()))
 
 
 def _digest(info: DistInfo, paths: Iterable[str], content: bool) -> str:
@@ -121,8 +122,8 @@ def _mentions_torch(paths: Iterable[str]) -> tuple[bool, dict[str, bytes]]:
 
 
 def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
-             texts: Mapping[str, bytes], natives: list[str],
-             modules: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+             texts: Mapping[str, bytes], natives: Mapping[str, str]
+             ) -> dict[str, tuple[str, str]]:
     """``{library path: (module, how it was found)}`` for each registering library."""
     from .native import is_extension_module
     from .pysource import importers
@@ -132,9 +133,9 @@ def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
     computed = sorted((r for r in found if r.kind == "load_library" and r.unresolved),
                       key=lambda r: (r.module, r.line or 0))
     out = {}
-    for path in natives:
+    for path, rel in natives.items():
         load = by_path.get(os.path.normpath(path))
-        rel_module = _library_module(path, modules)
+        rel_module = module_name(rel)  # pkg/_C.abi3.so -> pkg._C
         if load is not None:
             out[path] = (load.module, f"loaded by {load.api} at {load.source}")
         elif rel_module and is_extension_module(path):
@@ -146,20 +147,10 @@ def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
             out[path] = (load.module, f"the {load.api} call at {load.source}, whose path is "
                                       f"computed, is the first in the distribution")
         else:
-            top = (rel_module or "").split(".")[0]
-            out[path] = (top, "the top-level package holding the library")
+            top = rel.split("/")[0]
+            out[path] = (top if top.isidentifier() else "",
+                         "the top-level package holding the library")
     return out
-
-
-def _library_module(path: str, modules: Mapping[str, str]) -> str | None:
-    """The dotted name of a library beside the distribution's modules (``pkg._C``)."""
-    folder = os.path.dirname(path)
-    for name, file in modules.items():
-        if os.path.dirname(file) == folder:
-            package = name if file.endswith("__init__.py") else name.rpartition(".")[0]
-            stem = os.path.basename(path).split(".")[0]
-            return f"{package}.{stem}" if package else stem
-    return None
 
 
 def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
@@ -186,7 +177,7 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
                for name, path in modules.items()}
     found = scan_modules(sources, texts)
     native = {path: regs for path in natives if (regs := scan_library(path))}
-    loaders = _loaders(found, sources, texts, sorted(native), modules)
+    loaders = _loaders(found, sources, texts, {p: natives[p] for p in native})
     for path, regs in sorted(native.items()):
         module, how = loaders[path]
         found += [attrs.evolve(reg, module=module, how=how) for reg in regs]

@@ -23,6 +23,7 @@ import pluggy
 from attrs import field, frozen
 
 from . import guard, hookspecs
+from .adoption import Adoption
 from .discovery import BACKENDS_GROUP, OPS_GROUP, load_problem
 from .containment import describe
 from .errors import DOCS_URL, PluginLoadError, PluginValidationError
@@ -49,6 +50,7 @@ OP_HOOKS: dict[str, type] = {
     "opregistry_namespaces": Namespace,
     "opregistry_ops": OpDef,
     "opregistry_kernels": Kernel,
+    "opregistry_adoptions": Adoption,
 }
 BACKEND_HOOKS: dict[str, type] = {"opregistry_backends": Backend}
 PER_BACKEND_HOOKS = ("opregistry_backend_available", "opregistry_materialize_kernel")
@@ -315,7 +317,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
     pm = pm or make_plugin_manager()
     problems = list(discovered.problems)
     skipped = list(discovered.skipped)
-    gathered: dict[type, list[Any]] = {Namespace: [], OpDef: [], Kernel: [], Backend: []}
+    gathered: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend, Adoption)}
     available: dict[str, bool] = {}
     materializers: dict[tuple[str, str], Callable[..., Any]] = {}
     distributions: list[Origin] = []
@@ -368,7 +370,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         distributions=distributions,
         skipped=skipped,
         problems=problems,
-        hooks=implemented,
+        hooks=implemented, adoptions=[*discovered.adoptions, *gathered[Adoption]],
     )
     log.debug(
         "collected",

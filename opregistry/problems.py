@@ -141,6 +141,8 @@ CODES: dict[str, Code] = _codes(
     ("native-mismatch", _E, True, "a native library registered other ops than declared"),
     ("native-undeclared-registration", _E, True,
      "a native library registered what its distribution does not declare"),
+    ("native-library-registers-from-python", _E, True,
+     "a native library declared for a package that registers its ops from Python"),
     # -- what a planned op lacks ----------------------------------------------------------
     ("op-no-active-kernel", ("error", "warning"), False,
      "no device kernel is active: an error when a backend is missing, else a warning"),
@@ -148,6 +150,18 @@ CODES: dict[str, Code] = _codes(
     ("op-fake-inactive", _W, False, "a fake kernel whose backend is not installed"),
     ("op-autograd-inactive", _W, False, "an autograd formula whose backend is not installed"),
     ("op-no-vmap", _I, False, "no vmap rule"),
+    # -- adoption (packages that register with torch.library by themselves) ---------------
+    ("adoption-unknown-distribution", _E, True,
+     "an adapter adopts a distribution that is not installed or registers nothing"),
+    ("adoption-of-plugin", _E, True, "an adapter adopts an opregistry plugin"),
+    ("adoption-declared-twice", _W, False,
+     "two declarations adopt one distribution and disagree; the first decides"),
+    ("adoption-nothing-found", _W, False,
+     "an adopted distribution whose namespaces nobody knows: nothing is imported"),
+    ("adoption-import-failed", _E, False,
+     "importing an adopted package (on first touch, or at load) raised"),
+    ("kernel-switch-not-applied", _W, False,
+     "a switch on an adopted kernel torch cannot take back: the kernel stays"),
     # -- registration and after -----------------------------------------------------------
     ("materialize-failed", _E, True, "torch refused a registration, or a kernel did not import"),
     ("materialize-dependency-failed", _E, True,

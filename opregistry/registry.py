@@ -15,11 +15,13 @@ from typing import Callable, Iterable, Iterator
 
 import attrs
 
+from .adopting import Adopter, activate, deactivate
 from .collect import Collected, collect
 from .config import Policy, Settings
 from .containment import interrupts_watched
 from .discovery import discover, still_importing
 from .errors import ReentrantLoadError, ResolutionError
+from .foreign import ForeignScan
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
 from .locked import gate
 from .logs import get_logger
@@ -62,7 +64,22 @@ def _collect_and_resolve_unpaused(settings: Settings,
     # with torch itself at import (a Library of its own), and the resolver must see it
     decl = collected.declarations
     return collected, resolve(decl, policy=settings.policy,
-                              environment=read_environment(decl, torch_state()))
+                              environment=read_environment(decl, torch_state(), _foreign()))
+
+
+def _foreign() -> ForeignScan | None:
+    """What installed distributions register with torch by themselves (cached on disk).
+
+    ``None`` when the scan fails: the registry loads without it (nothing is adopted).
+    """
+    from .scan import scan_installed
+
+    try:
+        return scan_installed()
+    except Exception as exc:  # noqa: BLE001 - a scanner bug must never break `import torch`
+        log.warning("the scan of installed distributions failed; nothing is adopted",
+                    error=f"{type(exc).__name__}: {exc}")
+        return None
 
 
 @contextlib.contextmanager
@@ -128,6 +145,13 @@ class Registry:
         self._materialized = materialized
         self.loaded: Plan = _effective(plan, materialized)
         self.op_names: frozenset[str] = frozenset(materialized.ops)
+        #: the adoptions in effect (imports on first touch of torch.ops.<ns>), or ``None``
+        self.adopter: Adopter | None = None
+
+    def add_problem(self, problem: Problem) -> None:
+        """Record a problem found after loading (an adopted package that failed to import)."""
+        with process().lock:
+            self.loaded = attrs.evolve(self.loaded, problems=self.loaded.problems + (problem,))
 
     @property
     def problems(self) -> tuple[Problem, ...]:
@@ -253,6 +277,8 @@ class Registry:
         """Unregister everything this registry registered."""
         state = process()
         with state.lock:
+            deactivate(self.adopter)
+            self.adopter = None
             self._materialized.destroy()
             self.loaded = attrs.evolve(self.loaded, ops=())
             self.op_names = frozenset()
@@ -348,6 +374,7 @@ def _load(settings: Settings) -> Registry:
         materialized.destroy()
         raise ResolutionError(materialized.problems)
     registry = Registry(resolved, materialized, settings)
+    registry.adopter = activate(resolved, settings.lock, registry.add_problem)
     for problem in registry.problems:
         if problem.severity == "error":
             log.warning("problem", code=problem.code, message=elide(problem.message),

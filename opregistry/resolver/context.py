@@ -38,6 +38,8 @@ class Context:
                  env: Environment, policy: Policy,
                  excluded_ops: dict[str, Origin]) -> None:
         self.env = env
+        #: whether a record of this origin is still in (its distribution not left out)
+        self.keeps = keep
         #: what torch's dispatcher holds, when torch is imported (else ``None``)
         self.torch = env.dispatcher
         self.policy = policy

@@ -154,6 +154,11 @@ class Adoption:
         return self.origin is not None and self.origin.distribution == self.distribution
 
 
+def _where(reg: Registration) -> str:
+    """``module:line`` of a registration (the module alone for a shared library)."""
+    return f"{reg.module}:{reg.line}" if reg.line is not None else reg.module
+
+
 @frozen(kw_only=True)
 class AdoptedKernel:
     """One kernel an adopted distribution registers, and whether a switch turns it off."""
@@ -161,6 +166,14 @@ class AdoptedKernel:
     registration: Registration
     #: the switch that turns it off (``-bitsandbytes::op:CPU (OPREGISTRY_KERNELS)``), or ``""``
     disabled_by: str = ""
+
+    @property
+    def status(self) -> str:
+        """``disabled`` (a switch), ``conditional`` (under an ``if`` in its module: it may not
+        register), or ``adopted`` (registered when its module is imported)."""
+        if self.disabled_by:
+            return "disabled"
+        return "conditional" if self.registration.conditional else "adopted"
 
     @property
     def op(self) -> str:
@@ -172,10 +185,10 @@ class AdoptedKernel:
 
     def to_dict(self) -> dict[str, Any]:
         reg = self.registration
-        return {"op": self.op, "key": self.key,
-                "status": "disabled" if self.disabled_by else "active",
-                "reason": f"disabled by {self.disabled_by}" if self.disabled_by else "",
-                "api": reg.api, "module": reg.module, "source": reg.source,
+        return {"op": self.op, "key": self.key, "status": self.status,
+                "reason": f"disabled by {self.disabled_by}" if self.disabled_by else (
+                    "registered only if a condition holds" if reg.conditional else ""),
+                "api": reg.api, "module": reg.module, "where": _where(reg), "source": reg.source,
                 "conditional": reg.conditional, "at_import": reg.at_import}
 
 
@@ -234,7 +247,7 @@ class Adopted:
             "declared_by": [o.dist for o in self.declared_by],
             "namespaces": {ns: list(modules) for ns, modules in self.modules},
             "ops": [{"name": reg.op, "schema": reg.schema, "api": reg.api, "module": reg.module,
-                     "source": reg.source, "conditional": reg.conditional,
+                     "where": _where(reg), "source": reg.source, "conditional": reg.conditional,
                      "samples": self.samples.get(reg.op or ""),
                      "kernels": kernels.get(reg.op or "", [])} for reg in self.ops()],
         }

@@ -45,6 +45,7 @@ __all__ = [
     "find_ops",
     "find_target",
     "list_report",
+    "adopted_rows",
     "show_report",
     "steps_of",
     "plugins_report",
@@ -185,6 +186,7 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
         "natives": [{**n.to_dict(), "distribution": distribution(n.origin)}
                     for n in plan.natives],
     }
+    data["adopted"] = adopted_rows(plan, namespaces)
     if namespaces:
         data["natives"] = [n for n in data["natives"] if n["namespace"] in namespaces]
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
@@ -198,6 +200,24 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
     if backends:
         data["backends"] = [b for b in data["backends"] if b["name"] in backends]
     return {"format_version": FORMAT_VERSION, **data}
+
+
+def adopted_rows(plan: Plan, namespaces: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The adopted distributions (``Adopted.to_dict``), their ops in ``namespaces`` (all: empty).
+
+    Read from the scan of their installed files: torch is not imported.
+    """
+    wanted = set(namespaces)
+    rows = []
+    for adopted in plan.adoptions:
+        row = adopted.to_dict()
+        if wanted:
+            row["ops"] = [op for op in row["ops"] if op["name"].split("::")[0] in wanted]
+            row["namespaces"] = {ns: m for ns, m in row["namespaces"].items() if ns in wanted}
+            if not row["ops"] and not row["namespaces"]:
+                continue
+        rows.append(row)
+    return rows
 
 
 def live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:

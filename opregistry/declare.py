@@ -36,7 +36,7 @@ from .kinds import Kind, autocast_dtype
 from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, describe_ref,
                     source_of)
 
-__all__ = ["OpLibrary", "OpHandle"]
+__all__ = ["OpLibrary", "OpHandle", "kernel"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 LibraryKind = Literal["DEF", "FRAGMENT", "IMPL"]
@@ -100,6 +100,28 @@ def _device_keys(device_types: Any) -> tuple[str, ...]:
             f"device_types must be a device type ('cpu'), a non-empty sequence of them, or "
             f"None (every device), not {device_types!r}")
     return devices
+
+
+def kernel(op: str, key: str | Sequence[str], when: Any = None, priority: int = 0,
+           override: bool = False) -> Callable[[F], F]:
+    """Mark a kernel in a kernel module of an ``OpLibrary(..., kernel_modules=[...])``.
+
+    ``@kernel("quantkit::quantize", "cpu")`` says what ``lib.impl("quantize",
+    "cpu", "thismodule:fn")`` would, next to the function: opregistry reads
+    the decorator from the module's source (:mod:`opregistry.kernel_modules`)
+    before anything is imported, so its arguments must be constants.  At run
+    time it returns the function unchanged: importing the module registers
+    nothing by itself.  ``key`` may be a list (``["cpu", "cuda"]``); ``when``,
+    ``priority`` and ``override`` are those of :meth:`OpLibrary.impl`.
+    """
+    def mark(fn: F) -> F:
+        try:
+            fn.__opregistry_kernel__ = (op, key)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # a builtin or a slotted callable: nothing to mark
+            pass
+        return fn
+
+    return mark
 
 
 def _split_name(name: str) -> tuple[str, str]:
@@ -222,6 +244,10 @@ class OpLibrary:
         another distribution defines: :meth:`impl` (``native=[keys]``)
         declares each kernel, which the resolver judges as any other kernel
         before the library is loaded (after the ops are defined).
+    :param kernel_modules: modules (``"mylib.backends.cpu"``) whose functions
+        marked ``@opregistry.kernel(op, key)`` are kernels of this library's
+        ops: one module per device, each declaring its own kernels, read from
+        their source before anything is imported (:mod:`opregistry.kernel_modules`).
     """
 
     def __init__(
@@ -232,6 +258,7 @@ class OpLibrary:
         closed: bool = False,
         description: str = "",
         native: NativeLibrary | None = None,
+        kernel_modules: Sequence[str] = (),
     ) -> None:
         if kind not in ("DEF", "FRAGMENT", "IMPL"):
             raise DeclarationError(f"OpLibrary kind must be DEF, FRAGMENT or IMPL, not {kind!r}")
@@ -250,6 +277,9 @@ class OpLibrary:
         )
         self._ops: dict[str, OpDef] = {}
         self._kernels: list[Kernel] = []
+        #: modules whose @kernel(...) decorators declare more kernels (read when collected)
+        self.kernel_modules = (kernel_modules,) if isinstance(kernel_modules, str) \
+            else tuple(kernel_modules)
 
     def __repr__(self) -> str:
         return f"<OpLibrary {self.namespace} {self.kind}: {len(self._ops)} ops>"
@@ -556,4 +586,8 @@ class OpLibrary:
 
     @hookimpl
     def opregistry_kernels(self) -> list[Kernel]:
-        return list(self._kernels)
+        if not self.kernel_modules:
+            return list(self._kernels)
+        from .kernel_modules import read_kernel_modules
+
+        return self._kernels + read_kernel_modules(self.namespace, self.kernel_modules)

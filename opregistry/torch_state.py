@@ -30,7 +30,7 @@ __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_regi
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
            "fast_dispatch_enabled", "site_recorded", "eager_triton", "functional_tensor_mode",
            "traceable_tensor_type", "triton_decomposition_disabled", "install_ops_hooks",
-           "uninstall_ops_hooks", "library_holds"]
+           "uninstall_ops_hooks"]
 
 
 def registered_ops() -> list[str]:
@@ -612,13 +612,6 @@ def _namespace_class() -> type | None:
 
     cls = getattr(torch._ops, "_OpNamespace", None)
     return cls if isinstance(cls, type) else None
-
-
-def library_holds(library: Any) -> int:
-    """How many registrations ``library`` (a ``torch.library.Library``) holds: definitions,
-    kernels and handles (fake kernels, torch_dispatch rules)."""
-    return (len(getattr(library, "_op_defs", ())) + len(getattr(library, "_op_impls", ()))
-            + len(getattr(library, "_registration_handles", ())))
 
 
 # -- native libraries (C++ TORCH_LIBRARY blocks) -----------------------------------

@@ -130,10 +130,25 @@ def _namespaces(scan: ForeignScan | None, dist: ForeignDistribution | None,
     return tuple(sorted(out.items()))
 
 
+#: what custom_op / triton_op register: one kernel of their own Library for every device,
+#: choosing the function per call -- no Library.impl of a device kernel to leave out
+_CUSTOM_OP = ("torch.library.custom_op", "torch.library.triton_op",
+              "torch._library.custom_ops.custom_op", "torch._library.triton.triton_op")
+
+
+def _custom_ops(dist: ForeignDistribution) -> frozenset[str]:
+    """The ops ``dist`` defines with ``custom_op`` / ``triton_op``."""
+    return frozenset(r.op for r in dist.registrations
+                     if r.kind == "op" and r.op and (r.api in _CUSTOM_OP
+                                                     or r.api.endswith(("custom_op", "triton_op"))))
+
+
 def _kernels(ctx: Context, dist: ForeignDistribution | None) -> tuple[AdoptedKernel, ...]:
+    """Its kernels, each with the switch that turns it off -- where torch allows it."""
     if dist is None:
         return ()
     out = []
+    custom = _custom_ops(dist) if ctx.policy.kernels else frozenset()
     for reg in dist.registrations:
         if reg.kind != "kernel" or not reg.op or not reg.key:
             continue
@@ -141,6 +156,15 @@ def _kernels(ctx: Context, dist: ForeignDistribution | None) -> tuple[AdoptedKer
         if ctx.policy.kernels and (reg.key in DEVICE_KEYS or reg.key in COMPOSITE_KEYS):
             switch = ctx.policy.disabled_by(reg.op, reg.key, dist.name,
                                             reg.key in COMPOSITE_KEYS, False)
+        if switch is not None and (reg.op in custom or reg.api.startswith("custom_op.")):
+            ctx.warn("kernel-switch-not-applied",
+                     f"{switch.source} switches off the {reg.key} kernel of {reg.op} "
+                     f"({dist.distribution.text}, {reg.api} at {reg.source}), but it is a kernel "
+                     f"of a custom_op: torch registers one kernel for all its devices and "
+                     f"chooses the function per call, so one device's cannot be left out; it "
+                     f"stays", f"remove {switch.text!r} from {switch.source}",
+                     op=reg.op, key=reg.key, source=reg.source)
+            switch = None
         out.append(AdoptedKernel(registration=reg,
                                  disabled_by=f"{switch.source} ({switch.text})" if switch else ""))
     return tuple(out)

@@ -161,14 +161,20 @@ class Condition:
         return ", ".join(parts)
 
     def held(self, env: Any) -> str:
-        """:meth:`describe`, with what the check said in ``env`` (or that it was not run)."""
-        text = self.describe()
-        if self.check:
-            outcome = env.check(self.check)
-            said = outcome[1] if outcome is not None else (
-                "not run without torch; it runs when the registry loads")
-            text = text.replace(f"check {self.check}", f"check {said}")
-        return text
+        """:meth:`describe`, with what the check said in ``env``; a check not run is left out
+        (:meth:`pending` says so)."""
+        parts = [p for p in self.describe().split(", ") if p != f"check {self.check}"]
+        outcome = env.check(self.check) if self.check else None
+        if outcome is not None:
+            parts.append(f"check {outcome[1]}")
+        return ", ".join(parts)
+
+    def pending(self, env: Any) -> str | None:
+        """The check ``env`` has no outcome for (torch not imported), in words, or ``None``."""
+        if self.check and env.check(self.check) is None:
+            return (f"at load: check {self.check} (not run without torch; it runs when the "
+                    f"registry loads)")
+        return None
 
     @property
     def distributions(self) -> tuple[str, ...]:

@@ -260,7 +260,10 @@ def _candidates(ctx: Context, conditioned: list[Kernel], fallback: KernelPlan | 
             tests = [f"per call: {describe_ref(k.predicate)}"] if k.predicate else []
             if k.when is not None and k.when.capability:
                 tests.insert(0, f"per CUDA device: capability{k.when.capability}")
-            held = f"{k.when.held(ctx.env)} holds; " if k.when is not None and k.when.describe() else ""
+            pending = k.when.pending(ctx.env) if k.when is not None else None
+            tests = [pending, *tests] if pending else tests
+            said = k.when.held(ctx.env) if k.when is not None else ""
+            held = f"{said} holds; " if said else ""
             if tests:
                 plan = attrs.evolve(plan, reason=f"candidate {position}: {held}"
                                                  f"takes the calls it accepts ({'; '.join(tests)})")

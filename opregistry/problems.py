@@ -158,6 +158,8 @@ CODES: dict[str, Code] = _codes(
      "two declarations adopt one distribution and disagree; the first decides"),
     ("adoption-nothing-found", _W, False,
      "an adopted distribution whose namespaces nobody knows: nothing is imported"),
+    ("adoption-conflict", _E, False,
+     "two adopted distributions define one namespace or op: neither is imported"),
     ("adoption-import-failed", _E, False,
      "importing an adopted package (on first touch, or at load) raised"),
     ("kernel-switch-not-applied", _W, False,

@@ -24,6 +24,8 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
+import attrs
+
 from ..adoption import Adopted, AdoptedKernel, Adoption
 from ..foreign import ForeignDistribution, ForeignScan, InstalledDistribution
 from ..keys import COMPOSITE_KEYS, DEVICE_KEYS, RESERVED_NAMESPACES
@@ -218,6 +220,66 @@ def _one(ctx: Context, name: str, dist: ForeignDistribution | None,
                    samples=dict(declared.samples) if declared else {})
 
 
+def _claims(dist: ForeignDistribution) -> dict[str, set[str]]:
+    """namespace -> what ``dist`` claims in it: ``"DEF"``, ``"library"`` (a library whose kind
+    is unknown: perhaps a DEF), and each op it defines."""
+    out: dict[str, set[str]] = {}
+    for reg in dist.registrations:
+        if reg.namespace is None:
+            continue
+        if reg.kind in ("DEF", "library"):
+            out.setdefault(reg.namespace, set()).add(reg.kind)
+        elif reg.kind == "op" and reg.op:
+            out.setdefault(reg.namespace, set()).add(reg.op)
+    return out
+
+
+def _clashes(adopted: list[Adopted], by_name: dict[str, ForeignDistribution]
+             ) -> dict[str, tuple[str, str]]:
+    """distribution -> (the other distribution, what both claim), for adopted distributions
+    that cannot both be imported: both DEF one namespace, or both define one op.
+
+    torch refuses the second -- from a C++ static initializer, by aborting the
+    process -- so lazy adoption must never import both.
+    """
+    claims = {a.name: _claims(by_name[a.name]) for a in adopted
+              if a.active and a.name in by_name}
+    out: dict[str, tuple[str, str]] = {}
+    names = sorted(claims)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for ns in sorted(set(claims[a]) & set(claims[b])):
+                mine, theirs = claims[a][ns], claims[b][ns]
+                both = sorted((mine & theirs) - {"library"})
+                defs = {"DEF", "library"}
+                if not both and (mine & defs) and (theirs & defs) and (mine | theirs) & {"DEF"}:
+                    both = [f"namespace {ns} (DEF)"]
+                if both:
+                    what = both[0] if both[0].startswith("namespace") else f"op {both[0]}"
+                    out.setdefault(a, (b, what))
+                    out.setdefault(b, (a, what))
+    return out
+
+
+def _refuse_clashes(ctx: Context, adopted: list[Adopted],
+                    by_name: dict[str, ForeignDistribution]) -> list[Adopted]:
+    clashes = _clashes(adopted, by_name)
+    out = []
+    for a in adopted:
+        if a.name in clashes:
+            other, what = clashes[a.name]
+            reason = (f"{a.distribution.text} and {by_name[other].distribution.text} both "
+                      f"define {what}: torch refuses the second (a C++ library aborts the "
+                      f"process), so opregistry imports neither")
+            ctx.warn("adoption-conflict", reason,
+                     f"uninstall one of them, or import the one you use yourself; "
+                     f"OPREGISTRY_ADOPT_BLOCK={a.name} silences this", severity="error",
+                     others=(Origin(a.name, a.distribution.version),))
+            a = attrs.evolve(a, status="refused", reason=reason)
+        out.append(a)
+    return out
+
+
 def plan_adoptions(ctx: Context, adoptions: Iterable[Adoption]) -> tuple[Adopted, ...]:
     """Decide every adoption: declared ones, and by default every distribution the scan finds.
 
@@ -236,6 +298,7 @@ def plan_adoptions(ctx: Context, adoptions: Iterable[Adoption]) -> tuple[Adopted
         adopted = _one(ctx, name, dist, chosen, scan)
         if adopted is not None:
             out.append(adopted)
+    out = _refuse_clashes(ctx, out, by_name)
     for name in sorted(ctx.policy.adopt_block - set(by_name) - set(declared)):
         close = difflib.get_close_matches(name, sorted(by_name), n=1)
         where = ctx.policy.adopt_sources.get("adopt_block", "OPREGISTRY_ADOPT_BLOCK")

@@ -154,7 +154,8 @@ CODES: dict[str, Code] = _codes(
      "left out because the op it adds kernels to could not be registered"),
     ("deferred-changes-registry", _E, True,
      "a package that finished importing late would change what is registered"),
-    ("kernel-replaced", _W, False, "torch no longer dispatches to a kernel opregistry registered"),
+    ("kernel-replaced", _E, False,
+     "torch no longer dispatches to a kernel opregistry registered (doctor --live)"),
     ("kernel-overrides", _W, False, "an allowed override: whose kernel it replaces"),
 )
 

@@ -33,7 +33,7 @@ benchops.ensure_importable()
 import torch  # noqa: E402
 
 import opregistry  # noqa: E402
-from opregistry import registry as _registry  # noqa: E402
+from opregistry.state import process  # noqa: E402
 
 SCHEMA = "(Tensor x) -> Tensor"
 
@@ -130,7 +130,7 @@ def measure(n_dists: int, per_dist: int, reps: int, root: Path) -> dict[str, flo
 def main() -> int:
     parser = benchops.size_parser(__doc__.splitlines()[0], reps=5)
     opts = parser.parse_args()
-    _registry._registry = None  # what autoload loaded at `import torch` stays registered
+    process().registry = None  # what autoload loaded at `import torch` stays registered
     with tempfile.TemporaryDirectory() as tmp:
         res = measure(opts.dists, opts.ops_per_dist, opts.reps, Path(tmp))
     n = opts.dists * opts.ops_per_dist

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_register  # noqa: E402
 import bench_startup  # noqa: E402
-from opregistry import registry as _registry  # noqa: E402
+from opregistry.state import process  # noqa: E402
 
 PER_DIST = 10
 
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
-    _registry._registry = None
+    process().registry = None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n_dists in opts.sizes:

@@ -70,7 +70,7 @@ __all__ = [
 
 def __getattr__(name: str) -> str:
     if name == "__version__":
-        from importlib.metadata import version
+        from importlib_metadata import version
 
         return version("opregistry")
     raise AttributeError(f"module 'opregistry' has no attribute {name!r}")

@@ -24,6 +24,7 @@ ours).  ``OPREGISTRY_AUTOLOAD=0`` turns it off.
 from __future__ import annotations
 
 from .config import Settings, autoload_enabled, strict_requested
+from .containment import must_propagate
 from .errors import ConfigError
 from .logs import get_logger
 
@@ -53,7 +54,7 @@ def autoload() -> None:
             return
         load(strict=strict)
     except BaseException as exc:  # noqa: BLE001 - must never break a non-strict `import torch`
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if must_propagate(exc):  # a real Ctrl-C stops `import torch`, as the user asked
             raise
         if strict:
             log.error("opregistry strict mode: nothing was registered", error=str(exc))

@@ -14,23 +14,20 @@ and an entry point ``npu = my_backend:backend`` in ``opregistry.backends``.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from .errors import DeclarationError
 from .hookspecs import hookimpl
 from .keys import COMPOSITE_KEYS, DEVICE_KEYS, canonical_key
+from .kinds import TritonKernel
 from .model import Backend, Kernel
-from .torch_state import enable_fast_dispatch, library_alive
+from .state import process
+from .torch_state import (eager_triton, enable_fast_dispatch, functional_tensor_mode, library_alive,
+                          traceable_tensor_type, triton_decomposition_disabled)
 
 __all__ = ["DeviceBackend", "op_name", "device_kernel", "triton_kernel", "eager_triton",
            "enable_fast_dispatch"]
-
-#: ``(qualname, key) -> (library, fn)``: the device kernels DeviceBackends
-#: registered.  The autograd backend calls them directly when nothing requires
-#: grad, instead of a second trip through the dispatcher (see
-#: ``opregistry_autograd.kernel``); the library tells whether it is still live.
-_device_kernels: dict[tuple[str, str], tuple[Any, Callable[..., Any]]] = {}
-
 
 def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | None:
     """``(library, fn)`` of the live kernel a DeviceBackend registered for ``qualname`` on ``key``.
@@ -38,21 +35,23 @@ def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | N
     ``qualname`` is ``ns::name`` or ``ns::name.overload``; ``None`` when no
     DeviceBackend registered one or its ``Library`` has been destroyed.
     """
+    table = process().device_kernels
     found = (qualname, key)
-    entry = _device_kernels.get(found)
+    entry = table.get(found)
     if entry is None and "." not in qualname.split("::", 1)[-1]:
         found = (f"{qualname}.default", key)
-        entry = _device_kernels.get(found)
+        entry = table.get(found)
     if entry is None and key in DEVICE_KEYS:
         # no kernel of its own for this device: torch runs the op's
         # CompositeExplicitAutograd kernel there, if it has one
         return device_kernel(qualname, COMPOSITE_KEYS[0])
     if entry is None:
         return None
-    if not library_alive(entry[0]):  # its Library was destroyed: forget it
-        _device_kernels.pop(found, None)
+    library = entry[0]()
+    if library is None or not library_alive(library):  # its Library was destroyed: forget it
+        table.pop(found, None)
         return None
-    return entry
+    return library, entry[1]
 
 
 def op_name(kernel: Kernel) -> str:
@@ -105,18 +104,13 @@ class DeviceBackend:
     @hookimpl
     def opregistry_materialize_kernel(self, library: Any, kernel: Kernel,
                                       fn: Callable[..., Any]) -> bool:
-        if kernel.triton:
+        if isinstance(kernel.payload, TritonKernel):
             fn = triton_kernel(library, kernel, fn, self.record.device_type or "")
         # the resolver decided what may replace what (rule 5); torch 2.8-2.12 would
         # refuse to replace a Python kernel without this, 2.13+ allows it by default
         library.impl(op_name(kernel), fn, kernel.key, allow_override=True)
-        _device_kernels[(kernel.op, kernel.key)] = (library, fn)
+        process().device_kernels[(kernel.op, kernel.key)] = (weakref.ref(library), fn)
         return True
-
-
-#: ``(id(library), qualname) -> {device type: fn}``: the Triton kernels of each op, per
-#: library, that its FunctionalTensorMode rule decomposes into
-_triton_kernels: dict[tuple[int, str], dict[str, Callable[..., Any]]] = {}
 
 
 def triton_kernel(library: Any, kernel: Kernel, fn: Callable[..., Any],
@@ -141,59 +135,33 @@ def triton_kernel(library: Any, kernel: Kernel, fn: Callable[..., Any],
     """
     import os
 
-    import torch.library
-    from torch._subclasses.functional_tensor import FunctionalTensorMode
-
-    table_key = (id(library), kernel.op)
-    table = _triton_kernels.get(table_key)
-    if table is None or not library_alive(library):
-        table = _triton_kernels[table_key] = {}
-        _register_decomposition(library, kernel.op, table, FunctionalTensorMode, os.environ)
+    tables = process().triton_kernels.setdefault(library, {})
+    table = tables.get(kernel.op)
+    if table is None:
+        table = tables[kernel.op] = {}
+        _register_decomposition(library, kernel.op, table, os.environ)
     table[device_type] = fn
 
     return eager_triton(fn)
 
 
-def eager_triton(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` called with ``wrap_triton`` switched off: real tensors need no tracing.
-
-    The device kernel of a Triton kernel, and a Triton candidate in a chain of
-    kernel candidates (which, being chosen per call, gets no ``FunctionalTensorMode``
-    rule: ``torch.compile`` keeps such an op whole and uses its fake kernel).
-    """
-    from torch._library.triton import set_wrap_triton_enabled
-
-    def triton_device_kernel(*args: Any, **kwargs: Any) -> Any:
-        with set_wrap_triton_enabled(False):
-            return fn(*args, **kwargs)
-
-    triton_device_kernel.__qualname__ = triton_device_kernel.__name__ = getattr(
-        fn, "__name__", "triton_kernel")
-    return triton_device_kernel
-
-
 def _register_decomposition(library: Any, qualname: str, table: dict[str, Callable[..., Any]],
-                            mode_class: type, environ: Any) -> None:
+                            environ: Any) -> None:
     """The op's FunctionalTensorMode rule: run its Triton kernel function under the mode."""
     import torch
     import torch.library
 
     def functional_decomposition(mode: Any, op: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        from torch._subclasses import FakeTensor
-        from torch._subclasses.functional_tensor import FunctionalTensor
-        from torch.export._trace import custom_triton_ops_decomposition_disabled
-
         device = next((a.device.type for a in (*args, *kwargs.values())
                        if isinstance(a, torch.Tensor)), None)
         fn = table.get(device) if device is not None else None
-        if (fn is None or custom_triton_ops_decomposition_disabled()
+        if (fn is None or triton_decomposition_disabled()
                 or environ.get("TRITON_INTERPRET") == "1"):
             return mode.__torch_dispatch__(op, types, args, kwargs)  # the op stays whole
-        if any(not issubclass(t, FakeTensor) and t not in (torch.Tensor, FunctionalTensor)
-               for t in types):
+        if any(not traceable_tensor_type(t) for t in types):
             return NotImplemented
         with mode:
             return fn(*args, **kwargs)
 
-    torch.library.register_torch_dispatch(qualname, mode_class, functional_decomposition,
-                                          lib=library)
+    torch.library.register_torch_dispatch(qualname, functional_tensor_mode(),
+                                          functional_decomposition, lib=library)

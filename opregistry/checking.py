@@ -23,8 +23,9 @@ from attrs import frozen
 
 from . import guard
 from . import keys as _keys
-from .containment import must_propagate
-from .model import Origin, resolve_ref
+from .containment import contain
+from .guard import resolve_ref
+from .model import Origin
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -204,8 +205,6 @@ def _check_op(registry: Registry, op: OpPlan, machine: dict[str, str],
 
     ``say(prefix + ...)`` reports progress: one line per device, or why nothing ran.
     """
-    import torch
-
     name = op.op.qualname
     record = partial(CheckResult, op=name,
                      distribution=op.op.origin.dist if op.op.origin else None)
@@ -240,34 +239,40 @@ def _check_op(registry: Registry, op: OpPlan, machine: dict[str, str],
         found: list[CheckResult] = []
         for i, (args, kwargs) in enumerate(samples):
             args, kwargs = _to_device(args, machine[device]), _to_device(kwargs, machine[device])
-            try:  # the kernels run here: a SystemExit in one must not end the check
-                report = torch.library.opcheck(overload, args, kwargs, raise_exception=False)
-            except BaseException as exc:  # noqa: BLE001 - see opregistry.containment
-                if must_propagate(exc):
-                    raise
-                found.append(record(device=device, check=OPCHECK_UTILS[0], status="fail",
-                                    sample=i, message=_first_line(exc)))
-                continue
-            for util in OPCHECK_UTILS:
-                if report.get(util) is not None:
-                    status, message = _outcome(report[util])
-                    found.append(record(device=device, check=util, status=status, sample=i,
-                                        message=message))
-            if has_autograd:
-                try:
-                    why_not = _gradcheck(overload, args, kwargs)
-                except BaseException as exc:  # noqa: BLE001 - see opregistry.containment
-                    if must_propagate(exc):
-                        raise
-                    status, message = "fail", _first_line(exc)
-                else:
-                    status, message = ("skip", why_not) if why_not else ("ok", "")
-                found.append(record(device=device, check=GRADCHECK, status=status, sample=i,
-                                    message=message))
+            found += _check_sample(overload, args, kwargs, has_autograd,
+                                   partial(record, device=device, sample=i))
         failed = sum(1 for r in found if r.status == "fail")
         say(f"{prefix} on {device}: {len(samples)} sample(s), " + (f"{failed} FAILED" if failed else "ok"))
         results += found
     return results
+
+
+def _check_sample(overload: Any, args: Any, kwargs: Any, has_autograd: bool,
+                  record: Callable[..., CheckResult]) -> list[CheckResult]:
+    """opcheck (and gradcheck, with an autograd formula) of one sample on one device.
+
+    The kernels run here: what they raise -- a ``SystemExit`` included -- is a
+    failed check, never the end of the run (:mod:`opregistry.containment`).
+    """
+    import torch
+
+    report, exc = contain(lambda: torch.library.opcheck(overload, args, kwargs,
+                                                        raise_exception=False))
+    if exc is not None:
+        return [record(check=OPCHECK_UTILS[0], status="fail", message=_first_line(exc))]
+    found = []
+    for util in OPCHECK_UTILS:
+        if report.get(util) is not None:
+            status, message = _outcome(report[util])
+            found.append(record(check=util, status=status, message=message))
+    if has_autograd:
+        why_not, exc = contain(_gradcheck, overload, args, kwargs)
+        if exc is not None:
+            status, message = "fail", _first_line(exc)
+        else:
+            status, message = ("skip", why_not) if why_not else ("ok", "")
+        found.append(record(check=GRADCHECK, status=status, message=message))
+    return found
 
 
 def run_checks(registry: Registry, targets: Iterable[str] = (), *,

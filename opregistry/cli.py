@@ -212,6 +212,9 @@ def _live_registry(imports: Sequence[str] = ()) -> Any:
                 del os.environ["OPREGISTRY_AUTOLOAD"]
             else:
                 os.environ["OPREGISTRY_AUTOLOAD"] = saved
+    from .torch_state import recorder
+
+    recorder()  # what the imported modules register is attributed to their distributions
     for module in imports:
         try:
             importlib.import_module(module)
@@ -352,7 +355,7 @@ def cmd_list(args: argparse.Namespace, t: Text) -> int:
     # --live compares with the plan the loaded registry was resolved to: a plan
     # made now would count opregistry's own namespaces, grown by fragments
     # registered outside it since, as held by torch.
-    resolved = _live_registry().plan if args.live else _plan()
+    resolved = _live_registry(args.imports).plan if args.live else _plan()
     data = report.list_report(resolved, namespaces=args.namespace or (),
                               backends=args.backend or (), statuses=args.status or ())
     if args.live:
@@ -391,9 +394,16 @@ def _print_show(data: dict[str, Any], t: Text) -> None:
     rows.append(("samples:", data["samples"] or "none declared (opregistry check skips it)"))
     t.table(rows)
     t.line("\nKernels")
-    t.table([(k["key"], k["status"], k["kernel"] or "-", _dist(k["distribution"]),
-              k["backend"] or "-", _kernel_note(k)) for k in data["kernels"]],
-            header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE"), empty="(none)")
+    t.table([(k["key"], k["kind"] or "-", k["status"], k["kernel"] or "-",
+              _dist(k["distribution"]), k["backend"] or "-", _kernel_note(k))
+             for k in data["kernels"]],
+            header=("KEY", "KIND", "STATUS", "KERNEL", "DISTRIBUTION", "BACKEND", "NOTE"),
+            empty="(none)")
+    if "steps" in data:
+        t.line("\nRegistration steps (in the order opregistry makes them)")
+        t.table([(s["action"], s["key"] or "-", s["kind"] or "-", s["what"] or "-",
+                  s["backend"] or "-", s["distribution"]) for s in data["steps"]],
+                header=("STEP", "KEY", "KIND", "WHAT", "BACKEND", "DISTRIBUTION"), empty="(none)")
     _print_problems(data["problems"], t)
     live = data.get("live")
     if live is not None:
@@ -409,11 +419,11 @@ def _print_show(data: dict[str, Any], t: Text) -> None:
 
 
 def cmd_show(args: argparse.Namespace, t: Text) -> int:
-    resolved = _live_registry().plan if args.live else _plan()
+    resolved = _live_registry(args.imports).plan if args.live else _plan()
     match = report.find_ops(resolved, args.op)
     if match.kind not in ("ops", "external"):
         return _explain_match("show", match)
-    data = report.show_report(resolved, args.op)
+    data = report.show_report(resolved, args.op, steps=args.steps)
     if args.live and data["ops"]:
         namespace = data["ops"][0]["name"].split("::")[0]
         live = {row["op"]: row for row in report.live_namespace(namespace, resolved)}
@@ -480,7 +490,7 @@ def cmd_plugins(args: argparse.Namespace, t: Text) -> int:
 
 def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
     if args.live:
-        registry = _live_registry(args.imports or ())
+        registry = _live_registry(args.imports)
         # and every planned kernel torch no longer dispatches to
         plan, problems = registry.plan, registry.problems + registry.drift()
     else:
@@ -581,7 +591,7 @@ class _Progress:
 def cmd_check(args: argparse.Namespace, t: Text) -> int:
     from .checking import run_checks
 
-    registry = _live_registry()
+    registry = _live_registry(args.imports)
     targets = []
     for target in args.targets:
         match = report.find_target(registry.plan, target)
@@ -717,7 +727,7 @@ def _global_options(parser: argparse.ArgumentParser, *, sub: bool) -> None:
 
 class _VersionAction(argparse.Action):
     """``--version``, computed when asked: reading the metadata costs every other command
-    ~50 ms (importlib.metadata and the email parser), a quarter of ``opregistry list``."""
+    ~50 ms (importlib-metadata and the email parser), a quarter of ``opregistry list``."""
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
         sys.stdout.write(_version() + "\n")
@@ -725,13 +735,129 @@ class _VersionAction(argparse.Action):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib_metadata import PackageNotFoundError, version
 
     try:
         mine = version("opregistry")
     except PackageNotFoundError:  # running from a source tree
         mine = "unknown"
     return f"opregistry {mine} (python {sys.version.split()[0]})"
+
+
+_NAMES_HELP = ("an op: NS::OP[.OVERLOAD], NS.OP, torch.ops.NS.OP, or OP alone when only "
+               "one namespace has it")
+
+#: ``add(name, func, help, description, json_help=...)``: adds one command's parser
+_Add = Callable[..., argparse.ArgumentParser]
+
+
+def _import_option(p: argparse.ArgumentParser, when: str) -> None:
+    """``--import MODULE``: a package that registers with torch.library itself, imported first."""
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                   help=f"{when}import this module (a package that registers ops with "
+                        f"torch.library itself, a C++ extension) before the registry is resolved, "
+                        f"so that its ops are seen and attributed (repeatable)")
+
+
+def _add_list_and_show(add: _Add) -> None:
+    p = add("list", cmd_list,
+            "backends, namespaces, ops and kernels, without importing torch",
+            "Show the resolved registry: backends (distribution, version, device type, "
+            "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
+            "per dispatch key with their status (active, inactive with the package that would "
+            "activate it, unavailable, overridden, conflict, native: C++; for kernel "
+            "candidates unmet, unreached, and disabled by a kernel switch) and the "
+            "distribution they came from. Does not import torch unless --live.")
+    p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
+    p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")
+    p.add_argument("-s", "--status", action="append", choices=STATUSES,
+                   help="only kernels with this status")
+    p.add_argument("--live", action="store_true",
+                   help="also show what torch's dispatcher holds for each namespace, ops "
+                   "registered outside opregistry included (imports torch)")
+    _import_option(p, "with --live: ")
+    p = add("show", cmd_show, "one op in full: schema, kernels, origins, samples",
+            "Show one op: schema, overloads, mutated arguments, tags, each kernel with its "
+            "origin (module:function and distribution), fake / autograd / vmap presence and "
+            "the sample inputs declared for 'opregistry check'. Exit 2 if OP names no op, or "
+            "ops of several namespaces (they are listed).")
+    p.add_argument("op", metavar="OP", help=_NAMES_HELP)
+    p.add_argument("--live", action="store_true",
+                   help="also show the dispatcher's schema and kernels for it (imports torch)")
+    _import_option(p, "with --live: ")
+    p.add_argument("--steps", action="store_true",
+                   help="also show the registration steps opregistry takes for it, in order "
+                        "(define, each kernel with the backend that registers it)")
+
+
+def _add_plugins_and_doctor(add: _Add) -> None:
+    add("plugins", cmd_plugins,
+        "discovered distributions, what each contributes, and those skipped",
+        "List every distribution found in the entry-point groups opregistry.backends and "
+        "opregistry.ops: version, entry point, what it contributes (with --json: the hooks it "
+        "implements), and those skipped or left out (blocked, not allowed, failed to import, "
+        "conflicting) with the reason. Exit 1 if any failed or was left out.")
+    p = add("doctor", cmd_doctor, "every problem, with what to do",
+            "Report every problem: conflicts, broken plugins, ops without a fake kernel "
+            "(torch.compile / torch.export will fail on them), ops without an active kernel, "
+            "kernels that override another distribution's or torch's own. Each with what to "
+            "do. Exit 1 if there is an error. Without torch; --live also checks against "
+            "torch's dispatcher.")
+    p.add_argument("--live", action="store_true",
+                   help="import torch and load the registry: also finds namespaces and kernels "
+                   "held by torch outside opregistry (C++ TORCH_LIBRARY) and registration failures")
+    _import_option(p, "with --live: ")
+    p.add_argument("-a", "--all", action="store_true",
+                   help="also show notes (e.g. ops without vmap)")
+
+
+def _add_check(add: _Add) -> None:
+    p = add("check", cmd_check, "run opcheck and gradcheck over every op's sample inputs",
+            "Load the registry into torch and run torch.library.opcheck (test_schema, "
+            "test_autograd_registration, test_faketensor, test_aot_dispatch_dynamic) over each "
+            "op's sample inputs on every available device with an active kernel, and "
+            "torch.autograd.gradcheck where an Autograd kernel is active. A table goes to "
+            "stdout; progress is redrawn on stderr when it is a terminal. Exit 1 on any "
+            "failure, 2 if a target names nothing. Imports torch.")
+    p.add_argument("targets", nargs="*", metavar="TARGET",
+                   help="namespaces or ops to check, ops named as for 'show' (default: all)")
+    p.add_argument("-d", "--device", action="append",
+                   help="only this device type (repeatable; default: every available one)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    _import_option(p, "")
+
+
+def _add_lock_and_verify(add: _Add) -> None:
+    p = add("lock", cmd_lock, "write a lockfile of the resolved registry",
+            "Write the resolved registry (torch version, distributions and versions, backends, "
+            "namespaces, ops and schemas, kernel origins and status) with its sha256 "
+            "fingerprint as JSON. Refuses when the registry has errors, unless --force. Does "
+            "not import torch.", json_help=None)
+    p.add_argument("-o", "--output", default=DEFAULT_LOCKFILE, metavar="FILE",
+                   help=f"where to write it; '-' for stdout (default: {DEFAULT_LOCKFILE})")
+    p.add_argument("--force", action="store_true", help="lock even if the registry has errors")
+    p = add("verify", cmd_verify, "compare this environment with a lockfile",
+            "Check that this environment resolves the registry recorded in LOCKFILE, and "
+            "explain every difference (other torch version, missing distribution, other "
+            "version, other schema, other kernel origin). Exit 1 on any difference. Does not "
+            "import torch. The Python equivalent is opregistry.verify_lock(path).")
+    p.add_argument("lockfile", nargs="?", default=DEFAULT_LOCKFILE, metavar="LOCKFILE",
+                   help=f"the lockfile (default: {DEFAULT_LOCKFILE})")
+
+
+def _add_help_and_completion(add: _Add) -> None:
+    p = add("help", cmd_help, "a help topic, from the documentation",
+            "Print a help topic (a section of the documentation, shipped with opregistry), "
+            "or list the topics. 'opregistry help COMMAND' is 'opregistry COMMAND --help'.",
+            json_help=None)
+    p.add_argument("topic", nargs="?", metavar="TOPIC", help="the topic (default: list them)")
+    p = add("completion", cmd_completion, "a shell completion script",
+            "Print the completion script for SHELL. bash: add 'eval \"$(opregistry completion "
+            "bash)\"' to ~/.bashrc; zsh: the same line in ~/.zshrc; fish: 'opregistry "
+            "completion fish | source' in ~/.config/fish/config.fish.", json_help=None)
+    p.add_argument("shell", nargs="?", choices=("bash", "zsh", "fish"), metavar="SHELL",
+                   help="bash, zsh or fish")
+    p.add_argument("--names", action="store_true", help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -761,98 +887,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    names_help = ("an op: NS::OP[.OVERLOAD], NS.OP, torch.ops.NS.OP, or OP alone when only "
-                  "one namespace has it")
-    p = add("list", cmd_list,
-            "backends, namespaces, ops and kernels, without importing torch",
-            "Show the resolved registry: backends (distribution, version, device type, "
-            "available), namespaces (owner, fragments), ops (schema, tags) and each op's kernels "
-            "per dispatch key with their status (active, inactive with the package that would "
-            "activate it, unavailable, overridden, conflict, native: C++; for kernel "
-            "candidates unmet, unreached, and disabled by a kernel switch) and the "
-            "distribution they came from. Does not import torch unless --live.")
-    p.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
-    p.add_argument("-b", "--backend", action="append", help="only kernels of this backend")
-    p.add_argument("-s", "--status", action="append", choices=STATUSES,
-                   help="only kernels with this status")
-    p.add_argument("--live", action="store_true",
-                   help="also show what torch's dispatcher holds for each namespace, ops "
-                   "registered outside opregistry included (imports torch)")
-
-    p = add("show", cmd_show, "one op in full: schema, kernels, origins, samples",
-            "Show one op: schema, overloads, mutated arguments, tags, each kernel with its "
-            "origin (module:function and distribution), fake / autograd / vmap presence and "
-            "the sample inputs declared for 'opregistry check'. Exit 2 if OP names no op, or "
-            "ops of several namespaces (they are listed).")
-    p.add_argument("op", metavar="OP", help=names_help)
-    p.add_argument("--live", action="store_true",
-                   help="also show the dispatcher's schema and kernels for it (imports torch)")
-
-    add("plugins", cmd_plugins,
-        "discovered distributions, what each contributes, and those skipped",
-        "List every distribution found in the entry-point groups opregistry.backends and "
-        "opregistry.ops: version, entry point, what it contributes (with --json: the hooks it "
-        "implements), and those skipped or left out (blocked, not allowed, failed to import, "
-        "conflicting) with the reason. Exit 1 if any failed or was left out.")
-
-    p = add("doctor", cmd_doctor, "every problem, with what to do",
-            "Report every problem: conflicts, broken plugins, ops without a fake kernel "
-            "(torch.compile / torch.export will fail on them), ops without an active kernel, "
-            "kernels that override another distribution's or torch's own. Each with what to "
-            "do. Exit 1 if there is an error. Without torch; --live also checks against "
-            "torch's dispatcher.")
-    p.add_argument("--live", action="store_true",
-                   help="import torch and load the registry: also finds namespaces and kernels "
-                   "held by torch outside opregistry (C++ TORCH_LIBRARY) and registration failures")
-    p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
-                   help="with --live: import this module (e.g. a C++ extension) before the "
-                   "registry is resolved, so that its namespaces are checked (repeatable)")
-    p.add_argument("-a", "--all", action="store_true",
-                   help="also show notes (e.g. ops without vmap)")
-
-    p = add("check", cmd_check, "run opcheck and gradcheck over every op's sample inputs",
-            "Load the registry into torch and run torch.library.opcheck (test_schema, "
-            "test_autograd_registration, test_faketensor, test_aot_dispatch_dynamic) over each "
-            "op's sample inputs on every available device with an active kernel, and "
-            "torch.autograd.gradcheck where an Autograd kernel is active. A table goes to "
-            "stdout; progress is redrawn on stderr when it is a terminal. Exit 1 on any "
-            "failure, 2 if a target names nothing. Imports torch.")
-    p.add_argument("targets", nargs="*", metavar="TARGET",
-                   help="namespaces or ops to check, ops named as for 'show' (default: all)")
-    p.add_argument("-d", "--device", action="append",
-                   help="only this device type (repeatable; default: every available one)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-
-    p = add("lock", cmd_lock, "write a lockfile of the resolved registry",
-            "Write the resolved registry (torch version, distributions and versions, backends, "
-            "namespaces, ops and schemas, kernel origins and status) with its sha256 "
-            "fingerprint as JSON. Refuses when the registry has errors, unless --force. Does "
-            "not import torch.", json_help=None)
-    p.add_argument("-o", "--output", default=DEFAULT_LOCKFILE, metavar="FILE",
-                   help=f"where to write it; '-' for stdout (default: {DEFAULT_LOCKFILE})")
-    p.add_argument("--force", action="store_true", help="lock even if the registry has errors")
-
-    p = add("verify", cmd_verify, "compare this environment with a lockfile",
-            "Check that this environment resolves the registry recorded in LOCKFILE, and "
-            "explain every difference (other torch version, missing distribution, other "
-            "version, other schema, other kernel origin). Exit 1 on any difference. Does not "
-            "import torch. The Python equivalent is opregistry.verify_lock(path).")
-    p.add_argument("lockfile", nargs="?", default=DEFAULT_LOCKFILE, metavar="LOCKFILE",
-                   help=f"the lockfile (default: {DEFAULT_LOCKFILE})")
-
-    p = add("help", cmd_help, "a help topic, from the documentation",
-            "Print a help topic (a section of the documentation, shipped with opregistry), "
-            "or list the topics. 'opregistry help COMMAND' is 'opregistry COMMAND --help'.",
-            json_help=None)
-    p.add_argument("topic", nargs="?", metavar="TOPIC", help="the topic (default: list them)")
-
-    p = add("completion", cmd_completion, "a shell completion script",
-            "Print the completion script for SHELL. bash: add 'eval \"$(opregistry completion "
-            "bash)\"' to ~/.bashrc; zsh: the same line in ~/.zshrc; fish: 'opregistry "
-            "completion fish | source' in ~/.config/fish/config.fish.", json_help=None)
-    p.add_argument("shell", nargs="?", choices=("bash", "zsh", "fish"), metavar="SHELL",
-                   help="bash, zsh or fish")
-    p.add_argument("--names", action="store_true", help=argparse.SUPPRESS)
+    for adding in (_add_list_and_show, _add_plugins_and_doctor, _add_check,
+                   _add_lock_and_verify, _add_help_and_completion):
+        adding(add)
     return parser
 
 

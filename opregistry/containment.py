@@ -20,33 +20,30 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["interrupts_watched", "must_propagate", "describe"]
+from .state import process
 
-#: set by the watcher's SIGINT handler: a real interrupt arrived
-_interrupted = threading.Event()
-_depth = 0
-_depth_lock = threading.Lock()
+__all__ = ["interrupts_watched", "must_propagate", "contain", "describe"]
 
 
 @contextlib.contextmanager
 def interrupts_watched() -> Iterator[None]:
     """Note every real SIGINT while third-party code runs (main thread only; nests)."""
-    global _depth
+    state = process()
     if threading.current_thread() is not threading.main_thread():
         yield  # signals are delivered to the main thread only: none can arrive here
         return
-    with _depth_lock:
-        _depth += 1
-        outer = _depth == 1
+    with state.interrupt_lock:
+        state.interrupt_depth += 1
+        outer = state.interrupt_depth == 1
     previous: Any = None
     if outer:
-        _interrupted.clear()
+        state.interrupted.clear()
         previous = signal.getsignal(signal.SIGINT)
 
         def on_sigint(signum: int, frame: Any) -> None:
-            _interrupted.set()
+            state.interrupted.set()
             if callable(previous) and previous is not on_sigint:
                 previous(signum, frame)
             else:
@@ -60,8 +57,8 @@ def interrupts_watched() -> Iterator[None]:
     try:
         yield
     finally:
-        with _depth_lock:
-            _depth -= 1
+        with state.interrupt_lock:
+            state.interrupt_depth -= 1
         if outer:
             signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
@@ -74,8 +71,22 @@ def must_propagate(exc: BaseException) -> bool:
     Python's own, never a plugin's failure).
     """
     if isinstance(exc, KeyboardInterrupt):
-        return _interrupted.is_set()
+        return process().interrupted.is_set()
     return isinstance(exc, GeneratorExit)
+
+
+def contain(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
+    """``(fn(*args), None)``, or ``(None, exc)`` for whatever it raised but a real Ctrl-C.
+
+    The one way opregistry catches what code it did not write raises
+    (:func:`opregistry.guard.run` adds the watch on torch around it).
+    """
+    try:
+        return fn(*args), None
+    except BaseException as exc:  # noqa: BLE001 - third-party code: contained by this rule
+        if must_propagate(exc):
+            raise
+        return None, exc
 
 
 def describe(exc: BaseException) -> str:

@@ -32,8 +32,9 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar,
 from .errors import DeclarationError
 from .hookspecs import hookimpl
 from . import keys as _keys
-from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, autocast_dtype,
-                    describe_ref, source_of)
+from .kinds import Kind, autocast_dtype
+from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, describe_ref,
+                    source_of)
 
 __all__ = ["OpLibrary", "OpHandle"]
 
@@ -363,6 +364,11 @@ class OpLibrary:
              priority: int = 0, native: Iterable[str] = ()) -> Any:
         """Add a kernel for ``op`` (``"name"`` in this namespace, or ``"ns::name"``).
 
+        ``fn`` is a ``"module:function"`` reference or the callable, registered
+        as the kind ``key`` implies (a device kernel for ``"cpu"``, a fake
+        kernel for ``"fake"``, ...), or the payload of a registration kind
+        (``opregistry.kinds``: a kind a backend distribution defines, say).
+
         ``override=True`` declares the intent to replace a kernel another
         distribution or torch registered for that key; policy must allow it.
         ``triton=True`` marks a Triton kernel (``triton_op`` semantics).
@@ -479,7 +485,18 @@ class OpLibrary:
         self._ops[op.qualname] = op
         return OpHandle(self, op)
 
-    def _add_kernel(self, qualname: str, key: str, fn: KernelRef, **kwargs: Any) -> None:
+    def _add_kernel(self, qualname: str, key: str, fn: Any, **kwargs: Any) -> None:
+        if isinstance(getattr(type(fn), "kind", None), Kind):
+            # a payload of a registration kind (opregistry.kinds, or a backend's own)
+            given = sorted(k for k in ("triton", "setup_context", "dispatch_class", "native",
+                                       "library") if kwargs.pop(k, None))
+            if given:
+                raise DeclarationError(
+                    f"kernel for {qualname}: {type(fn).__name__}(...) is the whole "
+                    f"registration; {', '.join(given)}= belongs to a kernel given by reference",
+                    op=qualname)
+            self._kernels.append(Kernel(op=qualname, key=key, payload=fn, **kwargs))
+            return
         if (isinstance(key, str) and key.endswith("]") and kwargs.get("dispatch_class") is None
                 and _keys.family(key) == _keys.TORCH_DISPATCH):
             # impl(op, "TorchDispatch[module:Mode]", rule): the class is named in the key

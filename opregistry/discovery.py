@@ -104,8 +104,7 @@ DEFERRED = ("its module was still being imported (it imports torch before declar
 def still_importing(module: str) -> bool:
     """Whether ``module`` is in the middle of its own import (it imported torch, say)."""
     found = sys.modules.get(module)
-    return found is not None and bool(getattr(getattr(found, "__spec__", None),
-                                              "_initializing", False))
+    return found is not None and guard.initializing(found)
 
 
 def load_problem(origin: Origin, exc: BaseException) -> Problem:

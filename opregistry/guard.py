@@ -33,16 +33,50 @@ from typing import Any, Callable, Iterable
 from attrs import frozen
 
 from .config import Policy
-from .containment import must_propagate
+from .containment import contain
 from .errors import DOCS_URL
 from .keys import RESERVED_NAMESPACES
 from .model import Origin, Problem, source_of
 
-__all__ = ["Guarded", "run", "owned_by", "raised_at"]
+__all__ = ["Guarded", "run", "owned_by", "raised_at", "resolve_ref", "initializing"]
 
 #: frames in these places are machinery, not the line a plugin author must fix
 _MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<attrs generated",
               contextlib.__file__)
+
+
+def initializing(module: Any) -> bool:
+    """Whether ``module`` is still being imported (its code has not finished running).
+
+    The one reading of importlib's ``__spec__._initializing`` flag: a module
+    half-imported has not defined everything yet, and reading from it is
+    not the same as importing it.
+    """
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def resolve_ref(ref: Any, want_callable: bool = True) -> Any:
+    """Import a ``"module:function"`` reference, or return a callable as is.
+
+    Importing runs the module's code: call it through :func:`run`.
+    ``want_callable=False`` accepts any object (an autocast rule's ``torch:bfloat16``).
+    """
+    if not isinstance(ref, str):
+        return ref
+    module_name, _, attr_path = ref.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    # materializing resolves thousands of references into a few modules, all
+    # imported already: sys.modules answers ~10x faster than import_module,
+    # which is still asked for anything not there or still being imported
+    if obj is None or initializing(obj):
+        import importlib
+
+        obj = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    if want_callable and not callable(obj):
+        raise TypeError(f"{ref} is a {type(obj).__name__}, not a callable")
+    return obj
 
 
 def raised_at(exc: BaseException) -> str | None:
@@ -100,23 +134,11 @@ def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
         # nothing to watch: containment only.  The materializer resolves thousands
         # of kernel references in modules imported already through here, so this
         # path costs one call and one record, no context manager
-        try:
-            return Guarded(fn(*args), None)
-        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
-            if must_propagate(exc):
-                raise
-            return Guarded(None, exc)
+        return Guarded(*contain(fn, *args))
     from .torch_state import watch_registrations
 
-    result: Any = None
-    error: BaseException | None = None
     with watch_registrations() as watch:
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - contained, see opregistry.containment
-            if must_propagate(exc):
-                raise
-            error = exc
+        result, error = contain(fn, *args)
     problems = _unplanned(watch, origin, what, frozenset(protected) | RESERVED_NAMESPACES,
                           policy or Policy(), owns or (lambda where: False))
     return Guarded(result, error, problems)
@@ -124,33 +146,21 @@ def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
 
 def _unplanned(watch: Any, origin: Origin, what: str, protected: frozenset[str],
                policy: Policy, owns: Callable[[str], bool]) -> tuple[Problem, ...]:
-    from .torch_state import destroy_library, library_registrations
-
     problems = []
-    for library, creator in watch.libraries:
+    for handle, namespace, kind, creator in watch.created:
         if creator is None:
             continue  # torch importing one of its own modules
-        namespace, defined, kernels = library_registrations(library)
-        touched = sorted(defined | {_op(k) for k in kernels})
-        if not touched and getattr(library, "_registration_handles", None):
-            touched = [f"{namespace}::*"]  # fake / vmap / autograd through torch's registries
-        hits = [op for op in touched if op.partition("::")[0] in protected]
-        new_defs = sorted(defined) if owns(creator) else []
-        if not hits and not new_defs:
-            continue
-        found = hits or new_defs
-        if all(policy.allows(op) for op in found):
-            problems.append(_problem(origin, what, found, creator, allowed=True))
-            continue
-        destroy_library(library)
-        problems.append(_problem(origin, what, found, creator, allowed=False))
+        problem = _judge_library(watch, handle, namespace, kind, creator, origin, what,
+                                 protected, policy, owns)
+        if problem is not None:
+            problems.append(problem)
     for loaded, defined, replaced, where in watch.natives:
         problems.extend(_native(origin, what, loaded, defined, replaced, where, protected,
                                 policy, owns))
-    foreign = sorted({_op(entry) for _, entry, _ in watch.foreign
-                      if _op(entry).partition("::")[0] in protected})
+    earlier = [e for e in watch.events if e.site is not None and not watch.made(e)]
+    foreign = sorted({e.op for e in earlier if e.op.partition("::")[0] in protected})
     if foreign:
-        where = next((w for _, e, w in watch.foreign if w), None)
+        where = next((e.site for e in earlier if e.op in foreign), None)
         problems.append(Problem(
             code="plugin-replaced-torch-kernel",
             message=f"{origin} registered kernels for {', '.join(foreign)} while {what}, "
@@ -162,6 +172,27 @@ def _unplanned(watch: Any, origin: Origin, what: str, protected: frozenset[str],
                  f"override=True) and the user allows it with OPREGISTRY_ALLOW_OVERRIDE",
             culprits=(origin,), op=foreign[0], source=where))
     return tuple(problems)
+
+
+def _judge_library(watch: Any, handle: Any, namespace: str, kind: str, creator: str,
+                   origin: Origin, what: str, protected: frozenset[str], policy: Policy,
+                   owns: Callable[[str], bool]) -> Problem | None:
+    """A ``Library`` the code created: undone (and a problem) if it registered outside the plan."""
+    from .torch_state import undo_library
+
+    events = [e for e in watch.events if e.handle is handle]
+    touched = sorted({e.op for e in events})
+    if not touched and kind == "DEF":
+        touched = [f"{namespace}::*"]  # a namespace claimed, nothing in it yet
+    hits = [op for op in touched if op.partition("::")[0] in protected]
+    new_defs = sorted({e.op for e in events if e.slot == "schema"}) if owns(creator) else []
+    if not hits and not new_defs:
+        return None
+    found = hits or new_defs
+    if all(policy.allows(op) for op in found):
+        return _problem(origin, what, found, creator, allowed=True)
+    undo_library(handle, [e.library for e in events])
+    return _problem(origin, what, found, creator, allowed=False)
 
 
 def _native(origin: Origin, what: str, loaded: str, defined: frozenset[str],
@@ -183,7 +214,7 @@ def _native(origin: Origin, what: str, loaded: str, defined: frozenset[str],
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         if all(policy.allows(op) for op in found):
             problems.append(Problem(
-                code="plugin-registered-outside-plan", severity="warning",
+                code="plugin-registration-allowed",
                 message=f"{origin} loaded {loaded} while {what}, which registered {shown} "
                         f"outside opregistry; the override policy allows it, so it stays in "
                         f"effect", hint=declare, others=(origin,), op=found[0], source=where))
@@ -223,7 +254,7 @@ def _problem(origin: Origin, what: str, ops: list[str], where: str, *, allowed: 
     shown = ", ".join(ops[:5]) + (f" and {len(ops) - 5} more" if len(ops) > 5 else "")
     if allowed:
         return Problem(
-            code="plugin-registered-outside-plan", severity="warning",
+            code="plugin-registration-allowed",
             message=f"{origin} registered {shown} with torch itself while {what}, outside "
                     f"opregistry; the override policy allows it, so it stays in effect",
             hint="declare the registration instead (OpLibrary), or remove it from "

@@ -21,7 +21,7 @@ dispatch key in question.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pluggy
 
@@ -127,27 +127,32 @@ def opregistry_materialize_kernel(
     library: Library,
     op: OpDef | None,
     kernel: Kernel,
-    fn: Callable[..., Any],
-    setup_context: Callable[..., Any] | None,
-    dispatch_class: type | None,
+    payload: Any,
+    fn: Any,
 ) -> bool | None:
-    """Register ``fn`` as ``op``'s kernel for ``kernel.key`` with torch.
+    """Register ``kernel`` for ``kernel.key`` with torch.
 
     Called during :func:`opregistry.load`, after the op is defined, once per
-    active kernel, on the backend that owns ``kernel.key`` only.  Register
-    through ``library`` (or pass ``lib=library`` to ``torch.library``
-    helpers) so that opregistry can roll the registration back.
+    active kernel, on the backend that owns the kernel's key family
+    (``kernel.kind.family(kernel.key)``) only.  Register through ``library``
+    (or pass ``lib=library`` to ``torch.library`` helpers) so that opregistry
+    can roll the registration back.
 
     :param library: the ``torch.library.Library`` of the kernel's
         distribution for the op's namespace.
     :param op: the op being implemented; ``None`` when the kernel targets an
         op opregistry did not define (an allowed override of an ``aten`` kernel).
-    :param kernel: the declaration, with its origin.
-    :param fn: the kernel, imported.
-    :param setup_context: for ``Autograd``, the imported setup_context.
-    :param dispatch_class: for a ``TorchDispatch[...]`` rule, the imported
-        Tensor subclass or ``TorchDispatchMode``.  For an autocast rule
-        (``Autocast<Device>``), ``fn`` is the ``torch.dtype`` to cast to.
+    :param kernel: the declaration, with its origin; ``kernel.kind`` is its
+        registration kind (:mod:`opregistry.kinds`).
+    :param payload: ``kernel.payload`` with every reference imported (the
+        fields its kind lists in :attr:`~opregistry.kinds.Kind.references`):
+        ``payload.fn`` of a device kernel, fake kernel, vmap rule or Triton
+        kernel; ``payload.backward`` and ``payload.setup_context`` of an
+        autograd formula; ``payload.dtype`` (a ``torch.dtype``) of an autocast
+        rule; ``payload.fn`` and ``payload.cls`` of a torch_dispatch rule.
+    :param fn: the payload's primary reference, imported (``getattr(payload,
+        kernel.kind.primary)``): the function (or backward formula, or dtype)
+        that most backends register as it is.
     :returns: ``True`` once registered.  ``None`` means "not mine" and is a
         materialization problem of the backend.
 

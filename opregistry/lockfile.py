@@ -57,8 +57,9 @@ __all__ = [
 ]
 
 #: Version of the lock format; bumped when a field is added or changes meaning
-#: (2: the torch version; 3: ``contents``, the sha256 of every installed file).
-LOCK_VERSION = 3
+#: (2: the torch version; 3: ``contents``, the sha256 of every installed file;
+#: 4: every kernel's registration ``kind``, which replaces 3's ``triton`` flag).
+LOCK_VERSION = 4
 #: The file ``opregistry lock`` writes and ``opregistry verify`` reads by default.
 DEFAULT_LOCKFILE = "opregistry.lock"
 
@@ -70,37 +71,30 @@ _LOCK_STATUS = {"unavailable": "active"}
 
 
 def _kernel_entry(k: KernelPlan) -> dict[str, Any]:
-    from .model import describe_ref
+    """One kernel in the lock: what :func:`~opregistry.kinds.kernel_fields` shows, and its status.
+
+    Candidates (several kernels for one key) carry their conditions; whether
+    one is met depends on the platform and the GPU, which the lock does not
+    pin, so their status is ``candidate``.
+    """
+    from .kinds import kernel_fields
 
     kernel = k.kernel
-    entry = {
-        "kernel": describe_ref(kernel.fn),
-        "setup_context": describe_ref(kernel.setup_context),
-        "distribution": kernel.origin.distribution if kernel.origin else None,
-        "status": _LOCK_STATUS.get(k.status, k.status),
-        "override": kernel.override,
-    }
-    if kernel.triton:  # only then: the locks of every other kernel are unchanged
-        entry["triton"] = True
-    return entry
+    candidate = k.rank is not None and k.status != "overridden"
+    return {**kernel_fields(kernel, candidate=candidate),
+            "distribution": kernel.origin.distribution if kernel.origin else None,
+            "status": "candidate" if candidate else _LOCK_STATUS.get(k.status, k.status),
+            "override": kernel.override}
 
 
 def _kernels(kernels: Any) -> dict[str, Any]:
-    from .model import describe_ref
-
     # Overridden kernels are kept under "overridden" so that the winner stays
     # the one entry per key: an override is a difference worth reporting.
-    # Candidates (several kernels for one key) are kept in the order they are tried, with
-    # their conditions; whether one is met depends on the platform and the GPU, which
-    # the lock does not pin, so their status is "candidate".
+    # Candidates are kept in the order they are tried.
     out: dict[str, Any] = {}
     for k in sorted(kernels, key=lambda k: (k.kernel.key, k.rank or 0, k.status)):
         entry = _kernel_entry(k)
-        if k.rank is not None and k.status != "overridden":
-            kernel = k.kernel
-            entry.update(status="candidate", priority=kernel.priority,
-                         when=kernel.when.describe() if kernel.when is not None else None,
-                         predicate=describe_ref(kernel.predicate))
+        if entry["status"] == "candidate":
             out.setdefault(f"{k.kernel.key} (candidates)", []).append(entry)
         elif k.status in ("overridden", "disabled"):
             out.setdefault(f"{k.kernel.key} ({k.status})", []).append(entry)

@@ -4,25 +4,30 @@ Every stage of the pipeline hands the next one plain, frozen attrs data, so
 each can be printed, compared and tested without torch.  Op and backend
 authors build :class:`Namespace`, :class:`OpDef`, :class:`Kernel` and
 :class:`Backend` records (usually through :class:`~opregistry.OpLibrary`);
-the collector stamps each with the :class:`Origin` it came from.  The
-records two stages exchange live here too -- :class:`Plugin`,
-:class:`Skipped` and :class:`Discovered` (discover -> collect),
-:class:`Declarations` (collect -> resolve) -- so that no stage imports
-another to learn a type; what the resolver decides is in :mod:`opregistry.plan`.
+the collector stamps each with the :class:`Origin` it came from.  What a
+kernel registers is its payload, one record per registration kind
+(:mod:`opregistry.kinds`).  The records two stages exchange live here too --
+:class:`Plugin`, :class:`Skipped` and :class:`Discovered` (discover ->
+collect), :class:`Declarations` (collect -> resolve) -- so that no stage
+imports another to learn a type; what the resolver decides is in
+:mod:`opregistry.plan`.  Nothing here reads the machine.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-import sys
-from typing import Any, Callable, Iterable, Literal, Mapping, Union
+from typing import Any, Literal
 
 import attrs
 from attrs import field, frozen
 
 from . import keys as _keys
-from .errors import DeclarationError
+from .conditions import Condition, in_range, parse_range, parse_requirement
+from .errors import DOCS_URL, DeclarationError
+from .kinds import Kind, payload_for
+from .problems import PAGE, Severity, code_of
+from .references import KernelRef, NativeLibrary, check_ref, describe_ref
 
 __all__ = [
     "Origin",
@@ -44,20 +49,13 @@ __all__ = [
     "Declarations",
     "KernelRef",
     "describe_ref",
-    "resolve_ref",
-    "autocast_dtype",
     "is_identifier",
     "source_of",
     "elide",
     "TEXT_LIMIT",
 ]
 
-#: A kernel is either a ``"package.module:function"`` string, imported only
-#: when the kernel is materialized, or the callable itself.
-KernelRef = Union[str, Callable[..., Any]]
-
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_REF = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 
 NamespaceKind = Literal["DEF", "FRAGMENT"]
 
@@ -86,56 +84,6 @@ def is_identifier(name: str) -> bool:
     return bool(_IDENT.match(name))
 
 
-def _check_ref(instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if value is None:
-        return
-    if getattr(instance, "native", False) and isinstance(value, str):
-        return  # a native kernel's "fn" names its library (a module or a path)
-    if isinstance(value, str):
-        if not _REF.match(value):
-            raise DeclarationError(
-                f"{attribute.name}={value!r} is not a kernel reference: write it as "
-                f"'package.module:function' (the form of an entry point's value)"
-            )
-    elif not callable(value):
-        raise DeclarationError(
-            f"{attribute.name} must be a 'module:function' string or a callable, "
-            f"got {type(value).__name__}"
-        )
-
-
-def describe_ref(ref: KernelRef | None) -> str | None:
-    """``module:qualname`` of a kernel reference, for listings and lockfiles."""
-    if ref is None or isinstance(ref, str):
-        return ref
-    module = getattr(ref, "__module__", None) or "?"
-    qualname = getattr(ref, "__qualname__", None) or getattr(ref, "__name__", repr(ref))
-    return f"{module}:{qualname}"
-
-
-def resolve_ref(ref: KernelRef, *, want_callable: bool = True) -> Any:
-    """Import a ``"module:function"`` reference, or return a callable as is.
-
-    ``want_callable=False`` accepts any object (an autocast rule's ``torch:bfloat16``).
-    """
-    if not isinstance(ref, str):
-        return ref
-    module_name, _, attr_path = ref.partition(":")
-    obj: Any = sys.modules.get(module_name)
-    # materializing resolves thousands of references into a few modules, all
-    # imported already: sys.modules answers ~10x faster than import_module,
-    # which is still asked for anything not there or still being imported
-    if obj is None or getattr(getattr(obj, "__spec__", None), "_initializing", False):
-        import importlib
-
-        obj = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    if want_callable and not callable(obj):
-        raise TypeError(f"{ref} is a {type(obj).__name__}, not a callable")
-    return obj
-
-
 @frozen(order=True)
 class Origin:
     """Where a declaration came from: a distribution and one of its entry points."""
@@ -159,97 +107,6 @@ class Origin:
         if not self.entry_point:
             return self.dist
         return f"{self.dist} (entry point '{self.entry_point} = {self.value}' in {self.group})"
-
-
-def _check_native_target(instance: "NativeLibrary", attribute: attrs.Attribute,
-                         value: object) -> None:
-    if (instance.module is None) == (instance.path is None):
-        raise DeclarationError(
-            "NativeLibrary needs exactly one of module= (an extension module to import, "
-            "'package.module') and path= (a shared library for torch.ops.load_library)")
-    if instance.module is not None and not re.match(
-            r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z", instance.module):
-        raise DeclarationError(
-            f"NativeLibrary(module={instance.module!r}) is not a module name "
-            f"('package.module')")
-
-
-@frozen(kw_only=True)
-class NativeLibrary:
-    """A compiled library (``TORCH_LIBRARY``/``TORCH_LIBRARY_IMPL`` blocks) and how to load it.
-
-    Exactly one of ``module`` (an extension module, imported: its import loads
-    the library) and ``path`` (a shared library, loaded with
-    ``torch.ops.load_library``).  ``torch``, ``cxx11_abi`` and ``cuda``
-    record what it was built for (``torch.__version__``,
-    ``torch._C._GLIBCXX_USE_CXX11_ABI``, ``torch.version.cuda``); ``None``
-    means not recorded (a library built at load time, for the running torch).
-    Declared on the namespace (``OpLibrary(ns, native=...)``): nothing here
-    is loaded until the resolver has admitted the namespace.
-    """
-
-    module: str | None = field(default=None, validator=_check_native_target)
-    path: str | None = None
-    torch: str | None = None
-    cxx11_abi: bool | None = None
-    cuda: str | None = None
-
-    @classmethod
-    def from_build_info(cls, info: str, *, module: str | None = None,
-                        path: str | None = None) -> "NativeLibrary":
-        """A library whose build recorded what it was built for in the JSON file ``info``.
-
-        ``{"torch": "2.13.0+cpu", "cxx11_abi": true, "cuda": null}``, written at
-        build time from ``torch.__version__``, ``torch._C._GLIBCXX_USE_CXX11_ABI``
-        and ``torch.version.cuda`` (``examples/extension_cpp/setup.py``).  A
-        missing file records nothing: the library is then one built at load time.
-        """
-        import json
-
-        try:
-            with open(info, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            data = {}
-        except (OSError, ValueError) as exc:
-            raise DeclarationError(f"NativeLibrary: cannot read build info {info}: {exc}") from exc
-        return cls(module=module, path=path, torch=data.get("torch"),
-                   cxx11_abi=data.get("cxx11_abi"), cuda=data.get("cuda"))
-
-    def mismatch(self, version: str, cuda: str | None, cxx11_abi: bool | None = None) -> str | None:
-        """What differs between the recorded build and a torch, or ``None``.
-
-        Nothing recorded (``None``) is never a mismatch: a library built at
-        load time is built for the running torch.  The release must match
-        exactly (``2.13.0``: libtorch has no stable C++ ABI), as must the CUDA
-        version of a library built with CUDA, and the C++11 ABI flag.
-        """
-        def release(v: str) -> str:
-            return v.partition("+")[0]
-
-        differences = []
-        if self.torch is not None and release(self.torch) != release(version):
-            differences.append(f"torch {release(self.torch)} is not torch {release(version)}")
-        if self.cuda is not None and self.cuda != cuda:
-            differences.append(f"CUDA {self.cuda} is not " + (f"CUDA {cuda}" if cuda else "a "
-                                                                  "torch without CUDA"))
-        if self.cxx11_abi is not None and cxx11_abi is not None and self.cxx11_abi != cxx11_abi:
-            differences.append(f"_GLIBCXX_USE_CXX11_ABI={int(self.cxx11_abi)} is not "
-                               f"{int(cxx11_abi)}")
-        return "; ".join(differences) or None
-
-    @property
-    def target(self) -> str:
-        """What is loaded, as listings show it: the module name or the path."""
-        return self.module if self.module is not None else str(self.path)
-
-    def built_for(self) -> str:
-        """``torch 2.13.0+cpu, C++11 ABI, CUDA 12.8`` (what was recorded)."""
-        parts = [f"torch {self.torch}" if self.torch else "torch ?"]
-        if self.cxx11_abi is not None:
-            parts.append("C++11 ABI" if self.cxx11_abi else "pre-C++11 ABI")
-        parts.append(f"CUDA {self.cuda}" if self.cuda else "no CUDA")
-        return ", ".join(parts)
 
 
 @frozen(kw_only=True)
@@ -297,7 +154,7 @@ class OpDef:
         default=None, converter=attrs.converters.optional(tuple)
     )
     tags: tuple[str, ...] = field(default=(), converter=tuple)
-    samples: KernelRef | None = field(default=None, validator=_check_ref)
+    samples: KernelRef | None = field(default=None, validator=check_ref)
     doc: str = ""
     source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
@@ -322,188 +179,77 @@ class OpDef:
         return f"{self.name_with_overload}{self.schema}"
 
 
-# -- conditions of kernel candidates (opregistry.selection runs them) --------------------
-
-_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*\Z")
-_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(.*)\Z")
-_RELEASE = re.compile(r"\d+(?:\.\d+)*")
-_COMPARE: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
-    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-}
-_EXAMPLE = "'>=2.10,<2.15'"
+#: the keywords that declare a payload by its key (``Kernel(op=..., key=..., fn=...)``)
+_PAYLOAD_KEYWORDS = ("fn", "setup_context", "triton", "dispatch_class", "native", "library")
 
 
-def parse_range(text: str, what: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """``">=2.10,<2.15"`` as ``((">=", (2, 10)), ("<", (2, 15)))``.
-
-    The subset of PEP 440 specifiers conditions need: comparisons of release
-    numbers, joined by commas.  Anything else is a :class:`DeclarationError`.
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise DeclarationError(f"{what}: {text!r} is not a version range; write e.g. {_EXAMPLE}")
-    clauses = []
-    for part in text.split(","):
-        found = _CLAUSE.match(part)
-        if found is None:
-            raise DeclarationError(
-                f"{what}: {part.strip()!r} in {text!r} is not a version comparison; write "
-                f"e.g. {_EXAMPLE} (operators >=, <=, ==, !=, >, <; release numbers only)")
-        clauses.append((found.group(1), tuple(int(p) for p in found.group(2).split("."))))
-    return tuple(clauses)
-
-
-def in_range(version: str | tuple[int, ...], clauses: Iterable[tuple[str, tuple[int, ...]]]) -> bool:
-    """Whether ``version`` (``"2.13.0+cpu"`` or a tuple) satisfies every clause."""
-    if isinstance(version, str):
-        found = _RELEASE.match(version)
-        release: tuple[int, ...] = tuple(int(p) for p in found.group(0).split(".")) if found else ()
-    else:
-        release = tuple(version)
-    for op, wanted in clauses:
-        width = max(len(release), len(wanted))
-        a = release + (0,) * (width - len(release))
-        b = wanted + (0,) * (width - len(wanted))
-        if not _COMPARE[op](a, b):
-            return False
-    return True
-
-
-def parse_requirement(text: str) -> tuple[str, str]:
-    """``"triton>=3.2"`` as ``("triton", ">=3.2")``; the range may be empty."""
-    found = _NAME.match(text) if isinstance(text, str) else None
-    if found is None:
-        raise DeclarationError(
-            f"requires: {text!r} is not a requirement; write e.g. 'triton>=3.2'")
-    name, spec = found.group(1), found.group(2).strip()
-    if spec:
-        parse_range(spec, f"requires {text!r}")
-    return name, spec
-
-
-def _strings(value: Any, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise DeclarationError(f"{what} must be a string or a list of strings, not {value!r}")
-
-
-@frozen(kw_only=True)
-class Condition:
-    """When a kernel candidate may serve: all of the given conditions must hold.
-
-    :param torch: torch versions, ``">=2.10,<2.15"`` (read from torch's files).
-    :param requires: installed Python distributions, ``["triton>=3.2"]``
-        (``importlib.metadata``; nothing is imported).
-    :param capability: CUDA compute capability of the call's device,
-        ``">=9.0"`` (a CUDA kernel only; read on the first call on each device).
-    :param platform: ``sys.platform`` prefixes, ``"linux"`` or ``["linux", "win32"]``.
-    """
-
-    torch: str | None = None
-    requires: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "requires"))
-    capability: str | None = None
-    platform: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "platform"))
-
-    def __attrs_post_init__(self) -> None:
-        if self.torch is not None:
-            parse_range(self.torch, "torch")
-        for requirement in self.requires:
-            parse_requirement(requirement)
-        if self.capability is not None:
-            parse_range(self.capability, "capability")
-
-    @classmethod
-    def of(cls, value: Condition | Mapping[str, Any] | None) -> Condition | None:
-        """A :class:`Condition` from itself or a mapping of its fields (``when={...}``)."""
-        if value is None or isinstance(value, Condition):
-            return value
-        if not isinstance(value, Mapping):
-            raise DeclarationError(
-                f"when= must be a dict (torch, requires, capability, platform) or an "
-                f"opregistry.Condition, not {type(value).__name__}")
-        unknown = sorted(set(value) - {f.name for f in attrs.fields(cls)})
-        if unknown:
-            raise DeclarationError(
-                f"when= has unknown condition(s) {unknown}; known: torch, requires, "
-                f"capability, platform")
-        return cls(**value)
-
-    def describe(self) -> str:
-        parts = []
-        if self.torch:
-            parts.append(f"torch{self.torch}")
-        parts += list(self.requires)
-        if self.capability:
-            parts.append(f"capability{self.capability}")
-        if self.platform:
-            parts.append("platform " + "|".join(self.platform))
-        return ", ".join(parts)
-
-    def unmet(self, torch_version: str | None) -> str | None:
-        """Why the load-time conditions fail here, or ``None`` when they hold."""
-        from importlib import metadata
-
-        if self.torch is not None:
-            if torch_version is None:
-                return "torch is not installed"
-            if not in_range(torch_version, parse_range(self.torch, "torch")):
-                return f"torch {torch_version} is not {self.torch}"
-        for requirement in self.requires:
-            name, spec = parse_requirement(requirement)
-            try:
-                installed = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                return f"{name} is not installed (needs {requirement})"
-            if spec and not in_range(installed, parse_range(spec, requirement)):
-                return f"{name} {installed} is not {spec}"
-        if self.platform and not any(sys.platform.startswith(p) for p in self.platform):
-            return f"platform {sys.platform} is not {'|'.join(self.platform)}"
-        return None
-
-
-@frozen(kw_only=True)
+@frozen(kw_only=True, init=False)
 class Kernel:
-    """An implementation of an op for one dispatch key.
+    """One registration for one op and dispatch key: which, by whom, and under what conditions.
 
-    ``key`` accepts torch's dispatch-key names (``CPU``, ``CUDA``,
-    ``PrivateUse1``, ``Meta``, ``Autograd``, ``FuncTorchBatched``) and the
-    aliases op authors use (``cpu``, ``cuda``, ``fake``, ``autograd``,
-    ``vmap``); it is stored canonical.  ``setup_context`` is only meaningful
-    for ``Autograd``.  ``override=True`` asks to replace a kernel another
+    ``payload`` is what is registered, one record per kind
+    (:mod:`opregistry.kinds`): a device kernel, a fake kernel, an autograd
+    formula, a vmap rule, an autocast rule, a Triton kernel, a torch_dispatch
+    rule, a C++ kernel -- or a kind a backend distribution defines.  The
+    built-in kinds can also be declared by key, as ``torch.library`` does::
+
+        Kernel(op="ns::f", key="cpu", fn="pkg.kernels:f")              # device kernel
+        Kernel(op="ns::f", key="fake", fn="pkg.kernels:f_fake")        # fake kernel
+        Kernel(op="ns::f", key="autograd", fn="pkg:bwd", setup_context="pkg:setup")
+
+    ``key`` accepts torch's dispatch-key names and the aliases op authors use
+    (``cpu``, ``cuda``, ``fake``, ``autograd``, ``vmap``); it is stored
+    canonical.  ``override=True`` asks to replace a kernel another
     distribution (or torch) registered for the same key; the user's policy
-    must allow it too.
+    must allow it too.  ``when``, ``predicate`` and ``priority`` make a
+    kernel of a kind that allows it a *candidate* (:mod:`opregistry.selection`).
     """
 
     op: str
     key: str = field(converter=_keys.canonical_key)
-    fn: KernelRef = field(validator=_check_ref)
-    setup_context: KernelRef | None = field(default=None, validator=_check_ref)
+    payload: Any
     override: bool = False
-    #: a Triton kernel (``torch.library.triton_op`` semantics): ``fn`` calls
-    #: ``wrap_triton(kernel)[grid](...)``; only for a device key
-    triton: bool = False
-    #: the Tensor subclass or ``TorchDispatchMode`` of a ``TorchDispatch[...]`` rule
-    dispatch_class: KernelRef | None = field(default=None, validator=_check_ref)
     #: a candidate's conditions (:mod:`opregistry.selection`): checked once at load ...
     when: Condition | None = field(default=None, converter=Condition.of)
     #: ... and per call: a function of the op's arguments, true to take the call
-    predicate: KernelRef | None = field(default=None, validator=_check_ref)
+    predicate: KernelRef | None = field(default=None, validator=check_ref)
     #: candidates of one (op, key) are tried by priority, highest first
     priority: int = 0
     source: str | None = field(default=None, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
-    #: a C++ kernel (``TORCH_LIBRARY_IMPL``) of the distribution's native library:
-    #: registered by loading the library, never by a backend; ``fn`` names the library
-    native: bool = False
-    #: the library of a C++ kernel declared in an IMPL library
-    #: (``OpLibrary(ns, "IMPL", native=...)``): its ``TORCH_LIBRARY_IMPL`` blocks add
-    #: kernels to ops another distribution defines.  ``None`` for the C++ kernels of a
-    #: DEF or FRAGMENT library's own ops (the namespace's library registers them)
-    library: NativeLibrary | None = None
+
+    def __init__(self, *, op: str, key: str, payload: Any = None, override: bool = False,
+                 when: Any = None, predicate: KernelRef | None = None, priority: int = 0,
+                 source: str | None = None, origin: Origin | None = None,
+                 **declared: Any) -> None:
+        unknown = sorted(set(declared) - set(_PAYLOAD_KEYWORDS))
+        if unknown:
+            raise TypeError(f"Kernel() got unexpected keyword argument(s) {unknown}")
+        if payload is None:
+            if "fn" not in declared:
+                raise DeclarationError(f"kernel for {op}: give its payload (payload=...) or its "
+                                       f"function (fn=...)", op=op)
+            canonical = _keys.canonical_key(key)
+            _check_key(op, canonical)
+            payload = payload_for(op, canonical, **declared)
+        elif set(declared) == {"fn"}:
+            # attrs.evolve(kernel, fn=...): the same kind, another primary reference
+            payload = attrs.evolve(payload, **{payload.kind.primary: declared["fn"]})
+        elif declared:
+            raise DeclarationError(f"kernel for {op}: give payload= or the function's keywords "
+                                   f"({', '.join(sorted(declared))}), not both", op=op)
+        self.__attrs_init__(op=op, key=key, payload=payload, override=override, when=when,
+                            predicate=predicate, priority=priority, source=source, origin=origin)
+
+    @property
+    def kind(self) -> Kind:
+        """The registration kind, the descriptor of :attr:`payload`."""
+        return self.payload.kind
+
+    @property
+    def fn(self) -> Any:
+        """The payload's primary reference: the kernel, backward formula, dtype or library."""
+        return getattr(self.payload, self.payload.kind.primary)
 
     @property
     def conditional(self) -> bool:
@@ -517,29 +263,21 @@ class Kernel:
             self.when is not None and self.when.capability is not None)
 
     def __attrs_post_init__(self) -> None:
-        if not _keys.is_known_key(self.key):
+        kind = getattr(type(self.payload), "kind", None)
+        if not isinstance(kind, Kind):
             raise DeclarationError(
-                f"kernel for {self.op}: unknown dispatch key {self.key!r}; "
-                f"{_keys.suggest_key(self.key)}",
-                op=self.op,
-                key=self.key,
-            )
-        _check_kind(self)
-        if self.library is not None and not self.native:
-            raise DeclarationError(f"kernel for {self.op} on {self.key}: a native library "
-                                   f"belongs to a C++ kernel (native=True)",
-                                   op=self.op, key=self.key)
-        if self.setup_context is not None and self.key != "Autograd":
-            raise DeclarationError(
-                f"kernel for {self.op} on {self.key}: setup_context only belongs to "
-                f"an Autograd kernel"
-            )
+                f"kernel for {self.op}: its payload {type(self.payload).__name__} has no kind "
+                f"(a payload class names its opregistry.kinds.Kind as its 'kind' attribute)",
+                op=self.op, key=self.key)
+        if not kind.accepts(self.key):
+            _check_key(self.op, self.key)
+            raise DeclarationError(kind.wrong_key(self.op, self.key), op=self.op, key=self.key)
+        kind.check(self)
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise DeclarationError(
                 f"kernel for {self.op} on {self.key}: priority must be an int, "
                 f"not {self.priority!r}", op=self.op, key=self.key)
-        if (self.conditional or self.priority) and self.key not in _keys.DEVICE_KEYS \
-                and self.key not in _keys.COMPOSITE_KEYS:
+        if (self.conditional or self.priority) and not kind.candidates:
             raise DeclarationError(
                 f"kernel for {self.op} on {self.key}: conditions and priorities choose "
                 f"between device kernels (a key such as CPU, CUDA, or 'default'); a {self.key} "
@@ -554,48 +292,13 @@ class Kernel:
         return self.op.split("::", 1)[0]
 
 
-#: keys whose kernels are plain functions: nothing more to check (the common case, first)
-_PLAIN_KEYS: frozenset[str] = (frozenset(_keys.DEVICE_KEYS) | frozenset(_keys.FUNCTIONALITY_KEYS)
-                               | frozenset(_keys.COMPOSITE_KEYS))
+def _check_key(op: str, key: str) -> None:
+    """Refuse a key torch has no name for: ``"CPu"`` is a typo to report, not a key to guess."""
+    if not _keys.is_known_key(key):
+        raise DeclarationError(f"kernel for {op}: unknown dispatch key {key!r}; "
+                               f"{_keys.suggest_key(key)}", op=op, key=key)
 
 
-def _check_kind(k: Kernel) -> None:
-    """The rules of the registration kinds that are not plain kernels (autocast, Triton, torch_dispatch)."""
-    if k.key in _PLAIN_KEYS and not k.triton and k.dispatch_class is None:
-        return
-    if k.key in _keys.AUTOCAST_KEYS:
-        dtype = k.fn.partition(":")[2] if isinstance(k.fn, str) and k.fn.startswith("torch:") else None
-        if dtype not in _keys.AUTOCAST_DTYPES.values():
-            raise DeclarationError(
-                f"autocast rule for {k.op} on {_keys.AUTOCAST_KEYS[k.key]} (key {k.key!r}): "
-                f"cast_inputs must be a "
-                f"floating torch.dtype (torch.float16, torch.bfloat16, torch.float32 or "
-                f"torch.float64), got {describe_ref(k.fn)!r}", op=k.op, key=k.key)
-    if k.triton and k.key not in _keys.DEVICE_KEYS:
-        raise DeclarationError(
-            f"Triton kernel for {k.op}: {k.key!r} is not a device key; a Triton kernel is "
-            f"declared for a device type (triton={{'cuda': ...}})", op=k.op, key=k.key)
-    is_rule = _keys.family(k.key) == _keys.TORCH_DISPATCH
-    if is_rule != (k.dispatch_class is not None) or k.key == _keys.TORCH_DISPATCH:
-        raise DeclarationError(
-            f"kernel for {k.op} on {k.key!r}: a torch_dispatch rule needs its class "
-            f"(torch_dispatch={{'module:Mode': 'module:rule'}}), and only a torch_dispatch rule "
-            f"has one", op=k.op, key=k.key)
-
-
-def autocast_dtype(cast_inputs: Any) -> str:
-    """``"torch:bfloat16"`` for ``torch.bfloat16``, ``"bfloat16"`` or ``"torch.bfloat16"``.
-
-    An autocast rule's "kernel" is the dtype it casts to, referenced like a
-    kernel (``module:attribute``) so that declaring it imports nothing;
-    anything else is returned as given, for :class:`Kernel` to refuse.
-    """
-    text = str(cast_inputs) if type(cast_inputs).__name__ == "dtype" else cast_inputs
-    if isinstance(text, str):
-        name = text.removeprefix("torch.").removeprefix("torch:")
-        if name in _keys.AUTOCAST_DTYPES:
-            return f"torch:{_keys.AUTOCAST_DTYPES[name]}"
-    return cast_inputs
 @frozen
 class Candidate:
     """A kernel with conditions, as a value of ``define(kernels={...})``.
@@ -605,9 +308,9 @@ class Candidate:
     conditions hold serves, the others are fallbacks (``docs/op-authors.md``).
     """
 
-    fn: KernelRef = field(validator=_check_ref)
+    fn: KernelRef = field(validator=check_ref)
     when: Any = None
-    predicate: KernelRef | None = field(default=None, kw_only=True, validator=_check_ref)
+    predicate: KernelRef | None = field(default=None, kw_only=True, validator=check_ref)
     priority: int = field(default=0, kw_only=True)
 
 
@@ -617,16 +320,21 @@ class Backend:
 
     ``device_type`` is the ``torch.device`` type for device backends
     (``"cpu"``, ``"cuda"``, ``"privateuseone"``), ``None`` for the others.
+    ``kinds`` are registration kinds the backend's distribution defines
+    (:class:`~opregistry.kinds.Kind`): a key the backend serves may then be
+    one of theirs (a key family of a kind, not a torch dispatch key).
     """
 
     name: str
     keys: tuple[str, ...] = field(converter=lambda ks: tuple(_keys.canonical_key(k) for k in ks))
     device_type: str | None = None
     description: str = ""
+    kinds: tuple[Kind, ...] = field(default=(), converter=tuple, eq=False)
     origin: Origin | None = field(default=None, eq=False, order=False)
 
     def __attrs_post_init__(self) -> None:
-        unknown = [k for k in self.keys if not _keys.is_known_key(k)]
+        families = {kind.family(key) for kind in self.kinds for key in self.keys}
+        unknown = [k for k in self.keys if not _keys.is_known_key(k) and k not in families]
         if unknown:
             raise DeclarationError(
                 f"backend {self.name!r} serves unknown dispatch key(s) {unknown}; "
@@ -656,9 +364,11 @@ def elide(text: str, limit: int | None = TEXT_LIMIT) -> str:
     return f"{text[:head]}{marker}{text[len(text) - tail:]}"
 
 
-#: ``error`` leaves a distribution out; ``warning`` and ``info`` (an op without a
-#: vmap rule, say) are reported and change nothing
-Severity = Literal["error", "warning", "info"]
+
+
+def _default_severity(code: str) -> Severity:
+    found = code_of(code)
+    return found.severity if found is not None else "error"
 
 
 @frozen(kw_only=True)
@@ -673,7 +383,9 @@ class Problem:
     code: str
     message: str
     hint: str = ""
-    severity: Severity = "error"
+    #: the code's default (:data:`~opregistry.problems.CODES`) unless given
+    severity: Severity = field(default=attrs.Factory(
+        lambda self: _default_severity(self.code), takes_self=True))
     culprits: tuple[Origin, ...] = ()
     others: tuple[Origin, ...] = ()
     op: str | None = None
@@ -684,6 +396,28 @@ class Problem:
     #: ``__cause__`` is the original (pluggy's ``PluginValidationError``, the
     #: plugin's ``ImportError``...); ``None`` for rules the resolver checks
     error: BaseException | None = field(default=None, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        code = code_of(self.code)
+        if code is not None and self.severity not in code.severities:
+            raise ValueError(f"problem code {self.code!r} is never a {self.severity!r} "
+                             f"(opregistry.problems: {', '.join(code.severities)})")
+
+    @property
+    def leaves_out(self) -> bool:
+        """Whether the :attr:`culprits` are left out whole (rule 9): the code's table entry.
+
+        A code the core does not know (a registration kind's own) leaves its
+        culprits out when it is an error.
+        """
+        code = code_of(self.code)
+        return code.leaves_out if code is not None else self.severity == "error"
+
+    @property
+    def docs(self) -> str:
+        """The page that explains this problem's code."""
+        code = code_of(self.code)
+        return DOCS_URL + (code.anchor if code is not None else f"{PAGE}/")
 
     def __str__(self) -> str:
         return self.text()
@@ -716,6 +450,7 @@ class Problem:
             "key": self.key,
             "namespace": self.namespace,
             "source": self.source,
+            "docs": self.docs,
         }
 
 

@@ -14,7 +14,8 @@ from typing import Any, Callable, Literal
 
 from attrs import field, frozen
 
-from .keys import KNOWN_TAGS
+from .environment import TorchState
+from .kinds import kernel_fields
 from .model import Backend, Kernel, NativeLibrary, OpDef, Origin, Problem, Skipped, describe_ref
 from .schema import Schema
 
@@ -40,28 +41,19 @@ KernelStatus = Literal["active", "inactive", "unavailable", "overridden", "confl
                        "unreached", "disabled", "native"]
 
 
-@frozen(kw_only=True)
-class TorchState:
-    """What torch's dispatcher holds that opregistry did not put there.
+def _kernel_row(*, op: str, key: str, status: str, kernel: dict[str, Any] | None = None,
+                backend: str | None = None, reason: str = "", override: bool = False,
+                overrides: str | None = None, distribution: str | None = None
+                ) -> dict[str, Any]:
+    """One kernel as listings and JSON show it: the one place its shape is written.
 
-    Built by :func:`opregistry.torch_state.snapshot` when torch is imported;
-    the resolver only reads it.
+    ``kernel`` is :func:`~opregistry.kinds.kernel_fields` of the declaration
+    (its kind, reference and the kind's own fields); a refused kernel has none.
     """
-
-    ops: frozenset[str] = frozenset()
-    namespaces: frozenset[str] = frozenset()
-    has_kernel: Callable[[str, str], bool] = field(default=lambda op, key: False, eq=False)
-    tags: frozenset[str] = KNOWN_TAGS
-
-
-def _kernel_row(*, op: str, key: str, status: str, kernel: str | None = None,
-                setup_context: str | None = None, backend: str | None = None, reason: str = "",
-                override: bool = False, overrides: str | None = None,
-                distribution: str | None = None) -> dict[str, Any]:
-    """One kernel as listings and JSON show it: the one place its shape is written."""
-    return {"op": op, "key": key, "status": status, "kernel": kernel,
-            "setup_context": setup_context, "backend": backend, "reason": reason,
-            "override": override, "overrides": overrides, "distribution": distribution}
+    fields = kernel or {"kind": None, "kernel": None, "setup_context": None}
+    return {"op": op, "key": key, "status": status, **fields, "backend": backend,
+            "reason": reason, "override": override, "overrides": overrides,
+            "distribution": distribution}
 
 
 @frozen(kw_only=True)
@@ -80,15 +72,13 @@ class KernelPlan:
 
     def to_dict(self) -> dict[str, Any]:
         k = self.kernel
-        row = _kernel_row(op=k.op, key=k.key, status=self.status, kernel=describe_ref(k.fn),
-                          setup_context=describe_ref(k.setup_context), backend=self.backend,
-                          reason=self.reason, override=k.override, overrides=self.overrides,
+        row = _kernel_row(op=k.op, key=k.key, status=self.status,
+                          kernel=kernel_fields(k, candidate=self.rank is not None),
+                          backend=self.backend, reason=self.reason, override=k.override,
+                          overrides=self.overrides,
                           distribution=k.origin.dist if k.origin else None)
         if self.rank is not None:
             row["rank"] = self.rank
-            row["predicate"] = describe_ref(k.predicate)
-            row["when"] = k.when.describe() if k.when is not None else None
-            row["priority"] = k.priority
         return row
 
 

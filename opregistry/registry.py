@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from typing import Callable, Iterable, Iterator
 
 import attrs
@@ -26,16 +25,15 @@ from .locked import gate
 from .logs import get_logger
 from .materializer import Materialized, defined_ops, gc_paused
 from .model import Problem, elide
-from .plan import KernelPlan, OpPlan, Plan, TorchState
+from .environment import TorchState, read_environment
+from .plan import KernelPlan, OpPlan, Plan
 from .resolver import resolve
+from .state import process
 
 __all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock"]
 
 log = get_logger()
 
-_lock = threading.RLock()
-_registry: Registry | None = None
-_loading = False
 
 
 def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterable[str] | None,
@@ -62,28 +60,29 @@ def _collect_and_resolve_unpaused(settings: Settings,
     collected = collect(lock_gate.apply(discover(lock_gate.settings)))
     # torch's state is read after the plugins are imported: a plugin may register
     # with torch itself at import (a Library of its own), and the resolver must see it
-    return collected, resolve(collected.declarations, policy=settings.policy,
-                              torch_state=torch_state())
+    decl = collected.declarations
+    return collected, resolve(decl, policy=settings.policy,
+                              environment=read_environment(decl, torch_state()))
 
 
 @contextlib.contextmanager
 def _importing_plugins(caller: str) -> Iterator[None]:
     """Mark the span in which plugins are imported; a plugin calling ``caller`` then is refused.
 
-    Held under ``_lock``.  A plugin that calls :func:`load` or :func:`plan` at
+    Held under the process lock.  A plugin that calls :func:`load` or :func:`plan` at
     import would register from inside the registry's own load.
     """
-    global _loading
-    if _loading:
+    state = process()
+    if state.loading:
         raise ReentrantLoadError(
             f"opregistry.{caller}() was called while opregistry was importing plugins; a plugin "
             f"must not load the registry at import: remove the call (opregistry loads every "
             f"installed op package itself)")
-    _loading = True
+    state.loading = True
     try:
         yield
     finally:
-        _loading = False
+        state.loading = False
 
 
 def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
@@ -103,7 +102,7 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
 
     # plugins are imported here too: one that calls load() at import must meet
     # the same refusal as under load(), not start registering from inside plan()
-    with _lock, _importing_plugins("plan"):
+    with process().lock, _importing_plugins("plan"):
         return _collect_and_resolve(settings, torch_state)[1]
 
 
@@ -165,7 +164,7 @@ class Registry:
         """
         from .materializer import materialize
 
-        with _lock:
+        with process().lock:
             deferred = [s.origin for s in self.plan.skipped if s.deferred]
             if not deferred or any(still_importing(o.value.partition(":")[0])
                                    for o in deferred):
@@ -174,7 +173,7 @@ class Registry:
                 collected, full = _collect_and_resolve(self.settings, _snapshot)
             late = {o.distribution for o in deferred}
             problems = [p for p in full.problems
-                        if p.severity == "error" and {o.distribution for o in p.culprits} & late]
+                        if p.leaves_out and {o.distribution for o in p.culprits} & late]
             settled = {o.distribution for o in self.plan.distributions}
             if not problems and _share(full, settled) != _share(self.plan, settled):
                 problems.append(Problem(
@@ -252,13 +251,13 @@ class Registry:
 
     def unload(self) -> None:
         """Unregister everything this registry registered."""
-        global _registry
-        with _lock:
+        state = process()
+        with state.lock:
             self._materialized.destroy()
             self.loaded = attrs.evolve(self.loaded, ops=())
             self.op_names = frozenset()
-            if _registry is self:
-                _registry = None
+            if state.registry is self:
+                state.registry = None
 
     def __repr__(self) -> str:
         return (f"<opregistry.Registry: {len(self.ops)} ops in {len(self.namespaces)} namespaces, "
@@ -299,12 +298,12 @@ def _part(plan: Plan, distributions: set[str]) -> Plan:
 
 def loading() -> bool:
     """Whether opregistry is importing plugins right now (in :func:`load` or :func:`plan`)."""
-    return _loading
+    return process().loading
 
 
 def get_registry() -> Registry | None:
     """The registry :func:`load` returned, or ``None`` if nothing is loaded."""
-    return _registry
+    return process().registry
 
 
 def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
@@ -325,16 +324,16 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
     A second call returns the registry of the first (the arguments of the
     second are ignored unless ``reload=True``).
     """
-    global _registry
-    with _lock:
-        if _registry is not None and not reload:
-            _registry.complete()
-            return _registry
+    state = process()
+    with state.lock:
+        if state.registry is not None and not reload:
+            state.registry.complete()
+            return state.registry
         with _importing_plugins("load"):
-            if _registry is not None:
-                _registry.unload()
-            _registry = _load(_settings(strict, plugins, block, policy))
-        return _registry
+            if state.registry is not None:
+                state.registry.unload()
+            state.registry = _load(_settings(strict, plugins, block, policy))
+        return state.registry
 
 
 def _load(settings: Settings) -> Registry:

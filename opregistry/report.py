@@ -46,6 +46,7 @@ __all__ = [
     "find_target",
     "list_report",
     "show_report",
+    "steps_of",
     "plugins_report",
     "doctor_report",
     "check_report",
@@ -359,7 +360,19 @@ def _op_details(plan: Plan, op: OpPlan) -> dict[str, Any]:
     return data
 
 
-def show_report(plan: Plan, name: str) -> dict[str, Any]:
+def steps_of(plan: Plan, qualnames: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    """The registration steps (:mod:`opregistry.steps`) of each op in ``qualnames``, in order."""
+    from .steps import plan_steps
+
+    wanted = set(qualnames)
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in wanted}
+    for step in plan_steps(plan).steps:
+        if step.op in wanted:
+            found[step.op].append(step.to_dict())
+    return found
+
+
+def show_report(plan: Plan, name: str, *, steps: bool = False) -> dict[str, Any]:
     """``opregistry show NAME --json``: the op(s) ``name`` designates, in full.
 
     ``ops`` holds one entry per overload ``name`` designates (see
@@ -376,8 +389,12 @@ def show_report(plan: Plan, name: str) -> dict[str, Any]:
     if match.kind != "ops":
         raise LookupError(f"{name!r}: {match.kind}" + (
             f" ({', '.join(match.candidates)})" if match.candidates else ""))
-    return {"format_version": FORMAT_VERSION, "ops": [_op_details(plan, op) for op in match.ops],
-            "external_kernels": []}
+    ops = [_op_details(plan, op) for op in match.ops]
+    if steps:  # ``--steps``: what the materializer will do for each, in order
+        found = steps_of(plan, [op["name"] for op in ops])
+        for op in ops:
+            op["steps"] = found[op["name"]]
+    return {"format_version": FORMAT_VERSION, "ops": ops, "external_kernels": []}
 
 
 # -- plugins -------------------------------------------------------------------------

@@ -5,7 +5,7 @@ conditions (:class:`~opregistry.model.Condition`; see ``docs/op-authors.md``):
 
 * checked once, when the registry is resolved, without importing torch or
   the package named: the torch version (read from its files), Python
-  packages (``importlib.metadata``), the platform (``sys.platform``);
+  packages (``importlib-metadata``), the platform (``sys.platform``);
 * checked per call: the CUDA compute capability of the call's device (read
   on the first call on each device, then cached: CUDA is never initialized
   by opregistry at ``import torch``) and a predicate on the call's arguments.
@@ -23,8 +23,9 @@ from typing import Any, Callable, Sequence
 
 from attrs import frozen
 
+from .conditions import Condition
 from .containment import must_propagate
-from .model import in_range, parse_range
+from .state import process
 
 __all__ = ["chain", "Step", "counted", "observer", "kernel_counts", "KernelCounts",
            "counting_forced", "print_counts_at_exit"]
@@ -38,28 +39,6 @@ class Step:
     predicate: Callable[..., Any] | None = None
     capability: str | None = None
     label: str = ""
-
-
-def _capability_check(spec: str) -> Callable[..., bool]:
-    """Whether the first CUDA tensor's device has a capability in ``spec``; cached per device."""
-    clauses = parse_range(spec, "capability")
-    cache: dict[int, bool] = {}
-
-    def accepts(*args: Any, **kwargs: Any) -> bool:
-        import torch
-
-        for value in (*args, *kwargs.values()):
-            if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-                index = value.device.index if value.device.index is not None else \
-                    torch.cuda.current_device()
-                found = cache.get(index)
-                if found is None:
-                    found = cache[index] = in_range(
-                        torch.cuda.get_device_capability(index), clauses)
-                return found
-        return False
-
-    return accepts
 
 
 def _declined(label: str, qualname: str) -> Callable[[BaseException], bool]:
@@ -100,6 +79,58 @@ def _contained(predicate: Callable[..., Any], label: str, qualname: str) -> Call
     return accepts
 
 
+def _checks(qualname: str, steps: Sequence[Step]
+            ) -> list[tuple[Callable[..., bool] | None, Callable[..., Any]]]:
+    """``(accepts, fn)`` per step, up to the first that accepts every call (``accepts=None``)."""
+    checks: list[tuple[Callable[..., bool] | None, Callable[..., Any]]] = []
+    for step in steps:
+        tests = []
+        if step.capability is not None:
+            tests.append(Condition(capability=step.capability).capability_check())
+        if step.predicate is not None:
+            tests.append(_contained(step.predicate, step.label, qualname))
+        if not tests:
+            checks.append((None, step.fn))
+            break
+        if len(tests) == 1:
+            checks.append((tests[0], step.fn))
+        else:
+            first, second = tests
+            checks.append((lambda *a, _f=first, _s=second, **k: _f(*a, **k) and _s(*a, **k),
+                           step.fn))
+    return checks
+
+
+def _predicate_or_fallback(qualname: str, first: Step, fallback: Callable[..., Any],
+                           keywords: bool) -> Callable[..., Any]:
+    """The common case, a fast kernel with a predicate and a fallback: one predicate call
+    per call, the exception handling inline (free in Python >= 3.11)."""
+    predicate, fast = first.predicate, first.fn
+    declined = _declined(first.label, qualname)
+    assert predicate is not None
+
+    if keywords:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            try:
+                ok = predicate(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+                ok = declined(exc)
+            if ok:
+                return fast(*args, **kwargs)
+            return fallback(*args, **kwargs)
+        return kernel
+
+    def positional(*args: Any) -> Any:
+        try:
+            ok = predicate(*args)
+        except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+            ok = declined(exc)
+        if ok:
+            return fast(*args)
+        return fallback(*args)
+    return positional
+
+
 def chain(qualname: str, key: str, steps: Sequence[Step],
           observe: Callable[[int], None] | None = None, *,
           keywords: bool = True) -> Callable[..., Any]:
@@ -113,67 +144,24 @@ def chain(qualname: str, key: str, steps: Sequence[Step],
     calls its kernels with positional arguments only) spares the common
     case packing and passing an empty ``**kwargs``.
     """
-    checks: list[tuple[Callable[..., bool] | None, Callable[..., Any]]] = []
-    for step in steps:
-        tests = []
-        if step.capability is not None:
-            tests.append(_capability_check(step.capability))
-        if step.predicate is not None:
-            tests.append(_contained(step.predicate, step.label, qualname))
-        if not tests:
-            checks.append((None, step.fn))
-            break
-        if len(tests) == 1:
-            checks.append((tests[0], step.fn))
-        else:
-            first, second = tests
-            checks.append((lambda *a, _f=first, _s=second, **k: _f(*a, **k) and _s(*a, **k),
-                           step.fn))
+    checks = _checks(qualname, steps)
     labels = [s.label for s in steps[:len(checks)]]
-
-    def none_accepts(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            f"{qualname}: no {key} kernel accepts this call; every candidate's condition "
-            f"declined it: {', '.join(labels)}")
-
     if observe is None and len(checks) == 1 and checks[0][0] is None:
         return checks[0][1]
     first = steps[0]
     if (observe is None and len(checks) == 2 and checks[1][0] is None
             and first.capability is None and first.predicate is not None):
-        # the common case, a fast kernel with a predicate and a fallback: one predicate
-        # call per call, the exception handling inline (free in Python >= 3.11)
-        predicate, fast, fallback = first.predicate, first.fn, checks[1][1]
-        declined = _declined(first.label, qualname)
-
-        if keywords:
-            def kernel(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    ok = predicate(*args, **kwargs)
-                except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
-                    ok = declined(exc)
-                if ok:
-                    return fast(*args, **kwargs)
-                return fallback(*args, **kwargs)
-        else:
-            def kernel(*args: Any) -> Any:  # type: ignore[misc]
-                try:
-                    ok = predicate(*args)
-                except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
-                    ok = declined(exc)
-                if ok:
-                    return fast(*args)
-                return fallback(*args)
+        kernel = _predicate_or_fallback(qualname, first, checks[1][1], keywords)
     else:
-        tail = none_accepts
-
         def kernel(*args: Any, **kwargs: Any) -> Any:
             for index, (accepts, fn) in enumerate(checks):
                 if accepts is None or accepts(*args, **kwargs):
                     if observe is not None:
                         observe(index)
                     return fn(*args, **kwargs)
-            return tail(*args, **kwargs)
+            raise NotImplementedError(
+                f"{qualname}: no {key} kernel accepts this call; every candidate's condition "
+                f"declined it: {', '.join(labels)}")
 
     kernel.__qualname__ = kernel.__name__ = f"candidates[{qualname}/{key}]"
     return kernel
@@ -186,24 +174,19 @@ def chain(qualname: str, key: str, steps: Sequence[Step],
 # or a load inside kernel_counts()), each device kernel is registered through a counting
 # wrapper and each chain of candidates reports the one that ran.
 
-#: (op, key, kernel label) -> calls; (op, key) -> calls a candidate after the first served
-_calls: dict[tuple[str, str, str], int] = {}
-_fallbacks: dict[tuple[str, str], int] = {}
-_forced: list[bool] = []
-
-
 def counting_forced() -> bool:
     """Whether a :func:`kernel_counts` block asks the next load to count."""
-    return bool(_forced)
+    return process().counting_blocks > 0
 
 
 def counted(qualname: str, key: str, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, counting its calls under (``qualname``, ``key``, ``label``)."""
     slot = (qualname, key, label)
-    _calls.setdefault(slot, 0)
+    calls = process().calls
+    calls.setdefault(slot, 0)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        _calls[slot] += 1
+        calls[slot] += 1
         return fn(*args, **kwargs)
 
     kernel.__qualname__ = kernel.__name__ = f"counted[{qualname}/{key}]"
@@ -212,16 +195,18 @@ def counted(qualname: str, key: str, label: str, fn: Callable[..., Any]) -> Call
 
 def observer(qualname: str, key: str, labels: Sequence[str]) -> Callable[[int], None]:
     """The ``observe`` of :func:`chain`: counts the candidate that ran, and fallbacks."""
+    state = process()
+    calls, fallbacks = state.calls, state.fallbacks
     slots = [(qualname, key, label) for label in labels]
     for slot in slots:
-        _calls.setdefault(slot, 0)
+        calls.setdefault(slot, 0)
     pair = (qualname, key)
-    _fallbacks.setdefault(pair, 0)
+    fallbacks.setdefault(pair, 0)
 
     def observe(index: int) -> None:
-        _calls[slots[index]] += 1
+        calls[slots[index]] += 1
         if index:
-            _fallbacks[pair] += 1
+            fallbacks[pair] += 1
 
     return observe
 
@@ -242,14 +227,17 @@ class KernelCounts:
         self.rows: list[tuple[str, str, str, int, int]] = []
 
     def _begin(self) -> None:
-        self._start, self._start_fallbacks = dict(_calls), dict(_fallbacks)
+        state = process()
+        self._start, self._start_fallbacks = dict(state.calls), dict(state.fallbacks)
 
     def _end(self) -> None:
-        self.counting = bool(_calls)
+        state = process()
+        self.counting = bool(state.calls)
         self.rows = []
-        for (op, key, label), n in sorted(_calls.items()):
+        for (op, key, label), n in sorted(state.calls.items()):
             calls = n - self._start.get((op, key, label), 0)
-            fallbacks = _fallbacks.get((op, key), 0) - self._start_fallbacks.get((op, key), 0)
+            fallbacks = (state.fallbacks.get((op, key), 0)
+                         - self._start_fallbacks.get((op, key), 0))
             if calls:
                 self.rows.append((op, key, label, calls, fallbacks))
 
@@ -278,13 +266,13 @@ class kernel_counts:  # noqa: N801 - a context manager, used as ``with opregistr
     """
 
     def __enter__(self) -> KernelCounts:
-        _forced.append(True)
+        process().counting_blocks += 1
         self.counts = KernelCounts()
         self.counts._begin()
         return self.counts
 
     def __exit__(self, *exc: object) -> None:
-        _forced.pop()
+        process().counting_blocks -= 1
         self.counts._end()
 
 
@@ -292,9 +280,10 @@ def print_counts_at_exit() -> None:
     """At interpreter exit, the whole run's table on stderr (``OPREGISTRY_KERNEL_COUNTS=1``)."""
     import atexit
 
-    if getattr(print_counts_at_exit, "registered", False):
+    state = process()
+    if state.counts_printed_at_exit:
         return
-    print_counts_at_exit.registered = True  # type: ignore[attr-defined]
+    state.counts_printed_at_exit = True
     whole = KernelCounts()
 
     def report() -> None:

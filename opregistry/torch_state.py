@@ -13,19 +13,23 @@ plugin keeps its own private calls in its ``_torch_private.py``.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
-from .plan import TorchState
+from .environment import TorchState
+from .state import process
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
-           "destroy_library", "library_alive", "device_keyset", "lookup_op",
-           "Watch", "watch_registrations", "library_registrations", "torch_dir",
+           "destroy_library", "undo_library", "library_alive", "device_keyset", "lookup_op",
+           "Watch", "Registration", "Recorder", "recorder", "registering", "watch_registrations",
+           "torch_dir",
            "torch_build", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
-           "fast_dispatch_enabled", "site_recorded"]
+           "fast_dispatch_enabled", "site_recorded", "eager_triton", "functional_tensor_mode",
+           "traceable_tensor_type", "triton_decomposition_disabled"]
 
 
 def registered_ops() -> list[str]:
@@ -100,12 +104,27 @@ def destroy_library(library: Any) -> None:
     when an ``OpOverload`` with it is called after its op was destroyed,
     where the C++ path raises a ``RuntimeError``.
     """
-    if _fast_dispatch:
+    fast = process().fast_dispatch
+    if fast:
         for qualname in getattr(library, "_op_defs", ()):
-            op = _fast_dispatch.pop(qualname, None)
+            op = fast.pop(qualname, None)
             if op is not None:
                 op._enable_pyobj_dispatch(False)
     library._destroy()
+
+
+def undo_library(handle: Any, libraries: Iterable[Any] = ()) -> None:
+    """Unregister what a ``Library`` registered: destroy it, or reset its C++ handle.
+
+    ``handle`` is the C++ library a ``Library`` holds (its ``.m``);
+    ``libraries`` the ``Library`` objects seen using it, if any (a bare
+    ``Library(ns, "DEF")`` is only known by its handle).
+    """
+    library = next((lib for lib in libraries if getattr(lib, "m", None) is handle), None)
+    if library is not None:
+        destroy_library(library)
+    elif handle is not None:
+        handle.reset()
 
 
 def library_alive(library: Any) -> bool:
@@ -121,11 +140,7 @@ def device_keyset(device_type: str) -> Any:
     return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
 
 
-#: ``qualname -> OpOverload`` of the ops opregistry switched to the PyObject dispatch
-_fast_dispatch: dict[str, Any] = {}
-_FAST_DISPATCH: list[bool] = []  # the feature test, computed once
-
-
+@functools.lru_cache(maxsize=1)  # a fact of the imported torch: computed once
 def fast_dispatch_available() -> bool:
     """Whether this torch offers custom ops the "PyObject dispatch" (torch 2.14+, pytorch#187949).
 
@@ -135,23 +150,21 @@ def fast_dispatch_available() -> bool:
     first taking an ``enabled`` parameter.  ``tests/test_fast_dispatch.py``
     fails if torch has the C++ half but the Python half changed shape.
     """
-    if not _FAST_DISPATCH:
-        import inspect
+    import inspect
 
-        import torch
+    import torch
 
-        overload = torch._ops.OpOverload
-        ok = (callable(getattr(torch._C, "_dispatch_make_pyobj_dispatch_fns", None))
-              and callable(getattr(overload, "_is_pyobj_dispatcher_enabled", None))
-              and callable(getattr(overload, "_can_enable_pyobj_dispatch", None))
-              and callable(getattr(overload, "_enable_pyobj_dispatch", None)))
-        if ok:
-            try:
-                ok = "enabled" in inspect.signature(overload._enable_pyobj_dispatch).parameters
-            except (TypeError, ValueError):
-                ok = False
-        _FAST_DISPATCH.append(ok)
-    return _FAST_DISPATCH[0]
+    overload = torch._ops.OpOverload
+    ok = (callable(getattr(torch._C, "_dispatch_make_pyobj_dispatch_fns", None))
+          and callable(getattr(overload, "_is_pyobj_dispatcher_enabled", None))
+          and callable(getattr(overload, "_can_enable_pyobj_dispatch", None))
+          and callable(getattr(overload, "_enable_pyobj_dispatch", None)))
+    if ok:
+        try:
+            ok = "enabled" in inspect.signature(overload._enable_pyobj_dispatch).parameters
+        except (TypeError, ValueError):
+            ok = False
+    return ok
 
 
 def enable_fast_dispatch(qualname: str) -> bool:
@@ -167,7 +180,8 @@ def enable_fast_dispatch(qualname: str) -> bool:
     off before the op goes away.  Never raises: on any error the op keeps
     the C++ path.
     """
-    if qualname in _fast_dispatch:
+    fast = process().fast_dispatch
+    if qualname in fast:
         return True
     if not fast_dispatch_available():
         return False
@@ -180,13 +194,13 @@ def enable_fast_dispatch(qualname: str) -> bool:
             return False
     except Exception:  # noqa: BLE001 - an optimisation: the C++ path stays, correct
         return False
-    _fast_dispatch[op.name()] = op
+    fast[op.name()] = op
     return True
 
 
 def fast_dispatch_enabled() -> frozenset[str]:
     """The ops (``ns::name[.overload]``) opregistry switched to the PyObject dispatch, live."""
-    return frozenset(_fast_dispatch)
+    return frozenset(process().fast_dispatch)
 
 
 def lookup_op(qualname: str) -> Any:
@@ -215,44 +229,65 @@ def torch_dir() -> str:
 
 
 class Watch:
-    """What third-party code registered with torch from Python while it was watched.
+    """What third-party code registered with torch from Python, in one thread, while watched.
 
-    ``libraries`` holds each ``torch.library.Library`` created in the window with
-    the ``file:line`` of the code that caused it -- ``None`` when torch created
-    it while importing one of its own modules (a plugin importing
-    ``torch._inductor``: torch's business, not the plugin's).  ``foreign``
-    holds kernels registered in the window through a ``Library`` created
-    before it, as ``(library, "ns/name.overload/KEY", file:line)``.
+    ``created`` holds each ``torch.library.Library`` created in the window, as
+    ``(handle, namespace, kind, file:line)`` -- the ``file:line`` of the code
+    that caused it, ``None`` when torch created it while importing one of its
+    own modules (a plugin importing ``torch._inductor``: torch's business);
+    ``handle`` is the C++ library the ``Library`` holds (its ``.m``), the
+    registering object.  ``events`` holds every registration made meanwhile,
+    as :class:`Registration` records.  ``natives`` holds the native libraries
+    loaded that registered something: ``(what was loaded, ops it defined,
+    kernels it replaced, file:line)``.
     """
 
     def __init__(self) -> None:
-        self.libraries: list[tuple[Any, str | None]] = []
-        self.foreign: list[tuple[Any, str, str | None]] = []
-        #: native libraries loaded in the window that registered something:
-        #: ``(what was loaded, ops it defined, kernels it replaced, file:line)``
+        self.created: list[tuple[Any, str, str, str | None]] = []
+        self.events: list[Registration] = []
         self.natives: list[tuple[str, frozenset[str], tuple[tuple[str, str, str], ...],
                                  str | None]] = []
 
-
-class _NativeWindow(threading.local):
-    """Per thread: whether a native load is being watched (or planned) already."""
-
-    def __init__(self) -> None:
-        self.active = False
+    def made(self, registration: Registration) -> bool:
+        """Whether ``registration`` went through a ``Library`` created in this window."""
+        return any(registration.handle is handle for handle, *_ in self.created)
 
 
-_native_window = _NativeWindow()
+class Registration(NamedTuple):
+    """One registration a ``Library`` made: which op, which slot, from where, through which library.
+
+    ``slot`` is ``"schema"`` for a definition, the dispatch key for a kernel,
+    ``"Fake"`` for a fake kernel, ``"TorchDispatch[module:Class]"`` for a
+    torch_dispatch rule.  ``site`` is the ``file:line`` of the first frame
+    outside torch (``None``: torch's own import).
+    """
+
+    op: str
+    slot: str
+    site: str | None
+    library: Any
+    handle: Any
+
+
+#: opregistry's own files: a registration torch makes while opregistry calls it (lazily
+#: registering an op opregistry looks up) is not opregistry's caller's
+_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: the standard library's files (functools' dispatch wrappers around torch.library.define):
+#: machinery between torch and the code that called it
+_STDLIB = os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep
 
 
 def _creator(frame: Any, torch_root: str) -> str | None:
     """``file:line`` of the first frame outside torch, or ``None`` if torch's own import made it."""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith(torch_root):
+        if "importlib" in filename or filename.startswith(_OWN):
+            # a torch module registering at its own import, or when opregistry asks for it
+            return None
+        if filename.startswith(torch_root) or (filename.startswith(_STDLIB)
+                                               and "site-packages" not in filename):
             frame = frame.f_back
             continue
-        if "importlib" in filename:  # a torch module registering at its own import
-            return None
         return f"{filename}:{frame.f_lineno}"
     return None
 
@@ -267,105 +302,225 @@ def _importer(frame: Any, torch_root: str) -> str | None:
     return None
 
 
+def _qualname(library: Any, op: Any) -> str:
+    """``ns::name[.overload]`` of what a ``Library`` method was given: a name, or an OpOverload."""
+    if isinstance(op, str):
+        name = op.partition("(")[0].strip()
+        return name if "::" in name else f"{library.ns}::{name}"
+    name = getattr(op, "name", None)
+    return name() if callable(name) else f"{library.ns}::{op!r}"
+
+
+def _class_name(cls: Any) -> str:
+    return f"{getattr(cls, '__module__', '?')}:{getattr(cls, '__qualname__', repr(cls))}"
+
+
+#: Library method -> (the slot it fills, from its arguments); the op is its first argument
+_SLOTS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str]] = {
+    "define": lambda a, k: "schema",
+    "impl": lambda a, k: (a[2] if len(a) > 2 else k.get("dispatch_key", "")) or
+    "CompositeImplicitAutograd",
+    "_register_fake": lambda a, k: "Fake",
+    "_register_torch_dispatch_rule": lambda a, k: "TorchDispatch[" + _class_name(
+        a[1] if len(a) > 1 else k.get("torch_dispatch_class")) + "]",
+    "_impl_with_aoti_compile": lambda a, k: (a[1] if len(a) > 1 else
+                                             k.get("dispatch_key", "")) or "CompositeImplicitAutograd",
+}
+
+
+class Recorder:
+    """Records every registration Python code makes through ``torch.library.Library``.
+
+    Installed once per process (:func:`recorder`), when opregistry first loads
+    or watches: ``Library``'s registration methods and the C++ call behind
+    ``Library(...)`` are wrapped, so that each registration is known by the
+    registering object (the ``Library``, its C++ handle) and the thread that
+    made it -- never by reading another frame's locals.  Each is noted in
+    :attr:`sites` (``(op, slot) -> file:line`` of the code outside torch that
+    made it: how ``list --live`` names the distribution of a package that
+    registers with ``torch.library`` directly) and in the watches open on the
+    registering thread (:func:`watch_registrations`).  Registrations opregistry
+    makes itself (:func:`registering`) and those torch makes while importing
+    its own modules are not noted.
+    """
+
+    def __init__(self) -> None:
+        self.sites: dict[tuple[str, str], str] = {}
+        #: namespace -> Library kind -> file:line of the first DEF / FRAGMENT made outside torch
+        self.namespaces: dict[str, dict[str, str]] = {}
+        self._originals: dict[str, Any] = {}
+        self._root = ""
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._originals)
+
+    def install(self) -> None:
+        import torch
+        import torch.library as torch_library
+
+        if self._originals:
+            return
+        self._root = torch_dir()
+        cls = torch_library.Library
+        self._originals["_dispatch_library"] = original_make = torch._C._dispatch_library
+
+        def recording_make(kind: str, ns: str, *args: Any, **kwargs: Any) -> Any:
+            handle = original_make(kind, ns, *args, **kwargs)
+            self._created(handle, ns, kind, sys._getframe(2))
+            return handle
+
+        torch._C._dispatch_library = recording_make
+        for method in _SLOTS:
+            original = getattr(cls, method, None)
+            if original is not None:
+                self._originals[method] = original
+                setattr(cls, method, self._wrap(method, original))
+
+    def uninstall(self) -> None:
+        import torch
+        import torch.library as torch_library
+
+        make = self._originals.pop("_dispatch_library", None)
+        if make is not None:
+            torch._C._dispatch_library = make
+        for method, original in self._originals.items():
+            setattr(torch_library.Library, method, original)
+        self._originals.clear()
+
+    def _wrap(self, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        slot_of = _SLOTS[method]
+
+        def recording(library: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(library, *args, **kwargs)
+            thread = process().thread
+            if not thread.registering and args:
+                self._note(Registration(_qualname(library, args[0]),
+                                        slot_of(args, kwargs),
+                                        _creator(sys._getframe(1), self._root),
+                                        library, getattr(library, "m", None)), thread)
+            return result
+
+        recording.__wrapped__ = original  # type: ignore[attr-defined]
+        recording.__name__ = recording.__qualname__ = method
+        return recording
+
+    def _created(self, handle: Any, ns: str, kind: str, frame: Any) -> None:
+        thread = process().thread
+        if thread.registering:
+            return
+        site = _creator(frame, self._root)
+        if site is not None and kind != "IMPL":
+            self.namespaces.setdefault(ns, {}).setdefault(kind, site)
+        for watch in thread.watches:
+            watch.created.append((handle, ns, kind, site))
+
+    def _note(self, registration: Registration, thread: Any) -> None:
+        if registration.site is not None:
+            self.sites[(registration.op, registration.slot)] = registration.site
+        for watch in thread.watches:
+            watch.events.append(registration)
+
+
+
+@contextlib.contextmanager
+def registering() -> Iterator[None]:
+    """Registrations opregistry makes itself, on this thread: not noted by the :class:`Recorder`."""
+    thread = process().thread
+    outer, thread.registering = thread.registering, True
+    try:
+        yield
+    finally:
+        thread.registering = outer
+
+
+def recorder() -> Recorder:
+    """The process's :class:`Recorder`, installed (imports torch)."""
+    state = process()
+    if state.recorder is None:
+        state.recorder = Recorder()
+    state.recorder.install()
+    return state.recorder
+
+
 @contextlib.contextmanager
 def watch_registrations() -> Iterator[Watch]:
-    """Record the ``Library`` objects created, and the kernels registered, inside the block.
+    """What the code run inside the block registers with torch, on this thread.
 
-    ``torch._C._dispatch_library`` (what ``Library.__init__`` calls) and
-    ``Library.impl`` are wrapped for the duration (process-wide, so another
-    thread registering meanwhile is recorded too;
-    opregistry's own registrations never happen inside a watched block).
-
-    C++ registrations bypass those, so the two ways Python loads a native
-    library are wrapped too: ``torch.ops.load_library`` and the loader of
-    extension modules (``importlib.machinery.ExtensionFileLoader.create_module``,
-    where the shared library is opened and its ``TORCH_LIBRARY`` blocks run).
-    Around each, the dispatcher's op names are compared (~3 ms) and torch's
-    warnings about replaced kernels captured (:func:`replaced_kernels`); what
-    a library registered lands in ``watch.natives``.  A library an op package
-    declares (:func:`load_native`) is checked by the materializer instead, and
-    a library loaded while another one is being loaded counts as part of it.
+    Python registrations come from the :class:`Recorder` (installed if it was
+    not).  C++ registrations bypass it, so the two ways Python loads a native
+    library are wrapped for the duration too: ``torch.ops.load_library`` and
+    the loader of extension modules
+    (``importlib.machinery.ExtensionFileLoader.create_module``, where the shared
+    library is opened and its ``TORCH_LIBRARY`` blocks run).  Around each, the
+    dispatcher's op names are compared (~3 ms) and torch's warnings about
+    replaced kernels captured (:func:`replaced_kernels`); what a library
+    registered lands in ``watch.natives``.  A library an op package declares
+    (:func:`load_native`) is checked by the materializer instead, and a
+    library loaded while another one is being loaded counts as part of it.
+    A load on another thread is not this block's.
     """
-    import torch
-    import torch.library as torch_library
-
+    recorder()
     watch = Watch()
-    root = torch_dir()
-    cls = torch_library.Library
-    original_make, original_impl = torch._C._dispatch_library, cls.impl
-    created: set[int] = set()
+    thread = process().thread
+    thread.watches.append(watch)
+    try:
+        with _native_loads_watched():
+            yield watch
+    finally:
+        thread.watches.remove(watch)
 
-    def recording_make(*args: Any, **kwargs: Any) -> Any:
-        # called by Library.__init__, which read its caller's frame already:
-        # torch records the real creation site, not this function
-        handle = original_make(*args, **kwargs)
-        init = sys._getframe(1)
-        library = init.f_locals.get("self")
-        if isinstance(library, cls):
-            created.add(id(library))
-            watch.libraries.append((library, _creator(init.f_back, root)))
-        return handle
 
-    def recording_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before = set(getattr(self, "_op_impls", ()))
-        try:
-            return original_impl(self, *args, **kwargs)
-        finally:
-            if id(self) not in created:
-                where = _creator(sys._getframe(1), root)
-                for entry in sorted(set(getattr(self, "_op_impls", ())) - before):
-                    watch.foreign.append((self, entry, where))
+_native_lock = threading.Lock()
+_native_users: list[int] = [0]
 
-    def native(what: str, load: Callable[[], Any]) -> Any:
-        if _native_window.active:  # part of a load watched (or planned) already
-            return load()
-        where = _importer(sys._getframe(2), root)
-        before = frozenset(registered_ops())
-        _native_window.active = True
-        try:
-            with replaced_kernels() as replaced:
-                return load()
-        finally:
-            _native_window.active = False
-            defined = frozenset(registered_ops()) - before
-            if defined or replaced:
-                watch.natives.append((what, defined, tuple(replaced), where))
 
+@contextlib.contextmanager
+def _native_loads_watched() -> Iterator[None]:
+    """Wrap the two ways Python loads a native library while any thread watches."""
+    import torch
     from importlib.machinery import ExtensionFileLoader
 
     ops_class = type(torch.ops)
-    original_load_library = ops_class.load_library
-    original_create = ExtensionFileLoader.create_module
-
-    def recording_load_library(self: Any, path: Any) -> Any:
-        return native(f"the shared library {path}",
-                      lambda: original_load_library(self, path))
-
-    def recording_create(self: Any, spec: Any) -> Any:
-        return native(f"the extension module {spec.name} ({spec.origin})",
-                      lambda: original_create(self, spec))
-
-    torch._C._dispatch_library = recording_make
-    cls.impl = recording_impl  # type: ignore[method-assign]
-    ops_class.load_library = recording_load_library
-    ExtensionFileLoader.create_module = recording_create  # type: ignore[method-assign]
+    with _native_lock:
+        _native_users[0] += 1
+        if _native_users[0] == 1:
+            original_load, original_create = ops_class.load_library, ExtensionFileLoader.create_module
+            ops_class.load_library = lambda self, path: _native_load(
+                f"the shared library {path}", lambda: original_load(self, path))
+            ExtensionFileLoader.create_module = lambda self, spec: _native_load(  # type: ignore
+                f"the extension module {spec.name} ({spec.origin})",
+                lambda: original_create(self, spec))
+            ops_class.load_library.__wrapped__ = original_load
+            ExtensionFileLoader.create_module.__wrapped__ = original_create  # type: ignore
     try:
-        yield watch
+        yield
     finally:
-        torch._C._dispatch_library = original_make
-        cls.impl = original_impl  # type: ignore[method-assign]
-        ops_class.load_library = original_load_library
-        ExtensionFileLoader.create_module = original_create  # type: ignore[method-assign]
+        with _native_lock:
+            _native_users[0] -= 1
+            if _native_users[0] == 0:
+                ops_class.load_library = ops_class.load_library.__wrapped__
+                ExtensionFileLoader.create_module = (  # type: ignore[method-assign]
+                    ExtensionFileLoader.create_module.__wrapped__)  # type: ignore[attr-defined]
 
 
-def library_registrations(library: Any) -> tuple[str, frozenset[str], frozenset[str]]:
-    """``(namespace, ops defined, kernels)`` of a ``Library``.
-
-    Ops as ``ns::name[.overload]``; kernels as ``"ns/name.overload/KEY"``, what
-    ``Library.impl`` records.
-    """
-    return (library.ns, frozenset(getattr(library, "_op_defs", ())),
-            frozenset(getattr(library, "_op_impls", ())))
+def _native_load(what: str, load: Callable[[], Any]) -> Any:
+    """``load()``, noting in this thread's watches what the native library registered."""
+    thread = process().thread
+    if thread.native_load or not thread.watches:  # part of a load watched, or not watched
+        return load()
+    where = _importer(sys._getframe(2), torch_dir())
+    before = frozenset(registered_ops())
+    thread.native_load = True
+    try:
+        with replaced_kernels() as replaced:
+            return load()
+    finally:
+        thread.native_load = False
+        defined = frozenset(registered_ops()) - before
+        if defined or replaced:
+            for watch in thread.watches:
+                watch.natives.append((what, defined, tuple(replaced), where))
 
 
 # -- native libraries (C++ TORCH_LIBRARY blocks) -----------------------------------
@@ -397,7 +552,8 @@ def load_native(module: str | None, path: str | None) -> tuple[tuple[str, str, s
     before = {} if visible else kernel_sites()
     # planned: the materializer compares the whole dispatcher around this load, so a
     # watch around it (guard.run) must not report the library as loaded behind its back
-    outer, _native_window.active = _native_window.active, True
+    thread = process().thread
+    outer, thread.native_load = thread.native_load, True
     try:
         with replaced_kernels() as replaced:
             if module is not None:
@@ -409,7 +565,7 @@ def load_native(module: str | None, path: str | None) -> tuple[tuple[str, str, s
 
                 torch.ops.load_library(path)
     finally:
-        _native_window.active = outer
+        thread.native_load = outer
     if not visible:  # the warnings are hidden: compare every op's kernels (slow, ~0.5 s each)
         replaced.extend((op, key, site) for (op, key), site in sorted(kernel_sites().items())
                         if before.get((op, key), site) != site)
@@ -569,3 +725,47 @@ def definition_site(op: str) -> str | None:
     except RuntimeError:
         return None
     return debug[len("registered at "):] if debug.startswith("registered at ") else debug
+
+
+# -- Triton kernels (torch.library.triton_op semantics) ----------------------------
+
+
+def eager_triton(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called with ``wrap_triton`` switched off: real tensors need no tracing.
+
+    The device kernel of a Triton kernel, and a Triton candidate in a chain of
+    kernel candidates (which, being chosen per call, gets no ``FunctionalTensorMode``
+    rule: ``torch.compile`` keeps such an op whole and uses its fake kernel).
+    """
+    from torch._library.triton import set_wrap_triton_enabled
+
+    def triton_device_kernel(*args: Any, **kwargs: Any) -> Any:
+        with set_wrap_triton_enabled(False):
+            return fn(*args, **kwargs)
+
+    triton_device_kernel.__qualname__ = triton_device_kernel.__name__ = getattr(
+        fn, "__name__", "triton_kernel")
+    return triton_device_kernel
+
+
+def functional_tensor_mode() -> type:
+    """``FunctionalTensorMode``, the mode AOTDispatcher traces under (``torch.compile``)."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return FunctionalTensorMode
+
+
+def traceable_tensor_type(cls: type) -> bool:
+    """Whether a tensor of type ``cls`` can run a Triton kernel's function under tracing."""
+    import torch
+    from torch._subclasses import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return issubclass(cls, FakeTensor) or cls in (torch.Tensor, FunctionalTensor)
+
+
+def triton_decomposition_disabled() -> bool:
+    """Whether ``torch.export`` is tracing, which keeps Triton ops whole."""
+    from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+    return bool(custom_triton_ops_decomposition_disabled())

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import pytest
 
 import opregistry
-from opregistry import registry as _registry
+from opregistry.state import process
 
 BACKENDS = ["opregistry-cpu", "opregistry-cuda", "opregistry-meta", "opregistry-autograd",
             "opregistry-vmap", "opregistry-autocast", "opregistry-torch-dispatch"]
@@ -98,13 +98,14 @@ def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                 "OPREGISTRY_ALLOW_OVERRIDE", "OPREGISTRY_AUTOLOAD", "OPREGISTRY_CONFIG",
                 "OPREGISTRY_LOCK"):
         monkeypatch.delenv(var, raising=False)
-    previous = _registry._registry
-    _registry._registry = None
+    state = process()
+    previous = state.registry
+    state.registry = None
     yield
-    current = _registry._registry
+    current = state.registry
     if current is not None and current is not previous:
         current.unload()
-    _registry._registry = previous
+    state.registry = previous
 
 
 def load(dists: DistFactory, **kwargs: object) -> opregistry.Registry:

@@ -148,3 +148,119 @@ def test_messages_name_no_file_of_the_repository():
                     and id(node) not in docstrings and re.search(r"docs/[\w-]+\.md", node.value)):
                 found.append(f"{name}:{node.lineno}: {node.value[:80]!r}")
     assert not found, "\n".join(found)
+
+
+#: the longest function and class of the core, docstrings not counted (ISSUE: a
+#: function doing several jobs, a class holding several responsibilities, is split)
+FUNCTION_LIMIT, CLASS_LIMIT = 60, 200
+
+
+def _sizes(tree: ast.AST) -> list[tuple[str, int, int]]:
+    """``(kind name, line, size)`` of every function and class: lines of its body, less its docstring."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            start = body[0].lineno
+            if (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                start = body[1].lineno if len(body) > 1 else body[0].end_lineno + 1
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            found.append((f"{kind} {node.name}", node.lineno, node.end_lineno - start + 1))
+    return found
+
+
+def _oversized(tree: ast.AST) -> list[str]:
+    return [f"{name} (line {line}): {size} lines" for name, line, size in _sizes(tree)
+            if size > (CLASS_LIMIT if name.startswith("class") else FUNCTION_LIMIT)]
+
+
+def test_no_function_or_class_of_the_core_is_too_long():
+    """No function over 60 lines, no class over 200, docstrings not counted."""
+    found = [f"{name}: {entry}" for name, path in sorted(_modules().items())
+             for entry in _oversized(ast.parse(path.read_text(), str(path)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_size_check_bites():
+    """A 61-line function and a 201-line class are found; their docstrings do not count."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    assert _oversized(ast.parse(f"def f():\n    '''doc\n    more'''\n{body}\n")) == [
+        "function f (line 1): 61 lines"]
+    assert _oversized(ast.parse(f"def f():\n    '''doc'''\n{body.rsplit(chr(10), 1)[0]}\n")) == []
+    fields = "\n".join(f"    x{i} = {i}" for i in range(201))
+    assert _oversized(ast.parse(f"class C:\n    '''doc'''\n{fields}\n")) == [
+        "class C (line 1): 201 lines"]
+
+
+#: the modules allowed to read torch's private APIs: the core's one, each plugin's own
+PRIVATE_TORCH_ALLOWED = ("torch_state.py", "_torch_private.py")
+
+
+def _private_torch(tree: ast.AST) -> list[str]:
+    """Every use of ``torch._*`` (``torch._C`` included) in ``tree``: imports and attributes."""
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id == "torch"):
+            names = [f"torch.{node.attr}"]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__")
+                                           for p in parts[1:2]):
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_private_torch_only_in_its_modules():
+    """``torch._*`` and ``torch._C`` only in torch_state.py and each plugin's _torch_private.py."""
+    roots = [PACKAGE, ROOT / "plugins"]
+    found = []
+    for root in roots:
+        for path in root.rglob("*.py"):
+            if path.name in PRIVATE_TORCH_ALLOWED or "egg-info" in str(path):
+                continue
+            found += [f"{path.relative_to(ROOT)}: {hit}"
+                      for hit in _private_torch(ast.parse(path.read_text(), str(path)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_private_torch_check_bites():
+    """An attribute, an import and a from-import of torch's internals are each found."""
+    code = ("import torch\nimport torch._dynamo\nfrom torch._C import _dispatch_dump\n"
+            "x = torch._C._dispatch_dump('a')\ny = torch.__version__\nz = torch.library\n")
+    assert _private_torch(ast.parse(code)) == [
+        "line 2: torch._dynamo", "line 3: torch._C", "line 3: torch._C._dispatch_dump",
+        "line 4: torch._C"]
+
+
+def test_one_metadata_library():
+    """The core reads distributions with importlib-metadata only, never the stdlib's copy.
+
+    The two can list different distributions (a backport sees what a newer
+    Python's does not, and the other way round): discovery, the lock and
+    conditions must agree on what is installed.
+    """
+    found = [f"{path.relative_to(ROOT)}: {hit}" for path in PACKAGE.rglob("*.py")
+             for hit in _imports_of(path, "importlib.metadata")]
+    assert not found, "\n".join(found)
+    assert _imports_of(PACKAGE / "discovery.py", "importlib_metadata"), "the check can see one"
+
+
+def _imports_of(path: Path, module: str) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+            hits.append(f"line {node.lineno}")
+        elif isinstance(node, ast.ImportFrom) and (
+                node.module == module or (node.module == "importlib" and module.startswith(
+                    "importlib.") and any(a.name == module.split(".")[1] for a in node.names))):
+            hits.append(f"line {node.lineno}")
+    return hits

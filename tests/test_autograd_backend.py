@@ -216,7 +216,7 @@ def test_backend_refuses_mutable_op_itself(ns: str) -> None:
                            match=rf"cannot register autograd for {ns}::add_ from mut==2\.0: "
                                  r"it mutates or aliases"):
             opregistry_autograd.opregistry_materialize_kernel(
-                library=lib, op=None, kernel=kernel, fn=kernel.fn, setup_context=None)
+                library=lib, op=None, kernel=kernel, payload=kernel.payload)
         # torch.Tag.out exists from torch 2.13; refusal() reads the tag names it is given
         out_tag = (torch.Tag.out,) if hasattr(torch.Tag, "out") else ()
         lib.define("outish(Tensor x, *, Tensor(a!) out) -> Tensor(a!)", tags=out_tag)

@@ -43,7 +43,7 @@ def opregistry_backend_available(backend):
     return True
 
 @hookimpl
-def opregistry_materialize_kernel(library, op, kernel, fn, setup_context):
+def opregistry_materialize_kernel(library, op, kernel, fn):
     registered.append((kernel.op, kernel.key))
     library.impl(kernel.op.split("::", 1)[1], fn, kernel.key)
     return True

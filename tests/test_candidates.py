@@ -13,7 +13,8 @@ import torch
 
 import opregistry
 from opregistry.errors import DeclarationError
-from opregistry.model import Condition, in_range, parse_range
+from opregistry.conditions import Condition, in_range, parse_range
+from opregistry.environment import Environment
 
 from .conftest import load, plan
 
@@ -188,8 +189,13 @@ def test_ranges() -> None:
     assert not in_range("2.15", parse_range(">=2.10,<2.15", "torch"))
     assert in_range((9, 0), parse_range(">=9.0", "capability"))
     assert not in_range((8, 6), parse_range(">=9.0", "capability"))
-    assert Condition(requires="pytest>=1").unmet(None) is None
-    assert "is not <1" in Condition(requires="pytest<1").unmet(None)
+    env = Environment(distributions={"pytest": "8.3.1"}, platform="linux")
+    assert Condition(requires="pytest>=1").unmet(env) is None
+    assert Condition(requires="pytest<1").unmet(env) == "pytest 8.3.1 is not <1"
+    assert Condition(requires="absent-dist").unmet(env) == (
+        "absent-dist is not installed (needs absent-dist)")
+    assert Condition(torch=">=2.8").unmet(env) == "torch is not installed"
+    assert Condition(platform="win32").unmet(env) == "platform linux is not win32"
 
 
 def test_lock_records_candidates_in_order_with_their_conditions(dists, ns) -> None:

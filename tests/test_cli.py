@@ -644,7 +644,7 @@ def test_json_schema_validator_bites():
     assert schema_errors([], schemas["plugins"], types)
     assert schema_errors({"format_version": 1, "summary": {}, "problems": []},
                          schemas["doctor"], types)
-    kernel = {"op": "a::b", "key": "CPU", "status": "active", "kernel": "m:f",
+    kernel = {"op": "a::b", "key": "CPU", "status": "active", "kind": "device", "kernel": "m:f",
               "setup_context": None, "backend": "cpu", "reason": "", "override": False,
               "overrides": None, "distribution": {"name": "a", "version": "1"}}
     assert not schema_errors(kernel, "kernel", types)

@@ -78,7 +78,7 @@ def test_define_records_kernels_by_canonical_key():
                autograd=("m:bw", "m:setup"), vmap="m:vmap")
     keys = {k.key: k for k in lib.opregistry_kernels()}
     assert set(keys) == {"CPU", "CUDA", "Meta", "Autograd", "FuncTorchBatched"}
-    assert keys["Autograd"].setup_context == "m:setup"
+    assert keys["Autograd"].payload.setup_context == "m:setup"
     [ns] = lib.opregistry_namespaces()
     assert (ns.name, ns.kind) == ("recorded", "DEF")
     [op] = lib.opregistry_ops()

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from opregistry.model import resolve_ref
+from opregistry.guard import resolve_ref
 
 from . import per_version
 from .conftest import BACKENDS, load
@@ -391,7 +391,8 @@ def test_int8kit_triton_candidates_and_their_fallback_in_the_plan(int8kit):
     the first call there), the CPU one declines outside Triton's interpreter."""
     assert not int8kit.errors, int8kit.errors
     op = int8kit.op("int8kit::quantize_with_scales")
-    rows = [(k.kernel.key, k.status, k.kernel.fn, bool(k.kernel.triton)) for k in op.kernels
+    rows = [(k.kernel.key, k.status, k.kernel.fn, k.kernel.kind.name == "triton")
+            for k in op.kernels
             if k.kernel.key in ("CPU", "CUDA")]
     triton_ref = "int8kit.triton_quant:quantize_with_scales"
     # candidates first, in the order they are tried; the plain kernel last

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from torch.utils import _pytree as pytree
 
 import opregistry
-from opregistry.model import resolve_ref
+from opregistry.guard import resolve_ref
 
 OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
                  "test_aot_dispatch_dynamic")

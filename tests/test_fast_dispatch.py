@@ -100,8 +100,7 @@ def test_unload_switches_it_off_first(dists: DistFactory, ns: str) -> None:
     unloading switches it off first, so a stale overload raises as on the C++ path."""
     op = _load(dists, ns)
     op(torch.ones(2))
-    opregistry_registry = __import__("opregistry").registry._registry
-    opregistry_registry.unload()
+    __import__("opregistry").get_registry().unload()
     assert f"{ns}::f" not in torch_state.fast_dispatch_enabled()
     if torch_state.fast_dispatch_available():
         assert not op._is_pyobj_dispatcher_enabled()

@@ -203,9 +203,9 @@ def test_unloaded_kernels_are_not_called(bench: Any, dists: DistFactory, ns: str
 
     opregistry.get_registry().unload()
     assert device_kernel(f"{ns}::one", "CPU") is None
-    from opregistry import backend
+    from opregistry.state import process
 
-    assert (f"{ns}::one", "CPU") not in backend._device_kernels  # forgotten, not leaked
+    assert (f"{ns}::one", "CPU") not in process().device_kernels  # forgotten, not leaked
 
 
 # -------------------------------------------------------------------------

@@ -387,7 +387,7 @@ lib.define("add(Tensor x, Tensor y) -> Tensor", triton="KMOD:add")
 """, kernels=TRITON_KERNELS)
     p = plan(dists)
     kernels = {k.kernel.key: k for k in p.op(f"{ns}::add").kernels}
-    assert kernels["CUDA"].kernel.triton and kernels["CUDA"].status == "unavailable" or (
+    assert kernels["CUDA"].kernel.kind.name == "triton" and kernels["CUDA"].status == "unavailable" or (
         torch.cuda.is_available() and kernels["CUDA"].status == "active")
     assert kernels["Meta"].kernel.fn == f"{ns}_kernels:add"  # as triton_op: fn is its own fake
 

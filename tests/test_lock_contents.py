@@ -142,7 +142,7 @@ def test_lock_records_file_digests_of_a_wheel_install(installs, ns, tmp_path):
     """A wheel: every hashed RECORD entry, relative names, RECORD's own sha256 values."""
     package = installs.wheel("cw-wheel", ns)
     data = _lock(installs, tmp_path / "opregistry.lock")
-    assert data["lock_version"] == LOCK_VERSION == 3
+    assert data["lock_version"] == LOCK_VERSION == 4
     entry = data["contents"]["cw-wheel"]
     assert entry["install"] == "wheel"
     assert set(entry["files"]) == {f"{package}/__init__.py", f"{package}/kernels.py",
@@ -321,8 +321,8 @@ def test_locked_mode_checks_the_version(installs, ns, tmp_path, monkeypatch):
                in p.message for p in problems)
 
 
-@pytest.mark.parametrize("text", [None, "{not json", json.dumps({"lock_version": 2}),
-                                  json.dumps({"lock_version": 3})])
+@pytest.mark.parametrize("text", [None, "{not json", json.dumps({"lock_version": 3}),
+                                  json.dumps({"lock_version": 4})])
 def test_locked_mode_with_an_unusable_lock_loads_nothing(installs, ns, tmp_path, monkeypatch,
                                                          text):
     package = installs.wheel("cw-nolock", ns)

@@ -78,7 +78,8 @@ def test_lock_data_records_origins_and_status(dists, ns):
     assert data["namespaces"][ns] == {"owner": d, "fragments": [], "closed": False}
     op = data["ops"][f"{ns}::f"]
     assert op["schema"] == "f(Tensor x) -> Tensor" and op["tags"] == ["pt2_compliant_tag"]
-    assert op["kernels"]["CPU"] == {"kernel": "k:f", "setup_context": None, "distribution": d,
+    assert op["kernels"]["CPU"] == {"kind": "device", "kernel": "k:f", "setup_context": None,
+                                    "distribution": d,
                                     "status": "active", "override": False}
     # CUDA is installed but this machine may lack a GPU: the lock says "active" either way
     assert op["kernels"]["CUDA"]["status"] == "active"

@@ -69,9 +69,9 @@ def test_impl_library_declares_native_kernels():
     lib = OpLibrary("ni_decl", "IMPL", native=NativeLibrary(module="pkg._C"))
     assert lib.impl("other::f", native=["CPU", "cuda"]) is None
     kernels = lib.opregistry_kernels()
-    assert [(k.op, k.key, k.native, k.library) for k in kernels] == [
-        ("other::f", "CPU", True, NativeLibrary(module="pkg._C")),
-        ("other::f", "CUDA", True, NativeLibrary(module="pkg._C"))]
+    assert [(k.op, k.key, k.kind.name, k.payload.library) for k in kernels] == [
+        ("other::f", "CPU", "native", NativeLibrary(module="pkg._C")),
+        ("other::f", "CUDA", "native", NativeLibrary(module="pkg._C"))]
     assert lib.opregistry_namespaces() == []
 
 

@@ -315,7 +315,7 @@ def test_fuzzed_dispatch_keys(key: str) -> None:
 def test_fuzzed_kernel_references(ref: str) -> None:
     """A reference is refused when declared, or resolves to a callable, or fails to import:
     never accepted as something the materializer would register without a callable."""
-    from opregistry.model import resolve_ref
+    from opregistry.guard import resolve_ref
 
     try:
         kernel = Kernel(op="fz::f", key="cpu", fn=ref)

@@ -212,19 +212,57 @@ def test_watch_records_libraries_with_their_creator(ns: str) -> None:
     with torch_state.watch_registrations() as watch:
         lib = torch.library.Library("aten", "IMPL"); line = inspect.currentframe().f_lineno  # noqa: E702
         lib.impl("mul.Tensor", lambda a, b: a.add(b), "CPU")
-    [(recorded, where)] = watch.libraries
-    assert recorded is lib and where == f"{__file__}:{line}"
-    namespace, defined, kernels = torch_state.library_registrations(lib)
-    assert (namespace, defined, kernels) == ("aten", frozenset(), frozenset({"aten/mul.Tensor/CPU"}))
+    [(handle, namespace, kind, where)] = watch.created
+    assert (handle, namespace, kind, where) == (lib.m, "aten", "IMPL", f"{__file__}:{line}")
+    [event] = watch.events
+    assert (event.op, event.slot, event.library, event.handle) == (
+        "aten::mul.Tensor", "CPU", lib, lib.m) and watch.made(event)
+    assert event.site == f"{__file__}:{line + 1}"
     registered_at = torch_state.kernel_registrations("aten::mul.Tensor")["CPU"]
     if per_version.records_registration_sites():
         assert registered_at == f"{__file__}:{line}", "torch records the real creator, not the watch"
     else:  # torch 2.8: no file for a Python registration
         assert registered_at.startswith("/dev/null:") and not torch_state.site_recorded(registered_at)
-    torch_state.destroy_library(lib)
+    torch_state.undo_library(handle, [event.library])
     a = torch.arange(3.0)
     assert torch.equal(torch.mul(a, a), torch.tensor([0.0, 1.0, 4.0]))
-    assert torch._C._dispatch_library is not None and torch.library.Library.impl.__name__ == "impl"
+    # the recorder stays installed; the wrappers keep torch's names
+    assert torch.library.Library.impl.__name__ == "impl"
+
+
+def test_watch_sees_only_its_own_thread(ns: str) -> None:
+    """A registration another thread makes meanwhile is not the watched code's."""
+    import threading
+
+    made = threading.Event()
+
+    def elsewhere() -> None:
+        other = torch.library.Library(ns, "DEF")
+        other.define("g(Tensor x) -> Tensor")
+        made.set()
+        torch_state.destroy_library(other)
+
+    with torch_state.watch_registrations() as watch:
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        mine = torch.library.Library(f"{ns}b", "DEF")
+        mine.define("f(Tensor x) -> Tensor")
+    assert made.is_set()
+    assert [(n, k) for _, n, k, _ in watch.created] == [(f"{ns}b", "DEF")]
+    assert [e.op for e in watch.events] == [f"{ns}b::f"]
+    torch_state.destroy_library(mine)
+
+
+def test_a_bare_def_is_undone_by_its_handle(ns: str) -> None:
+    """A Library that only claims a namespace is known by its C++ handle, and undone by it."""
+    with torch_state.watch_registrations() as watch:
+        claim = torch.library.Library(ns, "DEF")
+    [(handle, namespace, kind, _)] = watch.created
+    assert (handle, namespace, kind, watch.events) == (claim.m, ns, "DEF", [])
+    torch_state.undo_library(handle)
+    again = torch.library.Library(ns, "DEF")  # the namespace is free again
+    torch_state.destroy_library(again)
 
 
 def test_installed_registry_has_no_drift(installed: opregistry.Registry) -> None:

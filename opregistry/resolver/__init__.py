@@ -29,8 +29,9 @@ from typing import Any, Iterable
 import attrs
 
 from ..config import Policy
+from ..environment import Environment, TorchState, read_environment
 from ..model import Declarations, Kernel, OpDef, Origin, Problem, describe_ref
-from ..plan import BackendPlan, Plan, TorchState
+from ..plan import BackendPlan, Plan
 from .backends import check_backends
 from .context import Context
 from .gaps import report_gaps
@@ -43,16 +44,24 @@ __all__ = ["resolve"]
 
 
 def resolve(decl: Declarations, *, policy: Policy | None = None,
-            torch_state: TorchState | None = None) -> Plan:
-    """Apply the resolution rules to ``decl``; never raises for a bad declaration."""
+            torch_state: TorchState | None = None, environment: Environment | None = None
+            ) -> Plan:
+    """Apply the resolution rules to ``decl``; never raises for a bad declaration.
+
+    A pure function of its arguments when ``environment`` is given (the
+    rules read nothing else); without it, the environment is read first
+    (:func:`~opregistry.environment.read_environment`), with ``torch_state``
+    as what torch's dispatcher holds.
+    """
     policy = policy or Policy()
+    env = environment if environment is not None else read_environment(decl, torch_state)
     errors: dict[tuple[str, str], Problem] = {(p.code, p.message): p for p in decl.problems}
     # rule 9: a distribution whose entry point failed before resolution (import
     # error, invalid hooks, installed twice) is left out whole, not just that
     # entry point: its other entry points would register half a package
     excluded: dict[str, Origin] = {}
     for p in decl.problems:
-        if p.severity == "error":
+        if p.leaves_out:
             for o in p.culprits:
                 excluded.setdefault(o.distribution, o)
     # every pass (and the first definer named below) must not depend on the
@@ -65,7 +74,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
     while True:
         _note_excluded_ops(ordered.ops, excluded, excluded_ops)
         ctx = Context(ordered, lambda o: o is None or o.distribution not in excluded,
-                      torch_state, policy, excluded_ops)
+                      env, policy, excluded_ops)
         owners = check_backends(ctx)
         check_natives(ctx)
         namespaces = check_namespaces(ctx)
@@ -74,7 +83,8 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         new = [p for p in ctx.problems if p.severity == "error"]
         for p in new:
             errors.setdefault((p.code, p.message), p)
-        culprits = {o.distribution: o for p in new for o in p.culprits}
+        # rule 9: the culprits of a problem whose code leaves them out (opregistry.problems)
+        culprits = {o.distribution: o for p in new if p.leaves_out for o in p.culprits}
         if not culprits.keys() - excluded.keys():
             break
         excluded.update(culprits)

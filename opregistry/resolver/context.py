@@ -2,8 +2,11 @@
 
 A pass runs the rule modules in order (backends, namespaces, ops, kernels,
 then gaps once at the end) over the declarations of the distributions still
-in.  Each rule reads the context's filtered declarations, the torch state and
-the policy, and appends :class:`~opregistry.model.Problem` records to it.
+in.  Each rule reads the context's filtered declarations, the
+:class:`~opregistry.environment.Environment` (torch's facts, installed
+versions, the dispatcher when torch is imported) and the policy, and appends
+:class:`~opregistry.model.Problem` records to it.  Nothing here reads the
+machine: the environment was read before the resolver ran.
 """
 
 from __future__ import annotations
@@ -11,13 +14,11 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from ..config import Policy
-from ..keys import TorchFacts, installed_torch
+from ..environment import Environment
+from ..keys import RESERVED_NAMESPACES, TorchFacts
 from ..model import Backend, Declarations, Kernel, Namespace, OpDef, Origin, Problem
-from ..plan import TorchState
 
 __all__ = ["Context", "dist_name", "names"]
-
-_UNREAD = object()
 
 
 def dist_name(origin: Origin | None) -> str:
@@ -34,9 +35,11 @@ class Context:
     """One pass of the rules over the declarations of the distributions still in."""
 
     def __init__(self, decl: Declarations, keep: Callable[[Origin | None], bool],
-                 torch: TorchState | None, policy: Policy,
+                 env: Environment, policy: Policy,
                  excluded_ops: dict[str, Origin]) -> None:
-        self.torch = torch
+        self.env = env
+        #: what torch's dispatcher holds, when torch is imported (else ``None``)
+        self.torch = env.dispatcher
         self.policy = policy
         #: op -> the origin of its (left-out) definer, to explain dangling kernels
         self.excluded_ops = excluded_ops
@@ -52,7 +55,6 @@ class Context:
         #: (namespace, distribution) -> the native library whose TORCH_LIBRARY defines its ops
         self.natives = {(n.name, dist_name(n.origin)): n.native
                         for n in self.namespaces if n.native is not None}
-        self._installed: object = _UNREAD
 
     def refuse(self, code: str, message: str, hint: str, culprits: Iterable[Origin | None],
                **kw: Any) -> None:
@@ -68,26 +70,10 @@ class Context:
                                      **kw))
 
     def installed_torch(self) -> TorchFacts | None:
-        """The installed torch's version and tags (read from its files once per pass)."""
-        if self._installed is _UNREAD:
-            self._installed = installed_torch()
-        return self._installed  # type: ignore[return-value]
-
-    def triton_installed(self) -> bool:
-        """Whether the ``triton`` package can be imported (looked up, never imported)."""
-        found = getattr(self, "_triton", None)
-        if found is None:
-            import importlib.util
-
-            try:
-                found = self._triton = importlib.util.find_spec("triton") is not None
-            except (ImportError, ValueError):  # a broken triton install
-                found = self._triton = False
-        return found
+        """The installed torch's version and tags (read from its files), ``None`` without torch."""
+        return self.env.torch
 
     def torch_owns(self, namespace: str) -> bool:
         """Whether ``namespace`` is torch's: reserved, or held by torch's dispatcher now."""
-        from ..keys import RESERVED_NAMESPACES
-
         return namespace in RESERVED_NAMESPACES or (
             self.torch is not None and namespace in self.torch.namespaces)

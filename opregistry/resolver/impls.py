@@ -15,6 +15,7 @@ from collections import defaultdict
 import attrs
 
 from .. import keys as _keys
+from ..kinds import TritonKernel
 from ..model import Backend, Kernel, describe_ref
 from ..plan import KernelPlan, OpPlan
 from .context import Context, dist_name, names
@@ -25,10 +26,26 @@ __all__ = ["check_kernels"]
 def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backend]
                   ) -> tuple[dict[str, OpPlan], tuple[KernelPlan, ...]]:
     """``ops`` with their kernels planned, and the kernels for torch's own ops."""
-    groups: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
-    declared_here = {op.qualname for op in ctx.ops}
     planned: dict[str, list[KernelPlan]] = defaultdict(list)
     _check_switches(ctx)
+    groups = _groups(ctx, ops, planned)
+    _check_composite(ctx, groups, ops)
+    _check_triton(ctx, groups, ops)
+    external: list[KernelPlan] = []
+    for (qualname, key), declared in sorted(groups.items()):
+        _plan_group(ctx, qualname, key, declared, ops.get(qualname), owners,
+                    planned[qualname], external)
+    result = {qualname: attrs.evolve(plan, kernels=_serving(tuple(sorted(
+        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.rank or 0, k.status)))))
+        for qualname, plan in ops.items()}
+    return result, tuple(external)
+
+
+def _groups(ctx: Context, ops: dict[str, OpPlan], planned: dict[str, list[KernelPlan]]
+            ) -> dict[tuple[str, str], list[Kernel]]:
+    """The kernels that may serve, by (op, key): rule 6, the kinds' schema rules, switches."""
+    groups: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
+    declared_here = {op.qualname for op in ctx.ops}
     for k in ctx.kernels:
         if k.op not in ops and k.op in declared_here:
             continue  # its op was refused, and that is reported; dependents next pass
@@ -48,56 +65,61 @@ def check_kernels(ctx: Context, ops: dict[str, OpPlan], owners: dict[str, Backen
                 kernel=k, status="disabled", reason=f"disabled by {switch.source} ({switch.text})"))
             continue
         groups[(k.op, k.key)].append(k)
+    return groups
 
-    _check_composite(ctx, groups, ops)
 
-    _check_triton(ctx, groups, ops)
-    external: list[KernelPlan] = []
-    for (qualname, key), declared in sorted(groups.items()):
-        op_plan = ops.get(qualname)
-        definer = dist_name(op_plan.op.origin) if op_plan else None
-        # candidates with conditions sit in front of the key's one plain kernel (rule 5b)
-        if len(declared) == 1 and not declared[0].conditional:
-            conditioned, group = [], declared  # the common case: one plain kernel
-        else:
-            conditioned = [k for k in declared if k.conditional]
-            group = [k for k in declared if not k.conditional]
-        if not group:
-            planned[qualname].extend(_candidates(ctx, conditioned, None, owners))
-            continue
-        winner, losers = _choose(ctx, qualname, key, group, definer)
-        if winner is None:
-            continue
-        existing = None
-        if op_plan is None and ctx.torch is not None and ctx.torch.has_kernel(qualname, key):
-            if not winner.override:
-                ctx.refuse("kernel-override-undeclared",
-                           f"{winner.origin} registers a {key} kernel for {qualname}, which torch "
-                           f"already implements for {key}",
-                           "declare override=True (and allow it with OPREGISTRY_ALLOW_OVERRIDE) "
-                           "if replacing torch's kernel is intended",
-                           (winner.origin,), op=qualname, key=key, source=winner.source)
-                continue
-            existing = "torch"
-        elif op_plan is None and ctx.torch is None and winner.override:
-            # without torch (``opregistry list``) the dispatcher cannot be asked; the
-            # declaration says it replaces torch's kernel, and listings must show that
-            existing = "torch"
-        backend = owners.get(_keys.family(key))
-        for loser in losers:
-            planned[qualname].append(KernelPlan(kernel=loser, status="overridden",
-                                                backend=backend.name if backend else None))
-        overrides = existing or (names(l.origin for l in losers) if losers else None)
-        entry = _status(ctx, winner, owners, overrides)
-        if conditioned:
-            planned[qualname].extend(_candidates(ctx, conditioned, entry, owners))
-            continue
-        (planned[qualname] if op_plan else external).append(entry)
+def _plan_group(ctx: Context, qualname: str, key: str, declared: list[Kernel],
+                op_plan: OpPlan | None, owners: dict[str, Backend], planned: list[KernelPlan],
+                external: list[KernelPlan]) -> None:
+    """Rule 5 for one (op, key): which kernel serves, what it overrides, its candidates."""
+    definer = dist_name(op_plan.op.origin) if op_plan else None
+    # candidates with conditions sit in front of the key's one plain kernel (rule 5b)
+    if len(declared) == 1 and not declared[0].conditional:
+        conditioned, group = [], declared  # the common case: one plain kernel
+    else:
+        conditioned = [k for k in declared if k.conditional]
+        group = [k for k in declared if not k.conditional]
+    if not group:
+        planned.extend(_candidates(ctx, conditioned, None, owners))
+        return
+    winner, losers = _choose(ctx, qualname, key, group, definer)
+    if winner is None:
+        return
+    existing = _replaces_torch(ctx, op_plan, winner, qualname, key)
+    if existing is False:
+        return
+    backend = owners.get(winner.kind.family(key))
+    for loser in losers:
+        planned.append(KernelPlan(kernel=loser, status="overridden",
+                                  backend=backend.name if backend else None))
+    overrides = existing or (names(l.origin for l in losers) if losers else None)
+    entry = _status(ctx, winner, owners, overrides)
+    if conditioned:
+        planned.extend(_candidates(ctx, conditioned, entry, owners))
+    else:
+        (planned if op_plan else external).append(entry)
 
-    result = {qualname: attrs.evolve(plan, kernels=_serving(tuple(sorted(
-        planned.get(qualname, []), key=lambda k: (k.kernel.key, k.rank or 0, k.status)))))
-        for qualname, plan in ops.items()}
-    return result, tuple(external)
+
+def _replaces_torch(ctx: Context, op_plan: OpPlan | None, winner: Kernel, qualname: str,
+                    key: str) -> str | None | bool:
+    """``"torch"`` when ``winner`` replaces a kernel torch has; ``False`` when that is refused."""
+    if op_plan is not None:
+        return None
+    if ctx.torch is not None and ctx.torch.has_kernel(qualname, key):
+        if winner.override:
+            return "torch"
+        ctx.refuse("kernel-override-undeclared",
+                   f"{winner.origin} registers a {key} kernel for {qualname}, which torch "
+                   f"already implements for {key}",
+                   "declare override=True (and allow it with OPREGISTRY_ALLOW_OVERRIDE) "
+                   "if replacing torch's kernel is intended",
+                   (winner.origin,), op=qualname, key=key, source=winner.source)
+        return False
+    if ctx.torch is None and winner.override:
+        # without torch (``opregistry list``) the dispatcher cannot be asked; the
+        # declaration says it replaces torch's kernel, and listings must show that
+        return "torch"
+    return None
 
 
 #: what a kernel for every device may not share its op with (torch's rules, below)
@@ -215,14 +237,12 @@ def _candidates(ctx: Context, conditioned: list[Kernel], fallback: KernelPlan | 
 
     The plain kernel (``fallback``), if any, comes last: it accepts every call.
     """
-    facts = ctx.installed_torch()
-    version = facts.version if facts is not None else None
     result: list[KernelPlan] = []
     taker: str | None = None  # the first candidate that takes every call
     position = 0
     for k in sorted(conditioned, key=candidate_order):
         plan = _status(ctx, k, owners, None)
-        unmet = k.when.unmet(version) if k.when is not None else None
+        unmet = k.when.unmet(ctx.env) if k.when is not None else None
         ref = describe_ref(k.fn)
         if unmet is not None:
             plan = attrs.evolve(plan, status="unmet", reason=f"condition not met: {unmet}")
@@ -258,33 +278,22 @@ def _candidates(ctx: Context, conditioned: list[Kernel], fallback: KernelPlan | 
 
 
 def _fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
-    """Whether the feature kernel ``k`` suits its op's schema (torch would refuse it otherwise)."""
-    if k.native:
+    """Whether ``k`` suits its op (its kind's schema rule: torch would refuse it otherwise)."""
+    if not k.kind.by_backend:
         return _native_fits(ctx, k, op)
-    if k.key == "Autograd":
-        refusal, what = op.parsed.autograd_refusal(op.op.tags), "autograd"
-        api = "torch.library.register_autograd"
-    elif k.key == "FuncTorchBatched":
-        refusal, what = op.parsed.vmap_refusal(), "a vmap rule"
-        api = "torch.library.register_vmap"
-    elif k.key in _keys.AUTOCAST_KEYS:
-        refusal, what = op.parsed.autocast_refusal(), "an autocast rule"
-        api = "the kernel of torch.library.register_autocast"
-    else:
+    misfit = k.kind.fit(op.parsed, op.op.tags)
+    if misfit is None:
         return True
-    if refusal is None:
-        return True
-    code, why = refusal
-    verdict = "cannot serve such ops" if k.key in _keys.AUTOCAST_KEYS else "refuses such ops"
-    ctx.refuse(code, f"{k.origin} registers {what} for {k.op}, but {why}; {api} {verdict}",
-               _FIXES[code], (k.origin,), op=k.op, key=k.key, source=k.source)
+    ctx.refuse(misfit.code, f"{k.origin} registers {misfit.what} for {k.op}, but {misfit.why}; "
+               f"{misfit.api} {misfit.verdict}", misfit.fix, (k.origin,), op=k.op, key=k.key,
+               source=k.source)
     return False
 
 
 def _native_fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
     """A C++ kernel belongs to an op its own distribution's native library defines,
-    or comes from an IMPL library's native library (``k.library``): any op then."""
-    if k.library is not None:
+    or comes from an IMPL library's native library (``payload.library``): any op then."""
+    if k.payload.library is not None:
         return True  # an IMPL library's: the rules for any other distribution's kernel
     if (op.op.namespace, dist_name(k.origin)) in ctx.natives and \
             dist_name(op.op.origin) == dist_name(k.origin):
@@ -296,18 +305,6 @@ def _native_fits(ctx: Context, k: Kernel, op: OpPlan) -> bool:
                (k.origin,), op=k.op, key=k.key, source=k.source)
     return False
 
-
-_FIXES = {
-    "autograd-on-mutable-op": "define a functional op (no '(a!)' annotations) and register "
-                              "autograd for it",
-    "autograd-no-returns": "return the result (a new tensor), or drop the autograd kernel",
-    "autograd-kwarg-only-tensor": "make the tensor arguments positional",
-    "vmap-kwarg-only-tensor": "make the tensor arguments positional",
-    "autocast-kwarg-only-argument": "make the arguments positional, or drop the autocast rule "
-                                    "and cast inside the kernel",
-    "autocast-on-mutable-op": "cast inside the kernel instead, or register autocast for a "
-                              "functional variant",
-}
 
 #: the mode whose torch_dispatch rule a Triton kernel registers (triton_op semantics)
 FUNCTIONAL_MODE_RULE = _keys.torch_dispatch_key(
@@ -327,7 +324,7 @@ def _check_triton(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
     """
     by_op: dict[str, list[Kernel]] = defaultdict(list)
     for (qualname, _key), group in groups.items():
-        by_op[qualname] += [k for k in group if k.triton]
+        by_op[qualname] += [k for k in group if isinstance(k.payload, TritonKernel)]
     for qualname, tritons in sorted(by_op.items()):
         if not tritons:
             continue
@@ -363,7 +360,7 @@ def _check_triton(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
 
 def _external_allowed(ctx: Context, k: Kernel) -> bool:
     """Rule 6 and the policy for a kernel whose op no distribution defines."""
-    if k.native and ctx.torch_owns(k.namespace):
+    if not k.kind.by_backend and ctx.torch_owns(k.namespace):
         ctx.refuse("native-kernel-foreign",
                    f"{k.origin} declares a C++ {k.key} kernel for {k.op}, an op torch owns; "
                    f"native libraries may add kernels only to ops installed distributions "
@@ -479,25 +476,34 @@ def _status(ctx: Context, k: Kernel, owners: dict[str, Backend], overrides: str 
 
     A C++ kernel is ``native``: its library registers it, not a backend.
     """
-    if k.native:
+    kind = k.kind
+    if not kind.by_backend:
         return KernelPlan(kernel=k, status="native",
                           reason="C++ (TORCH_LIBRARY_IMPL)", overrides=overrides)
-    backend = owners.get(_keys.family(k.key))
+    backend = owners.get(kind.family(k.key))
     if backend is None:
-        return KernelPlan(kernel=k, status="inactive", reason=_keys.provider_hint(k.key),
+        return KernelPlan(kernel=k, status="inactive", reason=kind.provider(k.key),
                           overrides=overrides)
-    if k.triton and ctx.available.get(backend.name, True) and not ctx.triton_installed():
-        ctx.warn("triton-missing",
-                 f"{k.origin} declares a Triton kernel ({describe_ref(k.fn)}) for {k.op} on "
-                 f"{k.key}, but the triton package is not installed; the kernel is inactive",
-                 f"pip install triton (the version your torch requires: "
-                 f"`pip show torch` lists it on a CUDA build)", op=k.op, key=k.key,
-                 source=k.source, others=(k.origin,) if k.origin else ())
+    available = ctx.available.get(backend.name, True)
+    missing = [m for m in kind.requires if not ctx.env.importable(m)] if available else []
+    if missing:
+        _warn_missing(ctx, k, missing)
         return KernelPlan(kernel=k, status="inactive", backend=backend.name,
-                          reason="requires the triton package: pip install triton",
+                          reason=f"requires the {missing[0]} package: pip install {missing[0]}",
                           overrides=overrides)
-    if not ctx.available.get(backend.name, True):
+    if not available:
         return KernelPlan(kernel=k, status="unavailable", backend=backend.name,
                           reason=f"backend {backend.name} is installed but not available on "
                                  f"this machine", overrides=overrides)
     return KernelPlan(kernel=k, status="active", backend=backend.name, overrides=overrides)
+
+
+def _warn_missing(ctx: Context, k: Kernel, missing: list[str]) -> None:
+    """A kind's required package is not installed: the kernel is inactive (a warning)."""
+    package = missing[0]
+    ctx.warn(f"{package}-missing",
+             f"{k.origin} declares a {k.kind.name} kernel ({describe_ref(k.fn)}) for {k.op} "
+             f"on {k.key}, but the {package} package is not installed; the kernel is inactive",
+             f"pip install {package} (the version your torch requires: "
+             f"`pip show torch` lists it on a CUDA build)", op=k.op, key=k.key,
+             source=k.source, others=(k.origin,) if k.origin else ())

@@ -26,11 +26,9 @@ with the schemas and (op, key) pairs it must register.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from typing import Iterable
 
-from ..keys import installed_torch_build
+from ..kinds import NativeKernel
 from ..model import Kernel, NativeLibrary, Origin
 from ..plan import NamespacePlan, NativePlan, OpPlan
 from .context import Context, dist_name
@@ -43,20 +41,9 @@ def _release(version: str) -> str:
     return version.partition("+")[0]
 
 
-def _missing(library: NativeLibrary) -> str | None:
-    """Why ``library`` cannot be found without loading it, or ``None``."""
-    if library.path is not None:
-        return None if os.path.isfile(library.path) else f"the file {library.path} does not exist"
-    try:
-        found = importlib.util.find_spec(library.module)  # type: ignore[arg-type]
-    except (ImportError, ValueError) as exc:
-        return f"module {library.module} cannot be found ({exc})"
-    return None if found is not None else f"module {library.module} does not exist"
-
-
 def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespace: str,
             source: str | None) -> None:
-    missing = _missing(library)
+    missing = ctx.env.natives.get(library.target)
     if missing is not None:
         ctx.refuse("native-library-missing",
                    f"{origin} declares the native library of namespace {namespace!r}, but "
@@ -65,7 +52,7 @@ def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespa
                    f"with OPREGISTRY_BLOCK={dist_name(origin)}",
                    (origin,), namespace=namespace, source=source)
         return
-    installed = installed_torch_build()
+    installed = ctx.env.torch_build
     if installed is None:
         return  # no torch installed: nothing can load, and the resolver says so elsewhere
     why = library.mismatch(*installed)
@@ -81,12 +68,18 @@ def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespa
                    (origin,), namespace=namespace, source=source)
 
 
+def _impl_library(k: Kernel) -> NativeLibrary | None:
+    """The IMPL library of a C++ kernel declared by ``impl(op, native=[...])``, else ``None``."""
+    return k.payload.library if isinstance(k.payload, NativeKernel) else None
+
+
 def _impl_libraries(kernels: Iterable[Kernel]) -> dict[tuple[str, NativeLibrary], list[Kernel]]:
     """The C++ kernels of IMPL libraries, by (distribution, library), in declaration order."""
     found: dict[tuple[str, NativeLibrary], list[Kernel]] = {}
     for k in kernels:
-        if k.library is not None:
-            found.setdefault((dist_name(k.origin), k.library), []).append(k)
+        library = _impl_library(k)
+        if library is not None:
+            found.setdefault((dist_name(k.origin), library), []).append(k)
     return found
 
 
@@ -110,7 +103,8 @@ def check_native_impls(ctx: Context, ops: dict[str, OpPlan]) -> None:
     loaded, and its distribution is left out, before torch sees either.
     """
     for k in ctx.kernels:
-        if k.library is None or k.op not in ops:
+        library = _impl_library(k)
+        if library is None or k.op not in ops:
             continue
         planned = next((p for p in ops[k.op].kernels if p.kernel is k), None)
         if planned is None or planned.status == "native":
@@ -118,7 +112,7 @@ def check_native_impls(ctx: Context, ops: dict[str, OpPlan]) -> None:
         why = planned.reason or planned.status
         ctx.refuse("native-kernel-displaced",
                    f"{k.origin} declares a C++ {k.key} kernel for {k.op} (native library "
-                   f"{k.library.target}), but it would not serve ({planned.status}: {why}); "
+                   f"{library.target}), but it would not serve ({planned.status}: {why}); "
                    f"loading the library would register it all the same, so it is not loaded",
                    f"drop the kernel that overrides it (or the switch), or block "
                    f"{dist_name(k.origin)} (OPREGISTRY_BLOCK={dist_name(k.origin)})",
@@ -142,7 +136,8 @@ def plan_natives(ctx: Context, namespaces: dict[str, NamespacePlan],
             namespace=ns.name, kind=ns.kind, library=ns.native, origin=ns.origin,
             ops=tuple(sorted((op.op.qualname, f"{ns.name}::{op.op.full_schema}") for op in own)),
             keys=tuple(sorted((k.kernel.op, k.kernel.key) for op in own for k in op.kernels
-                              if k.kernel.native and k.kernel.library is None
+                              if isinstance(k.kernel.payload, NativeKernel)
+                              and k.kernel.payload.library is None
                               and k.status == "native"))))
     for (dist, library), kernels in _impl_libraries(ctx.kernels).items():
         keys = {(k.op, k.key) for k in kernels

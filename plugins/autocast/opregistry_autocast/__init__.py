@@ -27,10 +27,12 @@ def opregistry_backends() -> list[Backend]:
 
 
 @hookimpl
-def opregistry_materialize_kernel(library: Any, op: OpDef | None, kernel: Kernel, fn: Any) -> bool:
+def opregistry_materialize_kernel(library: Any, op: OpDef | None, kernel: Kernel,
+                                  payload: Any) -> bool:
     # imported here: ``opregistry list`` loads this plugin without torch
     from ._torch_private import register_autocast_rule
 
-    # ``fn`` is the torch.dtype (the declaration's "torch:bfloat16", imported)
-    register_autocast_rule(library, kernel.op, kernel.key, AUTOCAST_KEYS[kernel.key], fn)
+    # ``payload.dtype`` is the torch.dtype (the declaration's "torch:bfloat16", imported)
+    register_autocast_rule(library, kernel.op, kernel.key, AUTOCAST_KEYS[kernel.key],
+                           payload.dtype)
     return True

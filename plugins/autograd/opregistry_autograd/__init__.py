@@ -9,7 +9,7 @@ almost nothing when no input requires grad.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from opregistry import Backend, Kernel, MaterializationError, OpDef, hookimpl
 from opregistry.backend import device_kernel, enable_fast_dispatch, op_name
@@ -51,8 +51,7 @@ def refusal(schema: Any, tags: Iterable[str] = ()) -> str | None:
 
 @hookimpl
 def opregistry_materialize_kernel(
-    library: Any, op: OpDef | None, kernel: Kernel, fn: Callable[..., Any],
-    setup_context: Callable[..., Any] | None,
+    library: Any, op: OpDef | None, kernel: Kernel, payload: Any,
 ) -> bool:
     from ._torch_private import lookup_op, op_handle
     from .kernel import make_autograd_kernel
@@ -68,7 +67,7 @@ def opregistry_materialize_kernel(
             f"Define a functional op (no '(a!)' annotations, returns a new tensor) and "
             f"register autograd for that one",
             origin=kernel.origin, op=kernel.op, key=kernel.key)
-    autograd_kernel = make_autograd_kernel(kernel.op, fn, setup_context, device_kernel, handle,
-                                           enable_fast=enable_fast_dispatch)
+    autograd_kernel = make_autograd_kernel(kernel.op, payload.backward, payload.setup_context,
+                                           device_kernel, handle, enable_fast=enable_fast_dispatch)
     library.impl(op_name(kernel), autograd_kernel, "Autograd", with_keyset=True)
     return True

@@ -8,7 +8,7 @@ sizes use ``torch.library.get_ctx().new_dynamic_size()``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from opregistry import Backend, Kernel, OpDef, hookimpl
 from opregistry.model import source_of
@@ -23,8 +23,9 @@ def opregistry_backends() -> list[Backend]:
 
 @hookimpl
 def opregistry_materialize_kernel(
-    library: Any, op: OpDef | None, kernel: Kernel, fn: Callable[..., Any]
+    library: Any, op: OpDef | None, kernel: Kernel, payload: Any
 ) -> bool:
+    fn = payload.fn
     if op is None:
         # an op opregistry did not define (maybe in C++): torch's public path,
         # with its check of the C++ ``set_python_module`` stub

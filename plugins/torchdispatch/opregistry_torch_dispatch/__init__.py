@@ -8,7 +8,7 @@ Tensor subclass, without touching the class or the op.  Its key is
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from opregistry import Backend, Kernel, MaterializationError, OpDef, hookimpl
 from opregistry.keys import TORCH_DISPATCH
@@ -28,17 +28,18 @@ def opregistry_backends() -> list[Backend]:
 
 @hookimpl
 def opregistry_materialize_kernel(library: Any, op: OpDef | None, kernel: Kernel,
-                                  fn: Callable[..., Any], dispatch_class: type) -> bool:
+                                  payload: Any) -> bool:
     import torch.library
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    fn, dispatch_class = payload.fn, payload.cls
     if not isinstance(dispatch_class, type) or not (
             issubclass(dispatch_class, TorchDispatchMode)
             or (issubclass(dispatch_class, torch.Tensor)
                 and "__torch_dispatch__" in _attributes(dispatch_class))):
         raise MaterializationError(
             f"torch_dispatch rule for {kernel.op} from {kernel.origin}: "
-            f"{kernel.dispatch_class!r} is neither a TorchDispatchMode nor a Tensor subclass "
+            f"{kernel.payload.cls!r} is neither a TorchDispatchMode nor a Tensor subclass "
             f"with __torch_dispatch__", origin=kernel.origin, op=kernel.op, key=kernel.key)
     torch.library.register_torch_dispatch(kernel.op, dispatch_class, fn, lib=library)
     return True

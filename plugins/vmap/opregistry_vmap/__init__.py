@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from opregistry import Backend, Kernel, OpDef, hookimpl
 
@@ -16,8 +16,9 @@ def opregistry_backends() -> list[Backend]:
 
 @hookimpl
 def opregistry_materialize_kernel(
-    library: Any, op: OpDef | None, kernel: Kernel, fn: Callable[..., Any]
+    library: Any, op: OpDef | None, kernel: Kernel, payload: Any
 ) -> bool:
+    fn = payload.fn
     if op is None:
         # an op opregistry did not define: torch's public path, with its checks
         import torch.library

@@ -1,0 +1,128 @@
+"""What the resolver knows of this machine: one record, read before it runs.
+
+The resolver is a pure function of the declarations, the policy and an
+:class:`Environment`: the installed torch (version, tags, build, read from
+its files without importing it), the installed versions of the
+distributions conditions name, which modules kernels of some kinds need
+(``triton``), which native libraries can be found, the platform, and --
+when torch is imported -- what its dispatcher holds (:class:`TorchState`).
+:func:`read_environment` builds it (the only I/O); resolver tests build the
+record by hand.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Iterable, Mapping
+
+from attrs import field, frozen
+
+from .config import canonical_name
+from .keys import KNOWN_TAGS, TorchFacts, installed_torch, installed_torch_build
+from .references import NativeLibrary
+
+__all__ = ["TorchState", "Environment", "read_environment", "native_missing"]
+
+
+@frozen(kw_only=True)
+class TorchState:
+    """What torch's dispatcher holds that opregistry did not put there.
+
+    Built by :func:`opregistry.torch_state.snapshot` when torch is imported;
+    the resolver only reads it.
+    """
+
+    ops: frozenset[str] = frozenset()
+    namespaces: frozenset[str] = frozenset()
+    has_kernel: Callable[[str, str], bool] = field(default=lambda op, key: False, eq=False)
+    tags: frozenset[str] = KNOWN_TAGS
+
+
+@frozen(kw_only=True)
+class Environment:
+    """The facts of this machine the resolution rules read.
+
+    ``distributions`` maps canonical names to installed versions, for the
+    names the declarations' conditions mention (others are not looked up);
+    ``modules`` says which of the top-level modules kinds require can be
+    imported; ``natives`` says, per native library target, why it cannot be
+    found (absent: it can).
+    """
+
+    torch: TorchFacts | None = None
+    torch_build: tuple[str, str | None] | None = None
+    distributions: Mapping[str, str] = field(factory=dict)
+    modules: Mapping[str, bool] = field(factory=dict)
+    natives: Mapping[str, str] = field(factory=dict)
+    platform: str = sys.platform
+    dispatcher: TorchState | None = None
+
+    @property
+    def torch_version(self) -> str | None:
+        """The installed torch's release (``"2.13.0"``), or ``None`` without torch."""
+        return self.torch.version if self.torch is not None else None
+
+    def version_of(self, name: str) -> str | None:
+        """The installed version of the distribution ``name``, or ``None``."""
+        return self.distributions.get(canonical_name(name))
+
+    def importable(self, module: str) -> bool:
+        """Whether the top-level ``module`` can be imported (as read; unknown: yes)."""
+        return self.modules.get(module, True)
+
+
+def native_missing(library: NativeLibrary) -> str | None:
+    """Why ``library`` cannot be found without loading it, or ``None``."""
+    import importlib.util
+    import os
+
+    if library.path is not None:
+        return None if os.path.isfile(library.path) else f"the file {library.path} does not exist"
+    try:
+        found = importlib.util.find_spec(library.module)  # type: ignore[arg-type]
+    except (ImportError, ValueError) as exc:
+        return f"module {library.module} cannot be found ({exc})"
+    return None if found is not None else f"module {library.module} does not exist"
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install
+        return False
+
+
+def _versions(names: Iterable[str]) -> dict[str, str]:
+    import importlib_metadata
+
+    found = {}
+    for name in set(names):
+        try:
+            found[canonical_name(name)] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def read_environment(decl: Any, dispatcher: TorchState | None = None) -> Environment:
+    """The :class:`Environment` for resolving ``decl`` (:class:`~opregistry.model.Declarations`).
+
+    Reads only what the declarations can ask about: the distributions their
+    conditions name, the modules their kinds require, their native libraries.
+    """
+    names = [name for k in decl.kernels if k.when is not None for name in k.when.distributions]
+    modules = {m for k in decl.kernels for m in k.payload.kind.requires}
+    libraries = [ns.native for ns in decl.namespaces if ns.native is not None]
+    libraries += [k.payload.library for k in decl.kernels
+                  if getattr(k.payload, "library", None) is not None]
+    natives = {}
+    for library in libraries:
+        why = native_missing(library)
+        if why is not None:
+            natives[library.target] = why
+    return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
+                       distributions=_versions(names),
+                       modules={m: _importable(m) for m in sorted(modules)},
+                       natives=natives, dispatcher=dispatcher)

@@ -1,0 +1,97 @@
+"""Process state: everything opregistry keeps for the life of a process, in one owner.
+
+opregistry registers with torch, which is process-wide: what it registered,
+the registry that did it and the tables its kernels read at call time live
+as long as those registrations.  They are held by one :class:`ProcessState`,
+:func:`process`, rather than by module-level tables scattered over the
+modules that fill them, so that their lifetime is visible and a test can
+end it:
+
+* created empty when opregistry is imported;
+* filled by :func:`opregistry.load` (at ``import torch``): the registry, the
+  ops defined, the device kernels and Triton kernels registered, ops on the
+  fast dispatch path;
+* emptied of what a registry registered by :meth:`opregistry.Registry.unload`
+  (and ``load(reload=True)``, which unloads first);
+* replaced whole by :func:`reset` -- for tests, after every registry is
+  unloaded: torch's dispatcher is not reset with it.
+
+Where a table indexes torch objects (``Library`` objects, ``OpOverload``
+packets), it holds them weakly or is keyed by a name torch owns, so that a
+destroyed ``Library`` does not stay alive through opregistry.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable
+
+__all__ = ["ProcessState", "process", "reset"]
+
+
+class _PerThread(threading.local):
+    """Flags that belong to one thread: a native load being watched, a watch in progress."""
+
+    def __init__(self) -> None:
+        self.native_load = False
+        #: open registration watches (opregistry.torch_state.watch_registrations)
+        self.watches: list[Any] = []
+        #: opregistry itself is registering (its own registrations are not recorded)
+        self.registering = False
+
+
+class ProcessState:
+    """The one owner of opregistry's process-wide state (see the module docstring)."""
+
+    def __init__(self) -> None:
+        #: serializes load / unload / plan; re-entrant (a load completes deferred plugins)
+        self.lock = threading.RLock()
+        #: the registry :func:`opregistry.load` returned, ``None`` before or after unload
+        self.registry: Any = None
+        #: whether plugins are being imported (a plugin calling load() then is refused)
+        self.loading = False
+        #: ops defined through opregistry by a live registry (``ns::name[.overload]``)
+        self.defined: set[str] = set()
+        #: ``(qualname, key) -> (weak Library, fn)``: device kernels DeviceBackends registered
+        self.device_kernels: dict[tuple[str, str], tuple[weakref.ref, Callable[..., Any]]] = {}
+        #: ``Library -> {qualname: {device type: fn}}``: Triton kernels per library and op
+        self.triton_kernels: weakref.WeakKeyDictionary[Any, dict[str, dict[str, Any]]] = (
+            weakref.WeakKeyDictionary())
+        #: ``qualname -> OpOverload`` of the ops switched to torch's PyObject dispatch
+        self.fast_dispatch: dict[str, Any] = {}
+        #: kernel counts: (op, key, label) -> calls; (op, key) -> calls a later candidate served
+        self.calls: dict[tuple[str, str, str], int] = {}
+        self.fallbacks: dict[tuple[str, str], int] = {}
+        #: open ``kernel_counts()`` blocks (the next load registers counting while > 0)
+        self.counting_blocks = 0
+        self.counts_printed_at_exit = False
+        #: a real SIGINT arrived while third-party code ran (opregistry.containment)
+        self.interrupted = threading.Event()
+        self.interrupt_depth = 0
+        self.interrupt_lock = threading.Lock()
+        #: per-thread flags (opregistry.torch_state's registration watch)
+        self.thread = _PerThread()
+        #: the wrapper of torch.library.Library's registration methods (installed once,
+        #: when opregistry first loads or watches; opregistry.torch_state.Recorder)
+        self.recorder: Any = None
+
+
+_state = ProcessState()
+
+
+def process() -> ProcessState:
+    """The process's :class:`ProcessState`."""
+    return _state
+
+
+def reset() -> ProcessState:
+    """Replace the process state by an empty one, for tests; the registry must be unloaded."""
+    global _state
+    if _state.registry is not None:
+        raise RuntimeError("opregistry.state.reset(): unload the registry first "
+                           "(opregistry.get_registry().unload())")
+    if _state.recorder is not None:
+        _state.recorder.uninstall()
+    _state = ProcessState()
+    return _state

@@ -56,6 +56,9 @@ class Environment:
     natives: Mapping[str, str] = field(factory=dict)
     platform: str = sys.platform
     dispatcher: TorchState | None = None
+    #: what installed distributions that do not use opregistry register with torch, read
+    #: from their files (:func:`opregistry.scan.scan_installed`); ``None``: not read
+    foreign: Any = field(default=None, eq=False)
 
     @property
     def torch_version(self) -> str | None:
@@ -106,11 +109,15 @@ def _versions(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def read_environment(decl: Any, dispatcher: TorchState | None = None) -> Environment:
+def read_environment(decl: Any, dispatcher: TorchState | None = None,
+                     foreign: Any = None) -> Environment:
     """The :class:`Environment` for resolving ``decl`` (:class:`~opregistry.model.Declarations`).
 
     Reads only what the declarations can ask about: the distributions their
     conditions name, the modules their kinds require, their native libraries.
+    ``foreign`` is the scan of the packages that register with torch.library
+    directly (:func:`opregistry.scan.scan_installed`), read apart: what it depends on is the
+    set of installed files, not the declarations.
     """
     names = [name for k in decl.kernels if k.when is not None for name in k.when.distributions]
     modules = {m for k in decl.kernels for m in k.payload.kind.requires}
@@ -125,4 +132,5 @@ def read_environment(decl: Any, dispatcher: TorchState | None = None) -> Environ
     return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
                        distributions=_versions(names),
                        modules={m: _importable(m) for m in sorted(modules)},
-                       natives=natives, dispatcher=dispatcher)
+                       natives=natives, dispatcher=dispatcher, foreign=foreign)
+

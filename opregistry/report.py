@@ -102,6 +102,9 @@ def _overrides(plan: Plan, k: KernelPlan) -> dict[str, Any] | None:
     replaced = _replaced(plan, k)
     if replaced:
         return distribution(replaced[0])
+    if k.overrides != "torch":  # a package's kernel (an op it defines with torch.library)
+        name, _, version = k.overrides.partition("==")
+        return {"name": name, "version": version or None}
     from .lockfile import torch_version  # metadata only: torch is not imported
 
     return {"name": "torch", "version": torch_version()}

@@ -23,7 +23,7 @@ from .environment import TorchState
 from .state import process
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
-           "destroy_library", "undo_library", "library_alive", "device_keyset", "lookup_op",
+           "destroy_library", "new_library", "undo_library", "library_alive", "device_keyset", "lookup_op",
            "Watch", "Registration", "Recorder", "recorder", "registering", "watch_registrations",
            "torch_dir",
            "torch_build", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
@@ -111,6 +111,28 @@ def destroy_library(library: Any) -> None:
             if op is not None:
                 op._enable_pyobj_dispatch(False)
     library._destroy()
+
+
+def new_library(namespace: str, kind: str, site: str | None = None) -> Any:
+    """A ``torch.library.Library`` whose registrations torch records at ``site`` (``file:line``).
+
+    ``Library.__init__`` records the ``file:line`` of its caller, and torch
+    names it in its own messages ("registered multiple times ... Original
+    registration: registered at ..."), in ``_dispatch_dump`` and in kernel
+    replacement warnings.  Created from a one-line code object compiled with
+    the op package's file name and line, the library is recorded at the
+    declaration that asked for it, not inside opregistry; without a usable
+    ``site``, at the caller.
+    """
+    from torch.library import Library
+
+    filename, _, line = (site or "").rpartition(":")
+    if not filename or not line.isdigit() or int(line) < 1:
+        return Library(namespace, kind)
+    code = compile("\n" * (int(line) - 1) + "library = Library(namespace, kind)", filename, "exec")
+    scope = {"Library": Library, "namespace": namespace, "kind": kind}
+    exec(code, scope)  # noqa: S102 - our own one line, compiled above
+    return scope["library"]
 
 
 def undo_library(handle: Any, libraries: Iterable[Any] = ()) -> None:

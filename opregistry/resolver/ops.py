@@ -10,6 +10,7 @@ from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
 from ..schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
 from .context import Context, dist_name, names
+from .foreign import owner_text
 
 __all__ = ["check_ops", "name_refusal"]
 
@@ -64,6 +65,15 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"{op.origin} defines {op.qualname}, which torch already has "
                    f"(registered outside opregistry)",
                    "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
+        return None
+    held = ctx.foreign.ops.get(op.qualname)
+    if held is not None:
+        ctx.refuse("op-held-by-package",
+                   f"{op.origin} defines {op.qualname}, which {owner_text(held)} defines at its "
+                   f"import with torch.library: torch would refuse the second definition, "
+                   f"crashing whichever is imported last",
+                   "rename the op or its overload (a FRAGMENT may add ops of new names)",
+                   (op.origin,), op=op.qualname, source=where)
         return None
     return schema
 

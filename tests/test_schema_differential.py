@@ -44,14 +44,15 @@ def _corpus() -> list[str]:
     return [_without_namespace(str(s)) for s in torch._C._jit_get_all_schemas()]
 
 
-def torch_verdicts(texts: list[str], prefix: str) -> list[str | None]:
+def torch_verdicts(texts: list[str], prefix: str, tags: tuple[str, ...] = ()
+                   ) -> list[str | None]:
     """``None`` where ``Library.define`` takes the text, else its error's first line."""
     verdicts: list[str | None] = []
     for i, text in enumerate(texts):
         ns = f"{prefix}{i}"
         lib = torch.library.Library(ns, "FRAGMENT")
         try:
-            lib.define(text.replace("{ns}", ns))
+            lib.define(text.replace("{ns}", ns), tags=tuple(getattr(torch.Tag, t) for t in tags))
             verdicts.append(None)
             # torch's Python side records "ns::ns::f" for a schema that names its namespace,
             # and then cannot destroy the library (opregistry never passes one to torch)
@@ -63,7 +64,8 @@ def torch_verdicts(texts: list[str], prefix: str) -> list[str | None]:
     return verdicts
 
 
-def opregistry_verdicts(texts: list[str], prefix: str) -> list[str | None]:
+def opregistry_verdicts(texts: list[str], prefix: str, tags: tuple[str, ...] = ()
+                        ) -> list[str | None]:
     """``None`` where opregistry takes the text: declared with ``OpLibrary.define`` in a
     FRAGMENT of its own namespace and distribution, then resolved; else why not."""
     verdicts: list[str | None] = [None] * len(texts)
@@ -73,7 +75,7 @@ def opregistry_verdicts(texts: list[str], prefix: str) -> list[str | None]:
                        entry_point="ops", value=f"schema_diff_{i}:lib")
         lib = OpLibrary(f"{prefix}{i}", "FRAGMENT")
         try:
-            lib.define(text.replace("{ns}", f"{prefix}{i}"))
+            lib.define(text.replace("{ns}", f"{prefix}{i}"), tags=tags)
         except DeclarationError as exc:
             verdicts[i] = f"declaration: {exc}"
             continue
@@ -206,6 +208,47 @@ def test_arguments_and_returns_as_torch_reads_them(corpus_result: dict[str, obje
         assert (ours.is_vararg, ours.is_varret) == (
             args.endswith("..."), rets == "..." or rets.endswith(", ...)")), text
         assert ours.is_mutable == theirs.is_mutable, text
+
+
+TAGGED = (
+    "f.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)",
+    "f.out(Tensor x, *, Tensor! out) -> Tensor!",
+    "f.out(Tensor x, *, Tensor! out) -> ()",
+    "f.out(Tensor x, *, Tensor(a!) out, Tensor(b!) out2) -> (Tensor(a!), Tensor(b!))",
+    "f.out(Tensor x, *, Tensor(a!) out, Tensor(b!) out2) -> (Tensor(b!), Tensor(a!))",
+    "f.out(Tensor x, *, Tensor(a!) out) -> Tensor(a)",
+    "f.out(Tensor x, *, Tensor(a|b!) out) -> Tensor(b|a!)",
+    "f.out(Tensor x, *, Tensor(a!)[] out) -> Tensor(a!)[]",
+    "f.out(Tensor x, *, Tensor(a!)? out) -> Tensor(a!)?",
+    "f.out(Tensor x, Tensor(a!) out) -> Tensor(a!)",
+    "f.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!) result",
+    "f_(Tensor(a!) self, Tensor other) -> Tensor(a!)",
+    "f_(Tensor! self, Tensor other) -> Tensor!",
+    "f_(Tensor(a!) self, Tensor(b!) other) -> Tensor(a!)",
+    "f_(Tensor(a!) self) -> (Tensor(a!), Tensor)",
+    "f_(Tensor(a!) self) -> Tensor(a)",
+    "f_(Tensor(a!)? self) -> Tensor(a!)?",
+    "f_(*, Tensor(a!) self) -> Tensor(a!)",
+    "f_(Tensor self) -> Tensor",
+    "f_(Tensor(a|b!) self, *, Scalar alpha=1) -> Tensor(b|a!)",
+    "f_(Tensor(a!) self, int[] dims, float eps=1e-05) -> Tensor(a!) self",
+)
+
+
+@pytest.mark.parametrize("tag", ["out", "inplace"])
+def test_out_and_inplace_tags_as_torch_checks_them(tag: str) -> None:
+    """The schema rules of the ``out`` and ``inplace`` tags, ``Tensor!`` included: one verdict.
+    On a torch without the tag (2.8), torch cannot take it and opregistry says which release can."""
+    prefix = f"sdt{uuid.uuid4().hex[:8]}_"
+    texts = list(TAGGED)
+    if hasattr(torch.Tag, tag):
+        theirs = torch_verdicts(texts, prefix, (tag,))
+    else:
+        theirs = [f"torch {torch.__version__} has no torch.Tag.{tag}"] * len(texts)
+    ours = opregistry_verdicts(texts, prefix, (tag,))
+    assert sum(t is None for t in theirs) > 1 or not hasattr(torch.Tag, tag)
+    wrong = [(x, t, o) for x, t, o in zip(texts, theirs, ours) if (t is None) != (o is None)]
+    assert wrong == [], "\n".join(map(repr, wrong))
 
 
 # -- what opregistry refuses on purpose, and where torch fails instead -------------------

@@ -408,7 +408,7 @@ def class_known(name: str, release: tuple[int, int], cuda: bool) -> bool:
 def shadowed_op_name(name: str) -> bool:
     """Whether ``torch.ops.<ns>.<name>`` is an attribute of the namespace object rather than
     the op: ``Library.define`` fails for such an op after registering it."""
-    return name in OPS_NAMESPACE_ATTRIBUTES or hasattr(_PROBE_MODULE, name)
+    return name in OPS_NAMESPACE_ATTRIBUTES or (name[:2] == "__" and hasattr(_PROBE_MODULE, name))
 
 
 class _ProbeModule(types.ModuleType):

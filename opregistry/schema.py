@@ -20,10 +20,11 @@ from __future__ import annotations
 import functools
 from typing import Callable, Iterable
 
-from attrs import field, frozen
+from attrs import Factory, field, frozen
 
 from .errors import SchemaError
-from .keys import DEVICE_TYPES, FAKE_INT_TYPES, SCHEMA_TYPES, all_dtype_names
+from .keys import (DEVICE_TYPES, DTYPE_SINCE, FAKE_INT_TYPES, SCHEMA_TYPES, TYPE_SINCE, TYPE_UNTIL,
+                   all_dtype_names)
 from .schema_lexer import (KEYWORDS, LexError, device_error, double_value, integer_value,
                            string_value, token_offsets, tokenize)
 
@@ -125,14 +126,14 @@ class Type:
     alias: Alias | None = None
     #: a fixed-size list's size as written (what ``stoll`` reads); :attr:`list_size` as torch holds it
     size: int | None = None
-
-    @property
-    def base(self) -> str:
-        """The named type under lists and optionals (``"Tensor"`` for ``Tensor?[]``)."""
-        t = self
-        while t.name in (LIST, OPTIONAL):
-            t = t.contained[0]
-        return t.name
+    #: the named type under lists and optionals (``"Tensor"`` for ``Tensor?[]``); derived
+    base: str = field(default=Factory(lambda t: _base_of(t), takes_self=True), eq=False,
+                      repr=False)
+    #: the alias torch gives an argument of this type (``Argument.alias_info``): a list's own
+    #: annotation, or, when only its elements are annotated (``Tensor(a!)[]``), an alias of the
+    #: list that writes if they do; derived
+    alias_info: Alias | None = field(default=Factory(lambda t: _alias_info_of(t), takes_self=True),
+                                     eq=False, repr=False)
 
     @property
     def optional(self) -> bool:
@@ -167,22 +168,6 @@ class Type:
         """``Tensor`` itself, with or without alias (torch's ``isinstance(t, TensorType)``)."""
         return self.name == "Tensor"
 
-    @property
-    def alias_info(self) -> Alias | None:
-        """The alias torch gives an argument of this type (``Argument.alias_info``).
-
-        A list's own annotation, or, when only its elements are annotated
-        (``Tensor(a!)[]``), an alias of the list that writes if they do.
-        """
-        if self.name == OPTIONAL:
-            return self.contained[0].alias_info
-        if self.name == LIST:
-            inner = self.contained[0].alias_info
-            if self.alias is not None or inner is None:
-                return self.alias
-            return Alias((), inner.is_write)
-        return self.alias
-
     def walk(self) -> Iterable[Type]:
         """This type and every type it contains."""
         yield self
@@ -201,6 +186,23 @@ class Type:
         if self.contained:
             return f"{self.name}({', '.join(map(str, self.contained))}){alias}"
         return self.name + alias
+
+
+def _base_of(typ: Type) -> str:
+    if not typ.contained:
+        return typ.name
+    return typ.contained[0].base if typ.name in (LIST, OPTIONAL) else typ.name
+
+
+def _alias_info_of(typ: Type) -> Alias | None:
+    if not typ.contained or typ.alias is not None:
+        return typ.alias
+    if typ.name == OPTIONAL:
+        return typ.contained[0].alias_info
+    if typ.name == LIST:
+        inner = typ.contained[0].alias_info
+        return None if inner is None else Alias((), inner.is_write)
+    return None
 
 
 @frozen
@@ -237,6 +239,10 @@ class Schema:
     is_varret: bool = False
     #: an explicit namespace, ``ns::name(...)``; empty when none was written
     namespace: str = ""
+    #: the words whose meaning depends on the torch release, for the resolver to check against
+    #: the installed one: types some releases lack, custom classes (``__torch__.torch.classes.
+    #: NS.Class``), dtype names some releases lack (in ``ScalarType`` defaults)
+    versioned: frozenset[str] = frozenset()
 
     @property
     def mutated_args(self) -> tuple[str, ...]:
@@ -271,12 +277,6 @@ class Schema:
         """Every named type the schema uses, contained ones included (custom classes in full)."""
         return frozenset(t.name for x in (*self.arguments, *self.returns) for t in x.type.walk()
                          if not t.contained and t.name != TUPLE)
-
-    @property
-    def dtype_defaults(self) -> frozenset[str]:
-        """The dtype names its ``ScalarType`` defaults use (``ScalarType x=bfloat16``)."""
-        return frozenset(word for a in self.arguments if a.default and a.type.base == "ScalarType"
-                         for word in _words(a.default) if word not in _DEFAULT_WORDS)
 
     def deliberate_refusal(self) -> tuple[str, str] | None:
         """``(code, why)`` when opregistry refuses this schema although torch accepts it
@@ -362,13 +362,13 @@ class Schema:
         return name + ("." + self.overload if self.overload else "") + self.signature
 
 
-def _words(text: str) -> list[str]:
-    return [t for t in tokenize(text) if _is_ident(t)]
-
-
 # -- the parser ----------------------------------------------------------------------
 
 _EOF = ""
+#: the named types and dtype names whose availability depends on the release (:mod:`.keys`)
+_VERSIONED_TYPES = frozenset(TYPE_SINCE) | frozenset(TYPE_UNTIL)
+_VERSIONED_DTYPES = frozenset(DTYPE_SINCE)
+_NONE: frozenset[str] = frozenset()
 _IDENT_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 #: named types without alias: one record each, shared by every schema
 _NAMED: dict[str, Type] = {name: Type(name) for name in BASE_TYPES}
@@ -408,6 +408,8 @@ class _Tokens:
         except LexError as exc:
             raise self.error(str(exc), offset=exc.offset) from None
         self.i = 0
+        #: release-dependent words met (:attr:`Schema.versioned`)
+        self.versioned: list[str] = []
 
     def error(self, what: str, *, offset: int | None = None, at: int | None = None) -> SchemaError:
         if offset is None:
@@ -476,8 +478,11 @@ class _Types(_Tokens):
             typ = self.union()
         elif tok == "__torch__":
             typ = Type(self.class_name())
+            self.versioned.append(typ.name)
         else:
             typ = _NAMED[self.base(tok)]
+            if tok in _VERSIONED_TYPES:
+                self.versioned.append(tok)
             if self.toks[self.i] in ("(", "!"):
                 typ = Type(typ.name, alias=self.alias())
         while True:
@@ -634,6 +639,8 @@ class _Defaults(_Tokens):
             return "str", tok
         if _is_ident(tok):
             if tok in _DEFAULT_WORDS or (dtype_words and tok in all_dtype_names()):
+                if tok in _VERSIONED_DTYPES and tok not in _DEFAULT_WORDS:
+                    self.versioned.append(tok)
                 return "int", tok
             raise self.error(f"{tok!r} is not a default torch knows (numbers, True, False, None, "
                              f"strings, and the words {', '.join(_DEFAULT_WORDS)}"
@@ -676,7 +683,8 @@ class _Parser(_Types, _Defaults):
         if self.toks[self.i] != _EOF:
             rest = self.text[token_offsets(self.text)[self.i]:]
             raise self.error(f"unexpected text {rest!r} after the returns")
-        return Schema(name, overload, arguments, returns, vararg, varret, namespace)
+        return Schema(name, overload, arguments, returns, vararg, varret, namespace,
+                      frozenset(self.versioned) if self.versioned else _NONE)
 
     def arguments(self) -> tuple[list[Argument], bool]:
         self.expect("(", "'(' and the arguments")

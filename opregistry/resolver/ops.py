@@ -123,36 +123,39 @@ def _release_takes(ctx: Context, op: OpDef, schema: Schema) -> bool:
     registers: the resolver says so, naming the release, before torch does with
     "unknown type specifier" in the middle of registering.
     """
+    words = schema.versioned
+    if not words:
+        return True
     facts = ctx.installed_torch()
     if facts is None:
         return True  # no torch installed: no release to check against (the tags rule does the same)
-    types = schema.types
-    lacking = types_lacking(types, facts.release)
+    lacking = types_lacking(words, facts.release)
     newer = [t for t in lacking if type_since(t)]
     if newer:
         since = ", ".join(f"{t} from torch {type_since(t)}" for t in newer)
         _refuse_needs_newer(ctx, op, "schema-type-needs-newer-torch",
                             f"uses type(s) {newer} in its schema, which the schema parser of the "
                             f"installed torch ({facts.version}) lacks: {since}",
-                            [type_since(t) for t in newer], f"declare the op without {newer} (e.g. bool)")
+                            [type_since(t) for t in newer],
+                            f"declare the op without {newer} (e.g. bool)")
         return False
     if lacking:
         until = ", ".join(f"{t} up to torch {type_until(t)}" for t in lacking)
         ctx.refuse("schema-type-gone-from-torch",
                    f"{op.origin}: {op.qualname} uses type(s) {lacking} in its schema, which the "
-                   f"schema parser of the installed torch ({facts.version}) no longer takes: {until}",
-                   f"declare the op without {lacking} (Dimname: str)", (op.origin,), op=op.qualname,
-                   source=op.source)
+                   f"schema parser of the installed torch ({facts.version}) no longer takes: "
+                   f"{until}", f"declare the op without {lacking} (Dimname: str)", (op.origin,),
+                   op=op.qualname, source=op.source)
         return False
-    dtypes = dtypes_lacking(schema.dtype_defaults, facts.release)
+    dtypes = dtypes_lacking(words, facts.release)
     if dtypes:
         _refuse_needs_newer(ctx, op, "schema-dtype-needs-newer-torch",
                             f"defaults a ScalarType argument to dtype(s) {dtypes}, which the "
                             f"installed torch ({facts.version}) lacks",
                             ["%d.%d" % DTYPE_SINCE[d] for d in dtypes], "default to another dtype")
         return False
-    return _classes_known(ctx, op, [t[len(CLASS_PREFIX):] for t in types
-                                    if t.startswith(CLASS_PREFIX)], facts.release)
+    return _classes_known(ctx, op, [w[len(CLASS_PREFIX):] for w in words
+                                    if w.startswith(CLASS_PREFIX)], facts.release)
 
 
 def _classes_known(ctx: Context, op: OpDef, classes: list[str], release: tuple[int, int]) -> bool:

@@ -901,8 +901,11 @@ def split_name(head: str) -> tuple[str, str, str] | None:
 def _parse(text: str, *, named: bool, deliberate: bool = True) -> Schema:
     if not isinstance(text, str):
         raise SchemaError(f"a schema is a string, got {type(text).__name__}")
-    parser = _Parser(text)
-    schema = parser.declaration(named)
+    try:
+        schema = _Parser(text).declaration(named)
+    except RecursionError:
+        # types nest by recursion, as in torch's parser (whose C++ stack would give out too)
+        raise SchemaError(f"invalid schema {text[:80]!r}...: types nested too deeply") from None
     _check(schema, text)
     if deliberate:
         refusal = schema.deliberate_refusal()

@@ -283,3 +283,11 @@ def test_deliberate_refusals_are_documented() -> None:
     section = page.split("## What opregistry refuses that torch accepts", 1)[1].split("\n## ")[0]
     listed = set(re.findall(r"^\| `([a-z-]+)` \|", section, re.M))
     assert listed == set(DELIBERATE_REFUSALS)
+
+
+def test_types_nested_deeper_than_python_recurses_are_a_schema_error() -> None:
+    """Types nest by recursion: a pathological schema is a SchemaError, never a RecursionError."""
+    for inner in ("(" * 5000 + "int" + ")" * 5000, "Future(" * 3000 + "int" + ")" * 3000):
+        with pytest.raises(SchemaError, match="nested too deeply"):
+            parse_schema(f"f({inner} x) -> ()")
+    assert parse_schema("f(" + "(" * 20 + "int" + ")" * 20 + " x) -> ()").arguments[0].name == "x"

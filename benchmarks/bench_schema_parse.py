@@ -6,10 +6,10 @@ The resolver parses every op's schema at every start-up (``opregistry list``
 and ``import torch`` alike), so the parser's cost is a per-op start-up cost.
 The schemas are the forms op packages write (bitsandbytes, vLLM and
 ``torch.library.infer_schema`` style: tensors, optional tensors, ints, floats,
-lists, defaults, keyword-only arguments, ``Tensor(a!)`` / ``Tensor!``
-mutation, tuples of returns; no form the parser of
-an older commit refuses, so that ``--baseline`` times the same work), each made distinct by its argument names so
-that :func:`opregistry.schema.parse_signature`'s memo never answers: what is
+lists, defaults, keyword-only arguments, ``Tensor(a!)`` mutation, tuples
+of returns; no form the parser of an older commit refuses, so that
+``--baseline`` times the same work), each made distinct by its argument
+names so that :func:`opregistry.schema.parse_signature`'s memo never answers: what is
 timed is the parser itself, through its public entry point, with the memo
 cleared before every repetition.
 

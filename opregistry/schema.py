@@ -124,7 +124,7 @@ class Type:
     name: str
     contained: tuple[Type, ...] = ()
     alias: Alias | None = None
-    #: a fixed-size list's size as written (what ``stoll`` reads); :attr:`list_size` as torch holds it
+    #: a fixed-size list's size as written (what ``stoll`` reads); torch's: :attr:`list_size`
     size: int | None = None
     #: the named type under lists and optionals (``"Tensor"`` for ``Tensor?[]``); derived
     base: str = field(default=Factory(lambda t: _base_of(t), takes_self=True), eq=False,
@@ -160,7 +160,7 @@ class Type:
 
     @property
     def is_tensor_like(self) -> bool:
-        """``Tensor``, ``Tensor?``, ``Tensor[]``, ``Tensor?[]``... (torch's ``is_tensor_like_type``)."""
+        """``Tensor``, ``Tensor?``, ``Tensor[]``, ``Tensor?[]``... (``is_tensor_like_type``)."""
         return self.base == "Tensor"
 
     @property
@@ -580,7 +580,8 @@ class _Defaults(_Tokens):
             return "None"
         if name == "Device":
             tok = self.next()
-            why = "a Device default is a string, e.g. \"cpu\"" if not tok or tok[0] not in "'\"" else None
+            quoted = bool(tok) and tok[0] in "'\""
+            why = None if quoted else "a Device default is a string, e.g. \"cpu\""
             why = why or self.string_error(tok) or device_error(string_value(tok), DEVICE_TYPES)
             if why:
                 raise self.error(why, at=start)
@@ -602,8 +603,8 @@ class _Defaults(_Tokens):
             value, text = self.constant(words, _number_kind(element.name))
             values = [value]
             if typ.list_size < 0:  # type: ignore[operator]
-                raise self.error(f"a default of one value for {typ} repeats it {typ.list_size} times, "
-                                 f"which torch cannot", at=start)
+                raise self.error(f"a default of one value for {typ} repeats it {typ.list_size} "
+                                 f"times, which torch cannot", at=start)
         else:
             self.expect("[", "'[' opening a list default")
             items = []

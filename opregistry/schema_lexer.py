@@ -192,7 +192,8 @@ def device_error(text: str, device_types: frozenset[str]) -> str | None:
     if m is None:
         return f"{text!r} is not a device string ('cpu', 'cuda', 'cuda:1', ...)"
     if m.group(1) not in device_types:
-        return f"{m.group(1)!r} is not a device type; torch's are " + ", ".join(sorted(device_types))
+        return (f"{m.group(1)!r} is not a device type; torch's are "
+                + ", ".join(sorted(device_types)))
     if m.group(2) is not None and int(m.group(2)) > 2**31 - 1:
         return f"device index {m.group(2)} does not fit the index torch parses it into"
     return None

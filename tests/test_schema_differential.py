@@ -57,7 +57,7 @@ def torch_verdicts(texts: list[str], prefix: str, tags: tuple[str, ...] = ()
             # torch's Python side records "ns::ns::f" for a schema that names its namespace,
             # and then cannot destroy the library (opregistry never passes one to torch)
             lib._op_defs.difference_update([q for q in lib._op_defs if q.count("::") > 1])
-        except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, ValueError, AttributeError
+        except Exception as exc:  # noqa: BLE001 - RuntimeError, ValueError, AttributeError
             verdicts.append(f"{type(exc).__name__}: {(str(exc).strip() or '?').splitlines()[0]}")
         finally:
             lib._destroy()

@@ -36,6 +36,9 @@ class TorchState:
     namespaces: frozenset[str] = frozenset()
     has_kernel: Callable[[str, str], bool] = field(default=lambda op, key: False, eq=False)
     tags: frozenset[str] = KNOWN_TAGS
+    #: whether torch has a custom class ``NS.Class`` registered; ``None``: not known (the
+    #: release's table of torch's own classes decides, :func:`opregistry.keys.class_known`)
+    has_class: Callable[[str], bool] | None = field(default=None, eq=False)
 
 
 @frozen(kw_only=True)

@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from .environment import TorchState
 from .state import process
 
-__all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
-           "destroy_library", "new_library", "undo_library", "library_alive", "device_keyset", "lookup_op",
+__all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
+           "kernel_registrations", "destroy_library", "new_library", "undo_library",
+           "library_alive", "device_keyset", "lookup_op",
            "Watch", "Registration", "Recorder", "recorder", "registering", "watch_registrations",
            "torch_dir",
            "torch_build", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
@@ -49,6 +50,19 @@ def has_kernel(op: str, key: str) -> bool:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, key))
     except RuntimeError:
         return False
+
+
+def has_class(name: str) -> bool:
+    """Whether torch has the custom class ``NS.Class`` (the schema type
+    ``__torch__.torch.classes.NS.Class``) registered, by torch or by a loaded library."""
+    import torch
+
+    ns, _, cls = name.partition(".")
+    try:
+        torch._C._get_custom_class_python_wrapper(ns, cls)
+    except RuntimeError:
+        return False
+    return True
 
 
 def op_schema(op: str) -> str | None:
@@ -240,7 +254,8 @@ def snapshot(mine: Iterable[str] = ()) -> TorchState:
     ops = frozenset(op for op in registered_ops() if op not in mine)
     namespaces = frozenset(op.split("::", 1)[0] for op in ops)
     tags = frozenset(name for name in dir(torch.Tag) if not name.startswith("_")) - {"name", "value"}
-    return TorchState(ops=ops, namespaces=namespaces, has_kernel=has_kernel, tags=tags)
+    return TorchState(ops=ops, namespaces=namespaces, has_kernel=has_kernel, tags=tags,
+                      has_class=has_class)
 
 
 def torch_dir() -> str:

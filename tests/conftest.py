@@ -36,14 +36,15 @@ class DistFactory:
 
     def make(self, name: str, *, version: str = "1.0", ops: dict[str, str] | None = None,
              backends: dict[str, str] | None = None, modules: dict[str, str] | None = None,
-             requires: tuple[str, ...] = (),
+             requires: tuple[str, ...] = (), record: bool = False,
              ) -> str:
         """Create distribution ``name``; returns its canonical name.
 
         ``ops`` / ``backends`` map entry-point names to values
         (``"module:attr"``); ``modules`` maps module names to source code;
         ``requires`` are its ``Requires-Dist`` lines (a package that uses torch
-        says ``("torch",)``).  A RECORD lists its files, as an installer writes it.
+        says ``("torch",)``); ``record=True`` writes a RECORD listing its files
+        (without hashes), as an installer of an unhashed install would.
         """
         info = self.root / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
@@ -63,7 +64,8 @@ class DistFactory:
             path.write_text(textwrap.dedent(source))
             record.append(f"{path.relative_to(self.root).as_posix()},,")
             self.modules.append(module)
-        (info / "RECORD").write_text("\n".join(record) + "\n")
+        if record:
+            (info / "RECORD").write_text("\n".join(record) + "\n")
         importlib.invalidate_caches()
         canonical = name.lower().replace("_", "-")
         self.names.append(canonical)

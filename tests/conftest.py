@@ -56,16 +56,16 @@ class DistFactory:
                 lines.append(f"[{group}]")
                 lines += [f"{k} = {v}" for k, v in eps.items()]
         (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-        record = [f"{info.name}/METADATA,,", f"{info.name}/entry_points.txt,,",
+        listed = [f"{info.name}/METADATA,,", f"{info.name}/entry_points.txt,,",
                   f"{info.name}/RECORD,,"]
         for module, source in (modules or {}).items():
             path = self.root / (module.replace(".", "/") + ".py")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(textwrap.dedent(source))
-            record.append(f"{path.relative_to(self.root).as_posix()},,")
+            listed.append(f"{path.relative_to(self.root).as_posix()},,")
             self.modules.append(module)
         if record:
-            (info / "RECORD").write_text("\n".join(record) + "\n")
+            (info / "RECORD").write_text("\n".join(listed) + "\n")
         importlib.invalidate_caches()
         canonical = name.lower().replace("_", "-")
         self.names.append(canonical)

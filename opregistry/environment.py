@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterable, Mapping
 from attrs import field, frozen
 
 from .config import canonical_name
-from .foreign import ForeignScan
 from .keys import KNOWN_TAGS, TorchFacts, installed_torch, installed_torch_build
 from .references import NativeLibrary
 
@@ -37,6 +36,9 @@ class TorchState:
     namespaces: frozenset[str] = frozenset()
     has_kernel: Callable[[str, str], bool] = field(default=lambda op, key: False, eq=False)
     tags: frozenset[str] = KNOWN_TAGS
+    #: whether torch has a custom class ``NS.Class`` registered; ``None``: not known (the
+    #: release's table of torch's own classes decides, :func:`opregistry.keys.class_known`)
+    has_class: Callable[[str], bool] | None = field(default=None, eq=False)
 
 
 @frozen(kw_only=True)
@@ -57,10 +59,11 @@ class Environment:
     natives: Mapping[str, str] = field(factory=dict)
     platform: str = sys.platform
     dispatcher: TorchState | None = None
-    #: what installed distributions register with torch by themselves (``opregistry.scan``)
-    foreign: ForeignScan | None = None
+    #: what installed distributions that do not use opregistry register with torch, read
+    #: from their files (:func:`opregistry.scan.scan_installed`); ``None``: not read
+    foreign: Any = field(default=None, eq=False)
     #: ``"module:function"`` of each load-time check (``when={"check": ...}``) -> ``(met,
-    #: reason)``; a check not here was not evaluated (torch was not imported)
+    #: reason)``; a check not here was not run (torch was not imported)
     checks: Mapping[str, tuple[bool, str]] = field(factory=dict)
 
     @property
@@ -159,14 +162,15 @@ def _checks(decl: Any) -> dict[str, tuple[bool, str]]:
 
 
 def read_environment(decl: Any, dispatcher: TorchState | None = None,
-                     foreign: ForeignScan | None = None) -> Environment:
+                     foreign: Any = None) -> Environment:
     """The :class:`Environment` for resolving ``decl`` (:class:`~opregistry.model.Declarations`).
 
     Reads only what the declarations can ask about: the distributions their
     conditions name, the modules their kinds require, their native libraries,
     and -- with torch imported -- the outcome of their load-time checks.
-    ``foreign`` is the scan of the distributions that register with torch by
-    themselves, when the caller made it.
+    ``foreign`` is the scan of the packages that register with torch.library
+    directly (:func:`opregistry.scan.scan_installed`), read apart: what it depends on is the
+    set of installed files, not the declarations.
     """
     names = [name for k in decl.kernels if k.when is not None for name in k.when.distributions]
     modules = {m for k in decl.kernels for m in k.payload.kind.requires}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import attrs
 
@@ -21,7 +21,6 @@ from .config import Policy, Settings
 from .containment import interrupts_watched
 from .discovery import discover, still_importing
 from .errors import ReentrantLoadError, ResolutionError
-from .foreign import ForeignScan
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
 from .locked import gate
 from .logs import get_logger
@@ -64,21 +63,23 @@ def _collect_and_resolve_unpaused(settings: Settings,
     # with torch itself at import (a Library of its own), and the resolver must see it
     decl = collected.declarations
     return collected, resolve(decl, policy=settings.policy,
-                              environment=read_environment(decl, torch_state(), _foreign()))
+                              environment=read_environment(decl, torch_state(), read_foreign()))
 
 
-def _foreign() -> ForeignScan | None:
-    """What installed distributions register with torch by themselves (cached on disk).
+def read_foreign() -> Any:
+    """The scan of installed packages that register with torch.library directly (cached on disk).
 
-    ``None`` when the scan fails: the registry loads without it (nothing is adopted).
+    ``None`` when the scan cannot be made: the rules then protect what they
+    can see without it (torch's dispatcher, declared owners), and say nothing
+    false.
     """
     from .scan import scan_installed
 
     try:
         return scan_installed()
-    except Exception as exc:  # noqa: BLE001 - a scanner bug must never break `import torch`
-        log.warning("the scan of installed distributions failed; nothing is adopted",
-                    error=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a scanner bug must never break a load
+        log.warning("the scan of installed packages failed; packages that register with "
+                    "torch.library directly are not protected before torch, nor adopted", error=repr(exc))
         return None
 
 
@@ -239,6 +240,7 @@ class Registry:
         from . import materializer, torch_state
 
         ours = os.path.abspath(materializer.__file__) + ":"
+        sites = process().library_sites
         torch_root = torch_state.torch_dir()
         active: dict[str, list[KernelPlan]] = {}
         for k in self.kernels:
@@ -250,7 +252,7 @@ class Registry:
             found = torch_state.kernel_registrations(op)
             for k in kernels:
                 where = found.get(k.kernel.key)
-                if where is not None and where.startswith(ours):
+                if where is not None and (where in sites or where.startswith(ours)):
                     continue
                 if where is not None and not torch_state.site_recorded(where):
                     continue  # torch 2.8: no file for Python registrations, nothing to attribute

@@ -1,250 +1,195 @@
-"""Porting a torch.library package: kernels in one module per device, load-time checks, and
-the way in that is not native.
+"""Porting a torch.library package: bitsandbytes' schemas, declared through ``OpLibrary``.
 
-* ``OpLibrary(ns, kernel_modules=[...])``: each module marks its kernels with
-  ``@opregistry.kernel(op, key)``, read from its source before anything is
-  imported (opregistry/kernel_modules.py);
-* ``when={"check": "module:function"}``: a load-time condition that is a
-  function (a CPU feature, "did my ctypes library load"), run once per load,
-  its reason shown in listings;
-* ``NativeLibrary(module=...)`` for a package that registers from Python is
-  refused at resolve time, pointing at adoption, and the package keeps working.
+bitsandbytes 0.50.2 defines its ops with ``torch.library.define`` in
+``bitsandbytes/_ops.py``; :data:`BITSANDBYTES` holds some of them verbatim
+(``Tensor! out`` in the ``.out`` overloads, ``ScalarType``, ``int[]``,
+``str`` arguments, tuples of returns).  A fixture distribution declares them
+with plain-torch kernels, as a port would: every op is accepted before torch
+is touched, registered, called, and passes ``torch.library.opcheck``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from opregistry import report
+from .conftest import load, plan
 
-from . import adoption_dists
-from .conftest import DistFactory, load, plan
+#: (name as bitsandbytes/_ops.py defines it, its schema), bitsandbytes 0.50.2
+BITSANDBYTES = (
+    ("bitsandbytes::int8_linear_matmul", "(Tensor A, Tensor B) -> Tensor"),
+    ("bitsandbytes::int8_linear_matmul.out", "(Tensor A, Tensor B, Tensor! out) -> ()"),
+    ("bitsandbytes::int8_vectorwise_dequant", "(Tensor A, Tensor stats) -> Tensor"),
+    ("bitsandbytes::dequantize_4bit",
+     "(Tensor A, Tensor absmax, int blocksize, str quant_type, int[] shape, ScalarType dtype) "
+     "-> Tensor"),
+    ("bitsandbytes::dequantize_4bit.out",
+     "(Tensor A, Tensor absmax, int blocksize, str quant_type, int[] shape, ScalarType dtype, "
+     "Tensor! out) -> ()"),
+    ("bitsandbytes::dequantize_blockwise",
+     "(Tensor A, Tensor absmax, Tensor code, int blocksize, ScalarType dtype) -> Tensor"),
+    ("bitsandbytes::dequantize_blockwise.out",
+     "(Tensor A, Tensor absmax, Tensor code, int blocksize, ScalarType dtype, Tensor! out) -> ()"),
+)
 
-DECLARATIONS = """
-from opregistry import OpLibrary
+KERNELS = '''
+import math
 
-lib = OpLibrary(NS, kernel_modules=["PKG.backends.cpu", "PKG.backends.default"])
-lib.define("scale(Tensor x, float f) -> Tensor", fake="PKG.backends.default:fake")
-lib.define("shift(Tensor x, float f) -> Tensor")
-"""
-
-NAMES = "NAMESPACE = NS\n"
-
-CPU = """
 import torch
 
-from opregistry import kernel
-
-from .._names import NAMESPACE
-
-CPU_KEYS = ["cpu"]
-
-
-@kernel(f"{NAMESPACE}::scale", CPU_KEYS)
-def scale_cpu(x, f):
-    return x * f + 1000
+# the 4-bit NormalFloat code (QLoRA), what quant_type="nf4" names
+NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+       -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+       0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+       0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]
 
 
-@kernel("shift", "cpu")
-def shift_cpu(x, f):
-    return x + f
-"""
-
-DEFAULT = """
-import torch
-
-from opregistry import kernel as register_kernel
+def int8_linear_matmul(A, B):
+    return torch.matmul(A.float(), B.float().t()).to(torch.int32)
 
 
-@register_kernel(NS + "::scale", "default")
-def scale(x, f):
-    return x * f
+def int8_linear_matmul_fake(A, B):
+    return A.new_empty((*A.shape[:-1], B.shape[0]), dtype=torch.int32)
 
 
-def fake(x, f):
-    return torch.empty_like(x)
-"""
+def int8_linear_matmul_out(A, B, out):
+    out.copy_(int8_linear_matmul(A, B))
 
 
-def _kernel_package(dists: DistFactory, ns: str, cpu: str = CPU) -> tuple[str, str]:
-    pkg = f"km_{ns}"
-    modules = {
-        f"{pkg}": "", f"{pkg}.ops": DECLARATIONS, f"{pkg}._names": NAMES,
-        f"{pkg}.backends": "", f"{pkg}.backends.cpu": cpu, f"{pkg}.backends.default": DEFAULT,
+def int8_linear_matmul_out_fake(A, B, out):
+    torch._check(out.dtype == torch.int32, lambda: "out must be int32")
+
+
+def int8_vectorwise_dequant(A, stats):
+    return A.float() * (stats.view(-1, 1) * (1.0 / 127))
+
+
+def int8_vectorwise_dequant_fake(A, stats):
+    return A.new_empty(A.shape, dtype=torch.float32)
+
+
+def _blocks(values, absmax, blocksize):
+    return values * absmax.repeat_interleave(blocksize)[: values.numel()]
+
+
+def dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype):
+    torch._check(quant_type == "nf4", lambda: f"quant_type {quant_type!r}: only nf4 here")
+    packed = A.reshape(-1).to(torch.int64)
+    codes = torch.stack([packed // 16, packed % 16], dim=-1).reshape(-1)
+    n = math.prod(shape)
+    values = torch.tensor(NF4, device=A.device)[codes][:n]
+    return _blocks(values, absmax, blocksize).reshape(shape).to(dtype)
+
+
+def dequantize_4bit_fake(A, absmax, blocksize, quant_type, shape, dtype):
+    return A.new_empty(shape, dtype=dtype)
+
+
+def dequantize_4bit_out(A, absmax, blocksize, quant_type, shape, dtype, out):
+    out.copy_(dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype))
+
+
+def dequantize_4bit_out_fake(A, absmax, blocksize, quant_type, shape, dtype, out):
+    torch._check(out.dtype == dtype, lambda: "out has the wrong dtype")
+
+
+def dequantize_blockwise(A, absmax, code, blocksize, dtype):
+    values = code[A.reshape(-1).to(torch.int64)]
+    return _blocks(values, absmax, blocksize).reshape(A.shape).to(dtype)
+
+
+def dequantize_blockwise_fake(A, absmax, code, blocksize, dtype):
+    return A.new_empty(A.shape, dtype=dtype)
+
+
+def dequantize_blockwise_out(A, absmax, code, blocksize, dtype, out):
+    out.copy_(dequantize_blockwise(A, absmax, code, blocksize, dtype))
+
+
+def dequantize_blockwise_out_fake(A, absmax, code, blocksize, dtype, out):
+    torch._check(out.dtype == dtype, lambda: "out has the wrong dtype")
+'''
+
+
+def _declarations(ns: str, kernels: str) -> str:
+    """The port's declaration module: bitsandbytes' schemas under this test's namespace, the
+    first one written with its namespace, as torch prints it."""
+    lines = ["from opregistry import OpLibrary", "", f"lib = OpLibrary({ns!r})"]
+    for i, (qualname, schema) in enumerate(BITSANDBYTES):
+        name = qualname.split("::", 1)[1]
+        head = f"{ns}::{name}" if i == 0 else name
+        fn = name.replace(".", "_")
+        mutates = "['out']" if "Tensor! out" in schema else "None"
+        lines.append(f"lib.define({head + schema!r}, kernels={{'cpu': '{kernels}:{fn}'}}, "
+                     f"fake='{kernels}:{fn}_fake', mutates_args={mutates})")
+    return "\n".join(lines) + "\n"
+
+
+def _install(dists: Any, ns: str) -> None:
+    mod = f"bnbport_{ns}"
+    dists.make("bnbport", ops={"ops": f"{mod}:lib"},
+               modules={mod: _declarations(ns, f"{mod}_kernels"),
+                        f"{mod}_kernels": textwrap.dedent(KERNELS)})
+
+
+def _samples() -> dict[str, tuple[Any, ...]]:
+    gen = torch.Generator().manual_seed(0)
+    A = torch.randint(-127, 128, (4, 8), dtype=torch.int8, generator=gen)
+    B = torch.randint(-127, 128, (3, 8), dtype=torch.int8, generator=gen)
+    packed = torch.randint(0, 256, (16,), dtype=torch.uint8, generator=gen)  # 32 4-bit codes
+    absmax = torch.rand(2, generator=gen) + 0.5
+    q = torch.randint(0, 256, (4, 16), dtype=torch.uint8, generator=gen)
+    code = torch.linspace(-1.0, 1.0, 256)
+    absmax8 = torch.rand(4, generator=gen) + 0.5
+    return {
+        "int8_linear_matmul": (A, B),
+        "int8_linear_matmul.out": (A, B, torch.empty(4, 3, dtype=torch.int32)),
+        "int8_vectorwise_dequant": (A, torch.rand(4, generator=gen)),
+        "dequantize_4bit": (packed, absmax, 16, "nf4", [4, 8], torch.float16),
+        "dequantize_4bit.out": (packed, absmax, 16, "nf4", [4, 8], torch.float16,
+                                torch.empty(4, 8, dtype=torch.float16)),
+        "dequantize_blockwise": (q, absmax8, code, 16, torch.float32),
+        "dequantize_blockwise.out": (q, absmax8, code, 16, torch.float32,
+                                     torch.empty(4, 16, dtype=torch.float32)),
     }
-    for name in list(modules):  # packages get an __init__.py
-        if any(other.startswith(name + ".") for other in modules):
-            modules[f"{name}.__init__"] = modules.pop(name)
-    dist = dists.make(f"km-{ns}", ops={"ops": f"{pkg}.ops:lib"}, modules={
-        m: s.replace("PKG", pkg).replace("NS", repr(ns)) for m, s in modules.items()})
-    return dist, pkg
 
 
-def test_kernels_spread_over_modules_are_known_before_anything_is_imported(dists, ns) -> None:
-    dist, pkg = _kernel_package(dists, ns)
-    resolved = plan(dists)
-    assert not resolved.errors, resolved.errors
-    op = resolved.op(f"{ns}::scale")
-    kernels = {k.kernel.key: (k.kernel.fn, k.kernel.source, k.status) for k in op.kernels}
-    cpu_file = str(dists.root / pkg / "backends" / "cpu.py")
-    assert kernels["CPU"] == (f"{pkg}.backends.cpu:scale_cpu", f"{cpu_file}:11", "active")
-    assert kernels["CompositeExplicitAutograd"][0] == f"{pkg}.backends.default:scale"
-    assert resolved.op(f"{ns}::shift").kernel("CPU").kernel.fn == f"{pkg}.backends.cpu:shift_cpu"
-    assert f"{pkg}.backends.cpu" not in sys.modules and f"{pkg}.backends" not in sys.modules
+def test_bitsandbytes_schemas_are_accepted_before_torch(dists: Any, ns: str) -> None:
+    """The resolver takes every schema as bitsandbytes writes it (``Tensor! out`` included),
+    with the ``.out`` overloads mutating ``out``."""
+    _install(dists, ns)
+    result = plan(dists)
+    assert not result.errors, [str(p) for p in result.errors]
+    planned = {op.op.qualname: op for op in result.ops}
+    names = [f"{ns}::{q.split('::', 1)[1]}" for q, _ in BITSANDBYTES]
+    assert sorted(planned) == sorted(names)
+    for name in names:
+        assert planned[name].parsed.mutated_args == (("out",) if name.endswith(".out") else ())
 
 
-def test_kernels_from_kernel_modules_dispatch(dists, ns) -> None:
-    _, pkg = _kernel_package(dists, ns)
-    registry = load(dists)
-    assert not registry.errors, registry.errors
-    ops = getattr(torch.ops, ns)
-    assert ops.scale(torch.ones(1), 2.0).item() == 1002.0  # the CPU kernel of backends/cpu.py
-    assert ops.shift(torch.ones(1), 2.0).item() == 3.0
-    assert ops.scale(torch.ones(1, device="meta"), 2.0).device.type == "meta"
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
+                 "test_aot_dispatch_dynamic")
 
 
-@pytest.mark.parametrize("body,match", [
-    ("import os\nfrom opregistry import kernel\nif os.environ.get('X'):\n"
-     "    @kernel('NSQ::scale', 'cpu')\n    def f(x, f):\n        return x\n",
-     r"cpu.py:4: @kernel marks f, which is not defined at the top level"),
-    ("import os\nfrom opregistry import kernel\n\n@kernel(os.environ['OP'], 'cpu')\n"
-     "def f(x, f):\n    return x\n", r"cpu.py:4: @kernel\(op, key\) on f: the op .* constants"),
-    ("from opregistry import kernel\nW = dict(torch='>=2.8')\n\n"
-     "@kernel('NSQ::scale', 'cpu', when=W)\ndef f(x, f):\n    return x\n",
-     r"cpu.py:4: when= must be written out"),
-    ("def f(x):\n    return x\n", r"has no @opregistry.kernel"),
-])
-def test_what_cannot_be_read_is_refused_with_its_line(dists, ns, body, match) -> None:
-    dist, _ = _kernel_package(dists, ns, cpu=body.replace("NSQ", ns))
-    resolved = plan(dists)
-    problems = [p for p in resolved.problems if dist in {o.distribution for o in p.culprits}]
-    assert {p.code for p in problems} == {"declaration-invalid"}, problems
-    assert problems and any(__import__("re").search(match, p.message) for p in problems), [
-        p.message for p in problems]
-    # the hook failed: the distribution is skipped whole, nothing of it is registered
-    assert dist in {s.origin.distribution for s in resolved.skipped}
-    assert not any(op.op.namespace == ns for op in resolved.ops)
-
-
-CHECKS = """
-import os
-calls = []
-
-def yes():
-    calls.append("yes")
-    return True, "AVX512 found"
-
-def no():
-    return False
-
-def broken():
-    raise OSError("libfast.so: cannot open shared object file")
-"""
-
-CANDIDATES = """
-from opregistry import Candidate, OpLibrary
-
-lib = OpLibrary(NS)
-lib.define("op(Tensor x) -> Tensor", kernels={"cpu": [
-    Candidate("CHK:fast", when={"check": "CHK:no"}, priority=3),
-    Candidate("CHK:broken_kernel", when={"check": "CHK:broken"}, priority=2),
-    Candidate("CHK:avx", when={"check": "CHK:yes"}, priority=1),
-    "CHK:plain"]})
-
-def fast(x): return x + 1
-def broken_kernel(x): return x + 2
-def avx(x): return x + 3
-def plain(x): return x + 4
-"""
-
-
-def _checked(dists: DistFactory, ns: str) -> str:
-    chk = f"chk_{ns}"
-    dists.make(f"chk-{ns}", ops={"ops": f"chk_{ns}_ops:lib"}, modules={
-        chk: CHECKS,
-        f"chk_{ns}_ops": CANDIDATES.replace("CHK", f"chk_{ns}_ops").replace("NS", repr(ns))
-        .replace(f'"chk_{ns}_ops:no"', f'"{chk}:no"').replace(f'"chk_{ns}_ops:yes"', f'"{chk}:yes"')
-        .replace(f'"chk_{ns}_ops:broken"', f'"{chk}:broken"')})
-    return chk
-
-
-def test_a_check_is_a_load_time_condition_run_once_with_its_reason(dists, ns) -> None:
-    chk = _checked(dists, ns)
-    registry = load(dists)
-    assert getattr(torch.ops, ns).op(torch.zeros(1)).item() == 3.0  # the candidate whose check holds
-    assert sys.modules[chk].calls == ["yes"]  # once per load
-    data = report.list_report(registry.plan, namespaces=[ns])
-    rows = {k["kernel"].split(":")[1]: (k["status"], k["reason"]) for k in data["ops"][0]["kernels"]}
-    assert rows["fast"] == ("unmet", f"condition not met: check {chk}:no() returned false")
-    status, reason = rows["broken_kernel"]
-    assert status == "unmet" and "raised OSError: libfast.so: cannot open shared object file" \
-        in reason
-    assert rows["avx"][0] == "active" and f"check {chk}:yes() returned true: AVX512 found" \
-        in rows["avx"][1]
-
-
-def test_without_torch_a_check_is_not_run_and_listings_say_so(dists, ns) -> None:
-    chk = _checked(dists, ns)
-    code = textwrap.dedent(f"""
-        import json, sys
-        from opregistry import plan, report
-        data = report.list_report(plan(plugins={[f"chk-{ns}", "opregistry-cpu"]!r}),
-                                  namespaces=[{ns!r}])
-        print(json.dumps([data["ops"][0]["kernels"], "torch" in sys.modules,
-                          {chk!r} in sys.modules]))
-    """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dists.root), *sys.path])}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    kernels, torch_imported, check_imported = json.loads(out.stdout.splitlines()[-1])
-    assert not torch_imported and not check_imported
-    avx = next(k for k in kernels if k["kernel"].endswith(":avx"))
-    assert "not run without torch; it runs when the registry loads" in avx["reason"]
-
-
-def test_a_check_that_is_not_a_reference_is_refused_at_declaration() -> None:
-    from opregistry import Condition, DeclarationError
-
-    with pytest.raises(DeclarationError, match="not a 'module:function' reference"):
-        Condition(check="has_avx512")
-
-
-def test_a_native_library_for_a_python_package_is_refused_and_the_package_works(
-        dists, ns, tmp_path, monkeypatch) -> None:
-    """The issue's trap: NativeLibrary(module=...) on a package that registers from Python."""
-    site = tmp_path / "foreign"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("OPREGISTRY_CACHE_DIR", str(tmp_path / "cache"))
-    foreign = adoption_dists.write(site, f"fp-{ns}", {f"fp_{ns}/__init__.py": f"""
-        import torch
-
-        torch.library.define("{ns}::quantize", "(Tensor x) -> Tensor")
-
-
-        @torch.library.register_kernel("{ns}::quantize", "cpu")
-        def _(x):
-            return x.round()
-    """})
-    op_dist = dists.make(f"wrap-{ns}", ops={"ops": f"wrap_{ns}:lib"}, modules={f"wrap_{ns}": f"""
-        from opregistry import NativeLibrary, OpLibrary
-        lib = OpLibrary({ns!r}, "FRAGMENT", native=NativeLibrary(module="fp_{ns}"))
-        lib.define("quantize(Tensor x) -> Tensor", native=["CPU"])
-    """})
-    registry = load(dists)
-    (problem,) = [p for p in registry.problems if p.code == "native-library-registers-from-python"]
-    assert [o.distribution for o in problem.culprits] == [op_dist]
-    assert f"{foreign}==1.0 registers that namespace from Python" in problem.message
-    assert "adopt it" in problem.hint
-    assert f"fp_{ns}" not in sys.modules  # nothing loaded it behind the plan
-    assert getattr(torch.ops, ns).quantize(torch.tensor([1.4])).item() == 1.0  # adopted, works
-    del sys.modules[f"fp_{ns}"]
+@pytest.mark.parametrize("name", [q.split("::", 1)[1] for q, _ in BITSANDBYTES])
+def test_bitsandbytes_ops_run_and_pass_opcheck(dists: Any, ns: str, name: str) -> None:
+    """Registered by the CPU and Meta backends from the port's declarations; each op's schema is
+    the one bitsandbytes defines, it computes what its functional twin does, and opcheck passes."""
+    _install(dists, ns)
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    base, _, overload = name.partition(".")
+    op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+    schema = dict(BITSANDBYTES)[f"bitsandbytes::{name}"]
+    assert str(op._schema) == str(torch._C.parse_schema(f"{ns}::{name}{schema}"))
+    args = _samples()[name]
+    if overload == "out":
+        functional = getattr(getattr(torch.ops, ns), base).default
+        out = args[-1]
+        assert op(*args) is None
+        torch.testing.assert_close(out, functional(*args[:-1]))
+    result = torch.library.opcheck(op, args, test_utils=OPCHECK_UTILS)
+    assert all(v == "SUCCESS" for v in result.values()), result

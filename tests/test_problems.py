@@ -15,11 +15,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "problems.md"
 
 
+#: functions returning ``(reason, why)`` pairs that are no problem code (the reason is part
+#: of a ``schema-invalid`` message)
+NOT_CODES = {"deliberate_refusal"}
+
+
 def _literal_codes(tree: ast.AST) -> list[tuple[int, str]]:
     """Codes written as literals where problems are made: ``code=``, ``refuse``/``warn``'s
     first argument, ``code, hint = "...", ...`` and a refusal's ``return ("code", why)``."""
+    skipped = {id(n) for f in ast.walk(tree)
+               if isinstance(f, ast.FunctionDef) and f.name in NOT_CODES for n in ast.walk(f)}
     found = []
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Call):
             for kw in node.keywords:
                 if kw.arg == "code" and isinstance(kw.value, ast.Constant):

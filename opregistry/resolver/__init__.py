@@ -37,6 +37,7 @@ from ..plan import BackendPlan, Plan
 from .adoption import plan_adoptions
 from .backends import check_backends
 from .context import Context
+from .foreign import foreign_owners
 from .gaps import report_gaps
 from .impls import check_kernels
 from .namespaces import check_namespaces
@@ -71,10 +72,11 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
     # order of discovery; sorting once here spares each pass its own sort
     ordered = _sorted(decl)
     excluded_ops: dict[str, Origin] = {}
+    foreign = foreign_owners(env.foreign)
     while True:
         _note_excluded_ops(ordered.ops, excluded, excluded_ops)
         ctx = Context(ordered, lambda o: o is None or o.distribution not in excluded,
-                      env, policy, excluded_ops)
+                      env, policy, excluded_ops, foreign)
         owners = check_backends(ctx)
         check_natives(ctx)
         namespaces = check_namespaces(ctx)

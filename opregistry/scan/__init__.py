@@ -20,7 +20,13 @@ The result is cached on disk (:mod:`opregistry.diskcache`, cache
 location and checked against a digest of the files it read: their size
 and modification time by default, their sha256 in locked mode
 (``OPREGISTRY_LOCK``) or with ``content_digests=True``.  A changed file, a
-reinstall or an upgrade means a new scan of that distribution only.
+reinstall or an upgrade means a new scan of that distribution only.  A
+distribution found not to use torch is checked again only when its
+``METADATA`` or ``RECORD`` changes (every install rewrites them; editable
+installs are always checked file by file).  :func:`scan_installed` raises
+:class:`~opregistry.ConfigError` for an ``OPREGISTRY_CACHE`` that is not a
+boolean, and nothing else: a distribution whose scan fails carries the
+failure in :attr:`~opregistry.foreign.ForeignDistribution.error`.
 """
 
 from __future__ import annotations

@@ -286,4 +286,7 @@ def test_native_library_for_bitsandbytes_is_refused_and_it_works(bnb_site: Path,
         codes = [p.code for p in opregistry.get_registry().problems if p.severity == "error"]
         print(json.dumps({"codes": codes, "q": list(q.shape)}))
     """, PYTHONPATH=f"{site}{os.pathsep}{bnb_site}"))
-    assert found == {"codes": ["native-library-registers-from-python"], "q": [512]}
+    # refused at resolve time, pointing at adoption (and, by the rules that protect packages,
+    # as a redefinition of bitsandbytes' op); bitsandbytes works
+    assert found["q"] == [512]
+    assert set(found["codes"]) == {"native-library-registers-from-python", "op-held-by-package"}

@@ -344,7 +344,7 @@ def _print_adopted(adopted: list[dict[str, Any]], t: Text) -> None:
     for a in adopted:
         t.line(_adoption_line(a), wrap="      ")
         for op in a["ops"]:
-            schema = op["schema"] or "(schema inferred by custom_op)"
+            schema = op["schema"] or "  (schema from its type hints: custom_op)"
             t.line(f"    {op['name']}{schema}  [{op['where']}]", wrap="        ")
             t.table(rows[(a["distribution"]["name"], op["name"])], indent="        ",
                     widths=widths)

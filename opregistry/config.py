@@ -227,9 +227,9 @@ class Policy:
     def adopts(self, distribution: str) -> str | None:
         """``None`` if ``distribution`` may be adopted, else why not (the switch that says so)."""
         if not self.adopt:
-            return f"adoption is switched off ({self.adopt_sources.get('adopt', ADOPT_VAR)}=0)"
+            return f"adoption switched off by {self.adopt_sources.get('adopt', ADOPT_VAR)}"
         if canonical_name(distribution) in self.adopt_block:
-            return f"not adopted: named in {self.adopt_sources.get('adopt_block', ADOPT_BLOCK_VAR)}"
+            return f"named in {self.adopt_sources.get('adopt_block', ADOPT_BLOCK_VAR)}"
         return None
 
     def disabled_by(self, op: str, key: str, distribution: str, composite: bool,

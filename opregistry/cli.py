@@ -667,6 +667,9 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
             targets.append(target)
         elif match.kind == "ops":
             targets += [op.op.qualname for op in match.ops]
+        elif any(target in (op, op.split(".")[0], op.split("::")[0])
+                 for a in registry.plan.adoptions for op in a.samples):
+            targets.append(target)  # an adopted op with sample inputs (Adoption(samples=...))
         else:
             return _explain_match("check", match)
     progress = _Progress(sys.stderr, args.quiet)

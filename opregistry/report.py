@@ -592,10 +592,13 @@ def check_report(plan: Plan, results: Sequence[CheckResult], *,
     hide them.
     """
     rows = []
+    adopted = {op: a for a in plan.adoptions for op in a.samples}
     for r in results:
         op = plan.op(r.op)
-        rows.append({**r.to_dict(),
-                     "distribution": distribution(op.op.origin) if op else None})
+        owner = distribution(op.op.origin) if op else None
+        if op is None and r.op in adopted:  # an adopted op: its package's distribution
+            owner = {"name": adopted[r.op].name, "version": adopted[r.op].distribution.version}
+        rows.append({**r.to_dict(), "distribution": owner})
     codes: dict[str, list[str]] = {}
     for p in plan.errors:
         for o in p.culprits:

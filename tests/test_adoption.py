@@ -299,3 +299,20 @@ def test_opregistry_plugins_are_never_adopted(dists: DistFactory, ns, site) -> N
             return x
     """})
     assert all(not a.name.startswith("pl-") for a in plan(dists).adoptions)
+
+
+def test_an_adopted_op_is_checked_over_its_adapters_samples(foreign, dists: DistFactory,
+                                                             ns) -> None:
+    """opregistry check: opcheck of an adopted op, on the samples an adapter declares."""
+    from opregistry.checking import run_checks
+
+    name = foreign()
+    dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"},
+               modules={f"ad_{ns}": ADAPTER.format(dist=name, ns=ns)})
+    registry = load(dists)
+    results, unknown = run_checks(registry, [f"{ns}::scale"])
+    assert not unknown
+    checks = {(r.check, r.status) for r in results}
+    assert ("test_schema", "ok") in checks and ("test_faketensor", "ok") in checks
+    assert all(r.status != "fail" for r in results), results
+    assert {r.distribution for r in results} == {f"{name}==1.0"}

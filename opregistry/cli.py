@@ -485,7 +485,7 @@ def _show_live_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text
 def cmd_show(args: argparse.Namespace, t: Text) -> int:
     resolved = _live_registry(args.imports).plan if args.live else _plan()
     match = report.find_ops(resolved, args.op)
-    if match.kind == "unknown" and args.live:
+    if match.kind in ("unknown", "left-out") and args.live:
         found = report.live_ops(resolved, args.op)
         if found:  # registered with torch.library directly, by a package opregistry sees
             return _show_live_ops(found, args, t)

@@ -62,17 +62,6 @@ def check_namespaces(ctx: Context) -> dict[str, NamespacePlan]:
                        "uninstall one of them, or block it with OPREGISTRY_BLOCK=<distribution>",
                        (n.origin for n in owners), namespace=name, source=owners[0].source)
             continue
-        if ctx.torch is not None and name in ctx.torch.namespaces and owners and \
-                owners[0].native is None:
-            # a native DEF held by torch is its library, loaded already (by opregistry, or
-            # by an import of its extension module): loading checks it is that library
-            ctx.refuse("namespace-held-by-torch",
-                       f"namespace {name!r} already exists in torch (a C++ TORCH_LIBRARY or a "
-                       f"Library('{name}', 'DEF') made outside opregistry); "
-                       f"{names(n.origin for n in owners)} cannot DEF it",
-                       "rename the namespace, or declare it FRAGMENT to add ops to it",
-                       (n.origin for n in owners), namespace=name, source=owners[0].source)
-            continue
         held = ctx.foreign.namespaces.get(name)
         if held is not None and owners:
             ctx.refuse("namespace-held-by-package",
@@ -83,6 +72,17 @@ def check_namespaces(ctx: Context) -> dict[str, NamespacePlan]:
                        "rename the namespace, or declare it FRAGMENT to add ops of new names "
                        "to it", (n.origin for n in owners), namespace=name,
                        source=owners[0].source)
+            continue
+        if ctx.torch is not None and name in ctx.torch.namespaces and owners and \
+                owners[0].native is None:
+            # a native DEF held by torch is its library, loaded already (by opregistry, or
+            # by an import of its extension module): loading checks it is that library
+            ctx.refuse("namespace-held-by-torch",
+                       f"namespace {name!r} already exists in torch (a C++ TORCH_LIBRARY or a "
+                       f"Library('{name}', 'DEF') made outside opregistry); "
+                       f"{names(n.origin for n in owners)} cannot DEF it",
+                       "rename the namespace, or declare it FRAGMENT to add ops to it",
+                       (n.origin for n in owners), namespace=name, source=owners[0].source)
             continue
         owner = owners[0] if owners else None
         plans[name] = NamespacePlan(

@@ -65,13 +65,6 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
         return None
     if not _release_takes(ctx, op, schema):
         return None
-    if ctx.torch is not None and op.qualname in ctx.torch.ops and \
-            (op.namespace, dist_name(op.origin)) not in ctx.natives:  # a native op: loaded already
-        ctx.refuse("op-held-by-torch",
-                   f"{op.origin} defines {op.qualname}, which torch already has "
-                   f"(registered outside opregistry)",
-                   "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
-        return None
     held = ctx.foreign.ops.get(op.qualname)
     if held is not None:
         ctx.refuse("op-held-by-package",
@@ -80,6 +73,13 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"crashing whichever is imported last",
                    "rename the op or its overload (a FRAGMENT may add ops of new names)",
                    (op.origin,), op=op.qualname, source=where)
+        return None
+    if ctx.torch is not None and op.qualname in ctx.torch.ops and \
+            (op.namespace, dist_name(op.origin)) not in ctx.natives:  # a native op: loaded already
+        ctx.refuse("op-held-by-torch",
+                   f"{op.origin} defines {op.qualname}, which torch already has "
+                   f"(registered outside opregistry)",
+                   "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
         return None
     return schema
 

@@ -2,7 +2,7 @@
 with torch.library at its own import, unchanged.
 
 Installed ``--no-deps`` into a folder under the system's temporary directory,
-reused by later runs (tests/test_foreign_real.py's fixture).  Every check runs
+reused by later runs (the ``real_packages`` fixture of tests/conftest.py).  Every check runs
 in fresh interpreters with that folder on ``PYTHONPATH`` and opregistry's
 autoload on, as a user's process would:
 
@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 
 from . import adoption_dists
-from .test_foreign_real import real_site  # noqa: F401 - the pinned wheels, installed once
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +40,11 @@ OP = "bitsandbytes::quantize_blockwise"
 
 
 @pytest.fixture(scope="module")
-def bnb_site(real_site: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+def bnb_site(real_packages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """bitsandbytes alone (no torchao), copied: the lock test edits a file of it."""
     site = tmp_path_factory.mktemp("bnb") / "site"
     site.mkdir()
-    for entry in real_site.iterdir():
+    for entry in real_packages.iterdir():
         if entry.name.startswith("bitsandbytes"):
             shutil.copytree(entry, site / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
     return site

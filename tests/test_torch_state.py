@@ -284,3 +284,34 @@ def test_replaced_kernels_passes_other_stderr_output_on(capfd):
         os.write(2, b"a line of someone else's\n")
     assert found == []
     assert "a line of someone else's" in capfd.readouterr().err
+
+
+def test_the_recorder_wraps_what_torch_still_has(ns):
+    """The Library methods and the C++ call the recorder wraps exist with the arguments it reads,
+    and torch still records the registering code's line through the wrapper (a fake kernel's
+    source is read ``_stacklevel`` frames up, one more through the recorder)."""
+    import inspect
+
+    from torch._library.simple_registry import singleton
+
+    from opregistry.torch_state import _SLOTS, _STACKLEVEL, recorder
+
+    library = torch.library.Library
+    for method in _SLOTS:
+        assert callable(getattr(library, method, None)), method
+    assert list(inspect.signature(library.impl).parameters)[1:4] == ["op_name", "fn", "dispatch_key"]
+    assert list(inspect.signature(library._register_fake).parameters)[1:4] == [
+        "op_name", "fn", "_stacklevel"] and _STACKLEVEL["_register_fake"] == 2
+    assert list(inspect.signature(library._register_torch_dispatch_rule).parameters)[1:3] == [
+        "op_name", "torch_dispatch_class"]
+    assert callable(torch._C._dispatch_library)
+    recorder()
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        line = inspect.currentframe().f_lineno + 1
+        torch.library.register_fake(f"{ns}::probe", lambda x: torch.empty_like(x), lib=lib)
+        source = singleton.find(f"{ns}::probe").fake_impl.kernel.source
+        assert source == f"{__file__}:{line}", source
+    finally:
+        lib._destroy()

@@ -27,6 +27,7 @@ from . import guard
 from .config import Policy
 from .errors import MaterializationError
 from .containment import contain
+from .imports import after_import
 from .logs import get_logger
 from .kinds import DeviceKernel
 from .model import Origin, Problem, describe_ref
@@ -57,9 +58,12 @@ class Materialized:
     ops: list[str] = field(factory=list)
     problems: list[Problem] = field(factory=list)
     failed: dict[str, Origin] = field(factory=dict)
+    #: unloaded: registrations still waiting for a package's import are dropped
+    destroyed: bool = False
 
     def destroy(self) -> None:
         """Unregister everything, in reverse order of registration."""
+        self.destroyed = True
         for libs in reversed(list(self.libraries.values())):
             for lib in reversed(libs):
                 destroy_library(lib)
@@ -186,6 +190,11 @@ def _counting() -> bool:
 
 
 _MISSING = object()
+
+
+def _imported_in_full(module: str) -> bool:
+    loaded = sys.modules.get(module)
+    return loaded is not None and not guard.initializing(loaded)
 
 
 def _read(ref: Any, must_call: bool) -> Any:
@@ -331,6 +340,10 @@ class Executor:
 
     def _register(self, step: Step) -> Problem | None:
         op, planned = step.subject
+        if planned.after and not _imported_in_full(planned.after):
+            # a kernel for a package's op: once the package registered its own, or it wins
+            self._defer(step, planned)
+            return None
         kernel = planned.kernel
         payload, problem = self.importer.payload(kernel)
         if problem is not None:
@@ -344,6 +357,37 @@ class Executor:
                                   library=self.libs[step.distribution].get(kernel.namespace),
                                   op=op.op if op else None, kernel=kernel, payload=payload,
                                   fn=getattr(payload, kernel.kind.primary))
+
+    def _defer(self, step: Step, planned: Any) -> None:
+        """Register ``step`` right after the package registers its own kernel for the key
+        (seen by the recorder), or after its module is imported (a C++ kernel): the first."""
+        done: list[bool] = []
+
+        def once(*_: Any) -> None:
+            if not done:
+                done.append(True)
+                self._register_late(step)
+
+        kernel = planned.kernel
+        slots = [(kernel.op, kernel.key)] + ([(kernel.op, "Fake")] if kernel.key == "Meta" else [])
+        for slot in slots:
+            process().after_registration.setdefault(slot, []).append(once)
+        after_import(planned.after, once)
+
+    def _register_late(self, step: Step) -> None:
+        """``step``, once the package whose op it targets has registered its own kernel."""
+        if step.distribution in self.failed or self.result.destroyed:
+            return
+        _, planned = step.subject
+        planned = attrs.evolve(planned, after=None)
+        problem = self._register(step._replace(subject=(step.subject[0], planned)))
+        if problem is not None:
+            process().late_problems.append(problem)
+            log.warning("a kernel registered after its package's import failed",
+                        distribution=step.origin.dist, problem=problem.message)
+            return
+        dl = self.libs[step.distribution]
+        self.result.libraries[step.distribution] = list(dl.libs.values())
 
     def _import_candidate(self, step: Step) -> Problem | None:
         planned = step.subject

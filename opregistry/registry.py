@@ -148,7 +148,9 @@ class Registry:
 
     @property
     def problems(self) -> tuple[Problem, ...]:
-        return self.loaded.problems
+        """Every problem: the plan's, registration's, and those of kernels registered after a
+        package's import (a kernel for an op the package defines with torch.library)."""
+        return self.loaded.problems + tuple(process().late_problems)
 
     @property
     def ops(self) -> tuple[OpPlan, ...]:
@@ -156,7 +158,7 @@ class Registry:
 
     @property
     def errors(self) -> tuple[Problem, ...]:
-        return self.loaded.errors
+        return tuple(p for p in self.problems if p.severity == "error")
 
     @property
     def namespaces(self) -> tuple[str, ...]:

@@ -53,6 +53,14 @@ class ProcessState:
         self.loading = False
         #: ops defined through opregistry by a live registry (``ns::name[.overload]``)
         self.defined: set[str] = set()
+        #: module name -> what waits for its import to finish (opregistry.imports)
+        self.after_import: dict[str, list[Callable[[Any], None]]] = {}
+        #: ``(op, slot)`` -> what waits for a package to register it (the Recorder runs it
+        #: right after the package's own registration)
+        self.after_registration: dict[tuple[str, str], list[Callable[[], None]]] = {}
+        #: problems of registrations made after the load (a kernel for a package's op,
+        #: registered once the package is imported)
+        self.late_problems: list[Any] = []
         #: the ``file:line`` torch records for opregistry's own ``Library`` objects (their
         #: declarations'): a kernel registered there is opregistry's, not a replacement
         self.library_sites: set[str] = set()

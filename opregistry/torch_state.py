@@ -475,6 +475,10 @@ class Recorder:
             self.sites[(registration.op, registration.slot)] = registration.site
         for watch in thread.watches:
             watch.events.append(registration)
+        waiting = process().after_registration
+        if waiting:  # an override opregistry holds back until the package registered its own
+            for callback in waiting.pop((registration.op, registration.slot), ()):
+                callback()
 
 
 

@@ -48,10 +48,38 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
     )
 
 
-def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None]
-                         ) -> tuple[Collected, Plan]:
+def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None],
+                         references: bool = False) -> tuple[Collected, Plan]:
     with gc_paused(), interrupts_watched():
-        return _collect_and_resolve_unpaused(settings, torch_state)
+        collected, resolved = _collect_and_resolve_unpaused(settings, torch_state)
+    if references:
+        collected, resolved = _with_reference_checks(collected, resolved, settings, torch_state)
+    return collected, resolved
+
+
+def _with_reference_checks(collected: Collected, resolved: Plan, settings: Settings,
+                           torch_state: Callable[[], TorchState | None]
+                           ) -> tuple[Collected, Plan]:
+    """Resolve again, leaving out each distribution with a reference that cannot be imported.
+
+    What the materializer would find at registration, found statically
+    (:func:`opregistry.references.check_references`), with the same
+    consequence: the distribution is left out whole, and what depended on it
+    with it (rule 9).  Repeated until no new problem appears: leaving one
+    out can make another's kernel the active one.
+    """
+    from .references import check_references
+
+    seen: set[tuple[str, str]] = set()
+    while True:
+        found = [p for p in check_references(resolved) if (p.code, p.message) not in seen]
+        if not found:
+            return collected, resolved
+        seen.update((p.code, p.message) for p in found)
+        declarations = attrs.evolve(collected.declarations,
+                                    problems=collected.declarations.problems + tuple(found))
+        collected = attrs.evolve(collected, declarations=declarations)
+        resolved = resolve(declarations, policy=settings.policy, torch_state=torch_state())
 
 
 def _collect_and_resolve_unpaused(settings: Settings,
@@ -87,11 +115,16 @@ def _importing_plugins(caller: str) -> Iterator[None]:
 
 
 def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
-         policy: Policy | None = None) -> Plan:
+         policy: Policy | None = None, references: bool = False) -> Plan:
     """Discover, collect and resolve, without registering anything.
 
     Does not import torch.  When torch is already imported, what its
     dispatcher holds is taken into account (rules 4 and 5).
+
+    ``references=True`` also checks, statically, that every reference the
+    materializer would import names a module and an attribute that exist
+    (``kernel-ref-missing``, ``kernel-ref-invalid``), leaving out what
+    registration would: what ``opregistry doctor`` does.
     """
     settings = _settings(None, plugins, block, policy)
 
@@ -104,7 +137,7 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
     # plugins are imported here too: one that calls load() at import must meet
     # the same refusal as under load(), not start registering from inside plan()
     with _lock, _importing_plugins("plan"):
-        return _collect_and_resolve(settings, torch_state)[1]
+        return _collect_and_resolve(settings, torch_state, references)[1]
 
 
 def _snapshot() -> TorchState:

@@ -654,6 +654,20 @@ def schema_keyword_as_name(env: Env) -> Fault:
                  says="keyword")
 
 
+def op_named_like_an_attribute(env: Env) -> Fault:
+    # torch.ops.<ns>.name is the namespace's own name: Library.define fails inside torch
+    d = env.op_dist("bad", define("ok") + define("name"))
+    return Fault({d}, absent=(env.op("ok"), env.op("name")), source=env.at(d, BODY_LINE + 1),
+                 says="attribute of torch's own")
+
+
+def overload_torch_cannot_reach(env: Env) -> Fault:
+    # torch.ops.<ns>.f.overloads is the packet's method: torch defines it, no one reaches it
+    d = env.op_dist("bad", define("ok") + define("f.overloads"))
+    return Fault({d}, absent=(env.op("ok"), env.op("f.overloads")),
+                 source=env.at(d, BODY_LINE + 1), says="unreachable")
+
+
 def type_torch_refuses_for_custom_ops(env: Env) -> Fault:
     d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x, Dimname d) -> Tensor"))
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
@@ -851,6 +865,9 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "namespace-leading-digit": ("namespace-invalid", _namespace("1abc")),
     "namespace-dot": ("namespace-invalid", _namespace("a.b")),
     "namespace-underscore": ("namespace-reserved", _namespace("_")),
+    "namespace-torch-ops-attribute": ("namespace-invalid", _namespace("load_library")),
+    "op-named-like-a-namespace-attribute": ("op-name-invalid", op_named_like_an_attribute),
+    "overload-torch-cannot-reach": ("op-name-invalid", overload_torch_cannot_reach),
     "kernel-ref-unresolvable": ("materialize-failed", kernel_ref_unresolvable),
     "kernel-ref-not-callable": ("materialize-failed", kernel_ref_not_callable),
     "torch-rejects-halfway": ("materialize-failed", torch_rejects_halfway),

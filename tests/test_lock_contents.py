@@ -142,7 +142,7 @@ def test_lock_records_file_digests_of_a_wheel_install(installs, ns, tmp_path):
     """A wheel: every hashed RECORD entry, relative names, RECORD's own sha256 values."""
     package = installs.wheel("cw-wheel", ns)
     data = _lock(installs, tmp_path / "opregistry.lock")
-    assert data["lock_version"] == LOCK_VERSION == 3
+    assert data["lock_version"] == LOCK_VERSION == 4
     entry = data["contents"]["cw-wheel"]
     assert entry["install"] == "wheel"
     assert set(entry["files"]) == {f"{package}/__init__.py", f"{package}/kernels.py",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import DOCS_URL, SchemaError
-from ..keys import KNOWN_TAGS, tag_since, type_since, types_lacking
+from ..keys import KNOWN_TAGS, tag_since, type_since, types_lacking, unreachable_name
 from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
 from ..schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
@@ -22,7 +22,8 @@ def name_refusal(op: OpDef) -> str | None:
     if keywords:
         return (f"{keywords[0]!r} is a keyword of torch's schema language, which torch cannot "
                 f"parse as a name")
-    return None
+    return unreachable_name(op.name, "op") or (
+        unreachable_name(op.overload, "overload") if op.overload else None)
 
 
 def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],

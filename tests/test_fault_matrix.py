@@ -564,6 +564,30 @@ def edited_after_lock_in_locked_mode(env: Env) -> Fault:
                  entry_point=False)
 
 
+def kernel_module_edited_after_lock_in_locked_mode(env: Env) -> Fault:
+    """Locked mode: a kernel module of its own beside the package (no RECORD), edited after the
+    lock: refused before anything of the distribution is imported."""
+    d = env.op_dist("kedited", define("foo", kernels="{'cpu': 'NS_kedited:k'}"),
+                    modules={"NS_kedited": "def k(x):\n    return x.clone()\n"})
+    from opregistry.lockfile import write_lock
+
+    lock = env.dists.root / "opregistry.lock"
+    write_lock(plan(env.dists, plugins=scope(env)), lock)
+    kernels = env.dists.root / f"{env.ns}_kedited.py"
+    kernels.write_text(kernels.read_text().replace(
+        "return x.clone()", "__import__('os').system('true'); return x.clone()"))
+    env.request.getfixturevalue("monkeypatch").setenv("OPREGISTRY_LOCK", str(lock))
+    declarations = env.module_name(d)
+    sys.modules.pop(declarations)  # imported by the plan that was locked
+
+    def unchanged() -> None:
+        assert declarations not in sys.modules, "the declarations module was imported"
+        assert f"{env.ns}_kedited" not in sys.modules, "the edited kernel module was imported"
+
+    return Fault({d}, absent=(env.op("foo"),), says=f"{kernels.name} changed",
+                 unchanged=unchanged, entry_point=False)
+
+
 def kernel_module_exits(env: Env) -> Fault:
     """A kernel module calls sys.exit(3) at import: left out, import torch goes on."""
     d = env.op_dist("exits", define("foo", kernels="{'cpu': 'NS_exits:k'}"),
@@ -878,6 +902,8 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
                                                     replaces_torch_kernel_through_older_library),
     "kernel-module-exits": ("materialize-failed", kernel_module_exits),
     "edited-after-lock-in-locked-mode": ("lock-mismatch", edited_after_lock_in_locked_mode),
+    "kernel-module-edited-after-lock-in-locked-mode": (
+        "lock-mismatch", kernel_module_edited_after_lock_in_locked_mode),
     "kernel-module-raises-base-exception": ("materialize-failed",
                                             kernel_module_raises_base_exception),
     "declaration-raises-keyboard-interrupt": ("plugin-import-error",

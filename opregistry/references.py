@@ -107,24 +107,25 @@ def check_references(plan: Plan) -> list[Problem]:
     reference, in the plan's order.
     """
     problems: list[Problem] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, str]] = set()
     for k in _imported_by_materialize(plan):
         kernel = k.kernel
         for what, ref, want in _kernel_refs(kernel):
             assert kernel.origin is not None
-            if (kernel.origin.distribution, ref) in seen:
+            if (kernel.origin.distribution, ref, want) in seen:
                 continue
-            seen.add((kernel.origin.distribution, ref))
+            seen.add((kernel.origin.distribution, ref, want))
             module, attribute = split_ref(ref)
             status, why = attribute_status(locate_module(module), attribute, want)  # type: ignore[arg-type]
             if status in ("defined", "unknown"):
                 continue
             code = "kernel-ref-missing" if status == "missing" else "kernel-ref-invalid"
+            subject = f"the {kernel.key} kernel of {kernel.op}" if what == "kernel" else \
+                f"the {what} of the {kernel.key} kernel of {kernel.op}"
             problems.append(Problem(
                 code=code,
-                message=f"{kernel.origin}: the {what} {ref!r} of the {kernel.key} kernel of "
-                        f"{kernel.op} cannot be imported: {why}; at registration the "
-                        f"distribution would be left out",
+                message=f"{kernel.origin}: {subject} names {ref!r}, which cannot be imported: "
+                        f"{why}; registration would leave {kernel.origin.distribution} out",
                 hint=f"fix the reference in the declaration (a 'module:attribute' string naming "
                      f"{'a class' if want == 'class' else 'a function'} of an importable module)",
                 culprits=(kernel.origin,), op=kernel.op, key=kernel.key, source=kernel.source))

@@ -228,8 +228,6 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
     for (group, ep), origin in zip(found, origins):
         names[(origin.distribution, group, ep.name)] += 1
     reported: set[tuple[str, str, str]] = set()
-    # with torch imported, what a plugin registers with torch by itself is watched
-    watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
     for (group, ep), origin in zip(found, origins):
         reason = settings.admits(origin.distribution)
         if reason is not None:
@@ -258,9 +256,14 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
             continue
         # a plugin's failure is its own, never ours: SystemExit (a module that parses
         # sys.argv at import) and any BaseException but a real Ctrl-C included
+        # with torch imported, what a plugin registers with torch by itself is watched; a
+        # plugin that imports torch itself (torch was not imported before) is watched from
+        # then on (guard.torch_arrived): the same verdict with torch imported first or not
+        torch_imported = "torch" in sys.modules
         guarded = guard.run(ep.load, origin=origin, what=f"importing {ep.value}",
-                            protected=watched, policy=settings.policy,
-                            owns=guard.owned_by(ep.module))
+                            protected=frozenset() if torch_imported else None,
+                            policy=settings.policy, owns=guard.owned_by(ep.module),
+                            until_torch=not torch_imported)
         problems.extend(guarded.problems)
         if guarded.error is not None:
             problem = load_problem(origin, guarded.error)

@@ -231,6 +231,8 @@ class _Bindings:
     dynamic: str
     #: class name -> what its body binds (for ``Class.attribute`` references)
     classes: dict[str, "_Bindings"]
+    #: why importing the module fails for certain (a top-level ``raise`` or ``sys.exit()``)
+    fatal: str = ""
 
 
 _LITERALS = (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr, ast.BinOp,
@@ -315,6 +317,27 @@ def _dynamic_uses(tree: ast.AST) -> list[str]:
     return out
 
 
+#: calls that end the interpreter when a module's top level makes them
+_EXITS = frozenset({"exit", "quit", "sys.exit", "os._exit", "os.abort"})
+
+
+def _fatal(body: list[ast.stmt]) -> str:
+    """Why running the module's top level always fails, or ``""``.
+
+    Only a statement of the top level itself (no ``if``, no ``try``): a
+    ``raise``, or a call of ``sys.exit()`` and its kin.  Reached for certain,
+    unless a statement before it fails first, which fails the import too.
+    """
+    for node in body:
+        if isinstance(node, ast.Raise):
+            return f"it raises at import (line {node.lineno})"
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            name = ast.unparse(node.value.func)
+            if name in _EXITS:
+                return f"it calls {name}() at import (line {node.lineno})"
+    return ""
+
+
 def _bindings(body: list[ast.stmt], tree: ast.AST | None = None) -> _Bindings:
     found: dict[str, set[str]] = {}
     classes: dict[str, _Bindings] = {}
@@ -323,7 +346,8 @@ def _bindings(body: list[ast.stmt], tree: ast.AST | None = None) -> _Bindings:
         _statement(node, found, classes, dynamic)
     if tree is not None:
         dynamic += _dynamic_uses(tree)
-    return _Bindings({k: frozenset(v) for k, v in found.items()}, "; ".join(dynamic[:1]), classes)
+    return _Bindings({k: frozenset(v) for k, v in found.items()}, "; ".join(dynamic[:1]), classes,
+                     _fatal(body) if tree is not None else "")
 
 
 def module_source(path: str) -> str | None:
@@ -397,6 +421,8 @@ def attribute_status(location: ModuleLocation, attribute: str,
     bindings = _bindings_of(location.file)
     if isinstance(bindings, str):
         return "unimportable", f"module {location.module} cannot be imported: {bindings}"
+    if bindings.fatal:
+        return "unimportable", f"module {location.module} cannot be imported: {bindings.fatal}"
     return _status_in(bindings, first, rest, location.module, want)
 
 

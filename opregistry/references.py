@@ -120,6 +120,7 @@ def check_references(plan: Plan) -> list[Problem]:
             if status in ("defined", "unknown"):
                 continue
             code = "kernel-ref-missing" if status == "missing" else "kernel-ref-invalid"
+            # unimportable (a SyntaxError, a top-level raise or sys.exit): invalid
             subject = f"the {kernel.key} kernel of {kernel.op}" if what == "kernel" else \
                 f"the {what} of the {kernel.key} kernel of {kernel.op}"
             problems.append(Problem(

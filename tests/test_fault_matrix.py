@@ -1070,6 +1070,69 @@ def test_reported_by_doctor(env: Env, case: str, capsys: pytest.CaptureFixture[s
         assert any((f["source"] or "").endswith("/" + fault.source) for f in found)
 
 
+#: in a fresh interpreter: the distributions left out by plain ``opregistry doctor``
+#: (``{"left_out": [...], "torch": whether doctor imported torch}``), by ``doctor --live``,
+#: or by ``import torch``
+_VERDICT = {
+    "doctor": """
+import contextlib, io, json, sys
+from opregistry.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    main(["doctor", "--json", *sys.argv[1:]])
+report = json.loads(out.getvalue())
+print(json.dumps(sorted({d["name"] for p in report["problems"] if p["severity"] == "error"
+                         for d in p["distributions"]})))
+""",
+    "import torch": """
+import json, torch, opregistry
+registry = opregistry.get_registry()
+print(json.dumps(sorted({o.distribution for p in registry.errors for o in p.culprits})))
+""",
+}
+
+
+def fresh_verdict(env: Env, how: str, *argv: str) -> list[str]:
+    """What a fresh interpreter decides for the case's distributions (see :data:`_VERDICT`)."""
+    import os
+    import subprocess
+
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    environ.update(OPREGISTRY_PLUGINS=",".join(scope(env)), PYTHONPATH=os.pathsep.join(
+        filter(None, [str(env.dists.root), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", _VERDICT[how], *argv], capture_output=True,
+                          text=True, env=environ, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+#: cases whose fault shows only when code runs at registration -- a kernel module's import
+#: (sys.exit, a BaseException, a Library of its own), a backend hook that torch refuses, what
+#: a native library registers when loaded: ``doctor`` without torch cannot know it without
+#: running that code (``--live`` does, and is compared instead); each is checked to really
+#: differ, so that a case doctor learns to see leaves this set
+FOUND_BY_REGISTRATION: frozenset[str] = frozenset({
+    "kernel-module-replaces-torch-kernel",
+    "kernel-module-replaces-another-distributions-kernel", "torch-rejects-halfway",
+    "native-undeclared-op", "native-replaces-kernel",
+})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_doctor_and_import_torch_agree(env: Env, case: str) -> None:
+    """Each case, in fresh interpreters: plain ``opregistry doctor`` (no torch) leaves out the
+    distributions a fresh ``import torch`` leaves out -- no more, no fewer."""
+    build(env, case)
+    imported = fresh_verdict(env, "import torch")
+    doctor = fresh_verdict(env, "doctor")
+    if case in FOUND_BY_REGISTRATION:
+        assert doctor != imported, f"doctor now sees {case}: remove it from FOUND_BY_REGISTRATION"
+        assert fresh_verdict(env, "doctor", "--live") == imported
+    else:
+        assert doctor == imported, f"doctor: {doctor}, import torch: {imported}"
+
+
 def test_same_entry_point_name_in_two_distributions_is_not_a_fault(env: Env) -> None:
     """Entry-point names are per distribution: everyone may call theirs ``ops``."""
     a = env.op_dist("first", define("foo"))

@@ -88,6 +88,14 @@ def test_a_namespace_package_on_the_way(tree, ns) -> None:
     ("def make():\n    global f\n    f = len\n", "f", "callable", "unknown"),
     ("exec('def f(): pass')\n", "f", "callable", "unknown"),
     ("def f(:\n", "f", "callable", "unimportable"),
+    # importing it fails for certain: a top-level raise or exit
+    ("import sys\nsys.exit(3)\ndef f(): pass\n", "f", "callable", "unimportable"),
+    ("raise RuntimeError('no')\ndef f(): pass\n", "f", "callable", "unimportable"),
+    # ... but not when a condition or a handler stands in between
+    ("import sys\nif __name__ == '__main__':\n    sys.exit(3)\ndef f(): pass\n", "f",
+     "callable", "defined"),
+    ("try:\n    raise ImportError\nexcept ImportError:\n    pass\ndef f(): pass\n", "f",
+     "callable", "defined"),
 ])
 def test_attribute_status(tree, ns, body, attribute, want, status) -> None:
     write, marker, _ = tree

@@ -13,6 +13,9 @@ This module adds what only a compiled library has:
   compared when the library is loaded: only a running torch says it.)
 * ``native-library-missing``: the module to import or the file to load is
   not there (a build that did not happen, a wheel without its ``.so``).
+* ``native-load-failed``, before loading: the file is no shared library of
+  this platform (its first bytes are not ELF, Mach-O or PE): loading it
+  would fail the same way.
 
 An IMPL library's native library (``OpLibrary(ns, "IMPL", native=...)``) only
 adds C++ kernels, each declared (``impl(op, native=[keys])``) and judged by the
@@ -26,11 +29,11 @@ with the schemas and (op, key) pairs it must register.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Iterable
 
 from ..keys import installed_torch_build
+from ..locate import locate_module
 from ..model import Kernel, NativeLibrary, Origin
 from ..plan import NamespacePlan, NativePlan, OpPlan
 from .context import Context, dist_name
@@ -44,14 +47,46 @@ def _release(version: str) -> str:
 
 
 def _missing(library: NativeLibrary) -> str | None:
-    """Why ``library`` cannot be found without loading it, or ``None``."""
+    """Why ``library`` cannot be found without loading it, or ``None``.
+
+    A module is located statically (:func:`opregistry.locate.locate_module`):
+    ``importlib.util.find_spec("pkg.ext")`` would import ``pkg`` to find it.
+    """
     if library.path is not None:
         return None if os.path.isfile(library.path) else f"the file {library.path} does not exist"
+    found = locate_module(library.module)  # type: ignore[arg-type]
+    return f"module {library.module} does not exist ({found.why})" \
+        if found.found == "missing" else None
+
+
+#: the first bytes of a shared library on each platform that has one format for them
+_MAGIC: dict[str, tuple[bytes, ...]] = {
+    "linux": (b"\x7fELF",),
+    "darwin": (b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe",
+               b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca"),
+    "win32": (b"MZ",),
+}
+
+
+def not_a_library(path: str) -> str | None:
+    """Why the file at ``path`` cannot be a shared library of this platform, or ``None``.
+
+    Its first bytes are compared with the platform's formats (ELF, Mach-O, PE):
+    a file that is none of them fails to load, whatever else it is.
+    """
+    import sys
+
+    formats = next((m for p, m in _MAGIC.items() if sys.platform.startswith(p)), None)
+    if formats is None:
+        return None
     try:
-        found = importlib.util.find_spec(library.module)  # type: ignore[arg-type]
-    except (ImportError, ValueError) as exc:
-        return f"module {library.module} cannot be found ({exc})"
-    return None if found is not None else f"module {library.module} does not exist"
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if any(head.startswith(m) for m in formats):
+        return None
+    return f"it is not a shared library of this platform (it starts with {head!r})"
 
 
 def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespace: str,
@@ -63,6 +98,17 @@ def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespa
                    f"{missing}; nothing of {dist_name(origin)} is loaded",
                    f"reinstall {dist_name(origin)} (its build may have failed), or block it "
                    f"with OPREGISTRY_BLOCK={dist_name(origin)}",
+                   (origin,), namespace=namespace, source=source)
+        return
+    file = library.path if library.path is not None else \
+        locate_module(library.module).file  # type: ignore[arg-type]
+    broken = not_a_library(file) if file is not None and not file.endswith(".py") else None
+    if broken is not None:
+        ctx.refuse("native-load-failed",
+                   f"{origin}: the native library {file} of namespace {namespace!r} cannot be "
+                   f"loaded: {broken}; nothing of {dist_name(origin)} is loaded",
+                   f"reinstall {dist_name(origin)} (its build may have failed or been "
+                   f"replaced), or block it with OPREGISTRY_BLOCK={dist_name(origin)}",
                    (origin,), namespace=namespace, source=source)
         return
     installed = installed_torch_build()

@@ -38,9 +38,14 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_CODES = {
     EXIT_OK: "healthy: no error, every check passed, the lockfile matches",
     EXIT_PROBLEMS: "problems found: an error in the registry, an op or plugin left out, "
-                   "a failed check, a difference from the lockfile",
+                   "a failed check, a difference from the lockfile, a lockfile `verify` "
+                   "cannot use (missing, unreadable, not JSON, another format version); "
+                   "`lock` with errors and no `--force`; `doctor` on an invalid "
+                   "configuration",
     EXIT_USAGE: "usage error: an unknown command, option or help topic; an op or check "
-                "target that names nothing, or several ops",
+                "target that names nothing, or several ops; an invalid configuration "
+                "(an `OPREGISTRY_*` value, `OPREGISTRY_CONFIG`) for every command but "
+                "`doctor`; a `lock -o` file that cannot be written",
     EXIT_INTERRUPTED: "interrupted: a real Ctrl-C (a KeyboardInterrupt a plugin raises "
                       "itself is that plugin's problem, not this)",
 }
@@ -631,7 +636,10 @@ def cmd_lock(args: argparse.Namespace, t: Text) -> int:
                          f"nothing written. See 'opregistry doctor', or lock what resolves "
                          f"anyway with --force.\n")
         return EXIT_PROBLEMS
-    data = write_lock(resolved, t.out if args.output == "-" else args.output)
+    try:
+        data = write_lock(resolved, t.out if args.output == "-" else args.output)
+    except OSError as exc:
+        return _usage_error("lock", f"cannot write {args.output}: {exc.strerror or exc}")
     if args.output != "-":
         t.line(f"wrote {args.output}: {data['fingerprint']} (torch {data['torch']}, "
                f"{len(data['distributions'])} distributions, {len(data['ops'])} ops)")

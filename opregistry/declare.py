@@ -26,19 +26,25 @@ The entry point of the op package names the :class:`OpLibrary` object.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar, overload
 
 from .errors import DeclarationError
+from .seal import running_origin
 from .hookspecs import hookimpl
 from . import keys as _keys
-from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, autocast_dtype,
-                    describe_ref, source_of)
+from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, Origin,
+                    autocast_dtype, describe_ref, source_of)
 
 __all__ = ["OpLibrary", "OpHandle"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 LibraryKind = Literal["DEF", "FRAGMENT", "IMPL"]
+
+
+#: opregistry's own folder: its frames are never the author of a declaration
+_OURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _source(depth: int) -> str | None:
@@ -194,7 +200,9 @@ class OpHandle:
 
     def register_samples(self, fn: KernelRef | None = None) -> Any:
         """Name the function that returns sample inputs for ``opcheck``."""
-        return _decorator_or_call(fn, lambda f: self._library._set_samples(self.qualname, f))
+        source = _source(1)
+        return _decorator_or_call(fn, lambda f: self._library._set_samples(self.qualname, f,
+                                                                           source))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         op = self._overload
@@ -249,6 +257,15 @@ class OpLibrary:
         )
         self._ops: dict[str, OpDef] = {}
         self._kernels: list[Kernel] = []
+        # which distribution's code was running when the library was made, and, for each
+        # record declared while another's was, that one: a declaration through someone
+        # else's library is found and attributed at collection (opregistry.ownership)
+        self._made_during = running_origin()
+        self._made_in = (_source(1) or "").rpartition(":")[0]
+        #: id(record) -> (whose code was running, the files of the code that declared it,
+        #: innermost first; the record it replaced), for the records declared elsewhere than
+        #: in the file that made the library, or while another distribution's code ran
+        self._late: dict[int, tuple[Origin | None, tuple[str, ...], Any]] = {}
 
     def __repr__(self) -> str:
         return f"<OpLibrary {self.namespace} {self.kind}: {len(self._ops)} ops>"
@@ -477,14 +494,41 @@ class OpLibrary:
                 op=op.qualname,
             )
         self._ops[op.qualname] = op
+        self._note(op)
         return OpHandle(self, op)
+
+    def _note(self, record: Any, author: str | None = None, replaced: Any = None) -> None:
+        """Remember whose code declared ``record``, where that is not plain from it.
+
+        The common case -- declared in the file that made the library, while the
+        same distribution's code runs -- records nothing.  Otherwise: whose code
+        was running, and the files of every frame of the code that declared it
+        (so that a helper called by the library's own code counts as its own);
+        ``author``: the ``file:line`` of a change made after the record's own
+        line (``register_samples``), whose record ``replaced`` was the one before.
+        """
+        now = running_origin()
+        where = author or getattr(record, "source", None) or ""
+        if now == self._made_during and author is None and \
+                where.rpartition(":")[0] == self._made_in:
+            return
+        frame = sys._getframe(2)
+        files: list[str] = []
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(_OURS) and name not in files:
+                files.append(name)
+            frame = frame.f_back
+        self._late[id(record)] = (now, tuple(files), replaced)
 
     def _add_kernel(self, qualname: str, key: str, fn: KernelRef, **kwargs: Any) -> None:
         if (isinstance(key, str) and key.endswith("]") and kwargs.get("dispatch_class") is None
                 and _keys.family(key) == _keys.TORCH_DISPATCH):
             # impl(op, "TorchDispatch[module:Mode]", rule): the class is named in the key
             kwargs["dispatch_class"] = key[len(_keys.TORCH_DISPATCH) + 1:-1]
-        self._kernels.append(Kernel(op=qualname, key=key, fn=fn, **kwargs))
+        kernel = Kernel(op=qualname, key=key, fn=fn, **kwargs)
+        self._kernels.append(kernel)
+        self._note(kernel)
 
     def _add_autocast(self, qualname: str, device_type: str, cast_inputs: Any,
                       source: str | None) -> None:
@@ -512,10 +556,12 @@ class OpLibrary:
         key = _keys.torch_dispatch_key(describe_ref(cls) or "")
         self._add_kernel(qualname, key, rule, dispatch_class=cls, source=source)
 
-    def _set_samples(self, qualname: str, fn: KernelRef) -> None:
+    def _set_samples(self, qualname: str, fn: KernelRef, source: str | None = None) -> None:
         from attrs import evolve
 
-        self._ops[qualname] = evolve(self._ops[qualname], samples=fn)
+        before = self._ops[qualname]
+        op = self._ops[qualname] = evolve(before, samples=fn)
+        self._note(op, source, before)  # the line of register_samples: whoever chose them
 
     def _lookup(self, op: OpDef) -> Any:
         import torch

@@ -38,8 +38,10 @@ from .containment import must_propagate
 from .errors import DOCS_URL
 from .keys import RESERVED_NAMESPACES
 from .model import Origin, Problem, source_of
+from .seal import running, running_origin
 
-__all__ = ["Guarded", "run", "owned_by", "raised_at", "torch_arrived"]
+__all__ = ["Guarded", "run", "owned_by", "raised_at", "torch_arrived", "running",
+           "running_origin"]
 
 #: frames in these places are machinery, not the line a plugin author must fix
 _MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<attrs generated",

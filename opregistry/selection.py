@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from attrs import frozen
 
 from .containment import must_propagate
-from .model import in_range, parse_range
+from .model import describe_ref, in_range, parse_range
 
 __all__ = ["chain", "Step", "counted", "observer", "kernel_counts", "KernelCounts",
            "counting_forced", "print_counts_at_exit"]
@@ -79,7 +79,7 @@ def _declined(label: str, qualname: str) -> Callable[[BaseException], bool]:
             import warnings
 
             warnings.warn(
-                f"opregistry: the per-call condition of {label} for {qualname} raised "
+                f"opregistry: the predicate {label} for {qualname} raised "
                 f"{type(exc).__name__}: {exc}; the next candidate serves the call (and every "
                 f"call it raises on; reported once)", RuntimeWarning, stacklevel=3)
         return False
@@ -88,8 +88,12 @@ def _declined(label: str, qualname: str) -> Callable[[BaseException], bool]:
 
 
 def _contained(predicate: Callable[..., Any], label: str, qualname: str) -> Callable[..., bool]:
-    """``predicate``, an exception from which declines the call instead of failing it."""
-    declined = _declined(label, qualname)
+    """``predicate``, an exception from which declines the call instead of failing it.
+
+    The warning names the predicate (``module:function``) and the candidate it
+    guards: the function whose bug it is, and the kernel that did not serve.
+    """
+    declined = _declined(f"{describe_ref(predicate)} of the candidate {label}", qualname)
 
     def accepts(*args: Any, **kwargs: Any) -> bool:
         try:

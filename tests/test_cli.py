@@ -597,6 +597,30 @@ def test_exit_status_table_is_the_code_and_every_command_follows_it(tmp_path, ca
     capsys.readouterr()
 
 
+def test_every_case_the_exit_table_names(tmp_path, capsys, monkeypatch, dists, ns):
+    """Each case the rows of the exit table list exits as the table says (0, 1 and 2)."""
+    from .conftest import op_dist
+
+    for text in (None, "{not json", json.dumps({"lock_version": 3}), json.dumps({"x": 1})):
+        lockfile = tmp_path / f"unusable{hash(text)}.lock"
+        if text is not None:
+            lockfile.write_text(text)
+        assert main(["verify", str(lockfile)]) == 1, text
+        assert main(["verify", "--json", str(lockfile)]) == 1, text
+    assert main(["lock", "-o", str(tmp_path / "no" / "such" / "dir.lock")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    op_dist(dists, "broken", ns, "lib.define('f(Tensr x) -> Tensor')\n")
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, *dists.names]))
+    assert main(["lock", "-o", str(tmp_path / "errors.lock")]) == 1  # errors, no --force
+    assert main(["lock", "--force", "-o", str(tmp_path / "errors.lock")]) == 0
+    monkeypatch.setenv("OPREGISTRY_STRICT", "ture")
+    for argv in (["list"], ["show", "x::y"], ["plugins"], ["lock", "-o", "-"],
+                 ["verify", str(tmp_path / "errors.lock")]):
+        assert main(argv) == 2, argv
+    assert main(["doctor"]) == 1
+    capsys.readouterr()
+
+
 # The JSON schema of docs/cli.md, and a validator for it
 
 

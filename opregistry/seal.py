@@ -1,0 +1,217 @@
+"""opregistry's own state, sealed while plugins run: a change is found, undone and attributed.
+
+Plugins run inside opregistry's process, so their code could rebind what
+opregistry itself uses -- ``opregistry.OpLibrary = None`` in a declarations
+module makes every distribution discovered after it fail, blamed on them;
+``opregistry.resolver.impls.check_kernels = ...`` would switch a rule off.
+A :class:`Seal` remembers the bindings of every ``opregistry`` module and of
+every class defined in one; :meth:`Seal.check`, called after each plugin's
+import and hooks, lists what changed since, puts it back (so the plugins that
+come next meet opregistry as it was) and says who did it:
+
+* a module attribute set or deleted from outside (``opregistry.X = ...``,
+  ``setattr``, ``delattr``) while a plugin runs is not made at all, and is
+  recorded with the ``file:line`` of the code that tried (the modules' class
+  is given a ``__setattr__`` that notes the writer);
+* a binding changed some other way (``vars(opregistry)["X"] = ...``) is put
+  back by :meth:`Seal.check`, and attributed to the plugin that was running;
+* a class attribute replaced by a function is attributed to the function's
+  file; anything else to the plugin whose code was running.
+
+What is compared is the bindings (a name rebound, added or removed) of the
+modules, and of their classes; the content of opregistry's mutable tables
+(``keys.DEVICE_KEYS``...) is compared one level deep.  In-process code can
+always do more (``gc``, ``ctypes``): this is the contract for plugins that
+mean no harm and the evidence against those that do, not a sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import sys
+import threading
+import types
+from typing import Any, Iterator
+
+from attrs import frozen
+
+from .model import source_of
+
+__all__ = ["Seal", "Change", "running", "running_origin"]
+
+#: the tables whose content, not only their binding, is part of the seal
+_TABLE_MODULES = ("opregistry.keys",)
+
+
+@frozen
+class Change:
+    """One binding of opregistry's state that third-party code changed (undone since)."""
+
+    #: ``opregistry.module.name`` or ``opregistry.module.Class.name``
+    where: str
+    #: ``file:line`` of the code that made it, when known
+    source: str | None
+
+
+class _Running(threading.local):
+    """Per thread: the distributions whose code opregistry is running, innermost last."""
+
+    def __init__(self) -> None:
+        self.origins: list[Any] = []
+
+
+_running = _Running()
+
+
+@contextlib.contextmanager
+def running(origin: Any) -> Iterator[None]:
+    """Mark ``origin``'s code as running (a plugin's import, its hooks) inside the block.
+
+    Inside, an assignment to an opregistry module from outside opregistry is
+    refused (noted, not made: :meth:`Seal.check` reports it), and what is
+    declared through an ``OpLibrary`` made before the block, from a file no
+    distribution is known to own, is attributed to ``origin``
+    (:mod:`opregistry.ownership`).
+    """
+    _running.origins.append(origin)
+    try:
+        yield
+    finally:
+        _running.origins.pop()
+
+
+def running_origin() -> Any:
+    """The :class:`~opregistry.model.Origin` whose code opregistry is running here, if any."""
+    return _running.origins[-1] if _running.origins else None
+
+
+_OURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+
+
+def _write(module: types.ModuleType, name: str, frame: Any) -> bool:
+    """Note a write to ``module.name`` from outside; whether to make it.
+
+    While a plugin's code runs, a write from outside opregistry (and the import
+    system, which binds a package's submodules) is refused: the plugins after
+    it must meet opregistry as it was, and the writer is named.
+    """
+    source = source_of(frame)
+    file = frame.f_code.co_filename
+    refused = bool(_running.origins) and not file.startswith(_OURS) and "importlib" not in file
+    if len(_WRITES) > 1000:  # nobody checks (no plugin is running): keep it bounded
+        del _WRITES[:500]
+    _WRITES.append((f"{module.__name__}.{name}", source, refused))
+    return not refused
+
+
+class _WatchedModule(types.ModuleType):
+    """An opregistry module that notes who sets or deletes its attributes from outside."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if _write(self, name, sys._getframe(1)):
+            super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if _write(self, name, sys._getframe(1)):
+            super().__delattr__(name)
+
+
+#: (binding, file:line, refused) of every write to an opregistry module from outside since
+#: the last :meth:`Seal.check` (tests' monkeypatching between checks lands here too: cleared)
+_WRITES: list[tuple[str, str | None, bool]] = []
+
+
+def _modules() -> Iterator[types.ModuleType]:
+    for name, module in list(sys.modules.items()):
+        if (name == "opregistry" or name.startswith("opregistry.")) and \
+                isinstance(module, types.ModuleType):
+            yield module
+
+
+def _watch(module: types.ModuleType) -> None:
+    if type(module) is types.ModuleType:
+        module.__class__ = _WatchedModule
+
+
+class Seal:
+    """The bindings of opregistry's modules and classes, as they were when taken.
+
+    Compared by identity (``operator.is_`` over each namespace's values, in
+    C): an object's own ``__eq__`` never runs, so a replacement cannot claim
+    to equal what it replaced, and the check costs ~50 us for opregistry's
+    ~100 namespaces (twice per plugin: after its import, after its hooks).
+    """
+
+    def __init__(self) -> None:
+        #: name -> (the live namespace, a copy of it, its values in order)
+        self._spaces: dict[str, tuple[Any, dict[str, Any], tuple[Any, ...]]] = {}
+        self._tables: dict[str, tuple[Any, Any]] = {}
+        self._take()
+
+    def _add(self, name: str, namespace: Any) -> None:
+        self._spaces[name] = (namespace, dict(namespace), tuple(namespace.values()))
+
+    def _take(self) -> None:
+        for module in _modules():
+            if module.__name__ in self._spaces:
+                continue
+            _watch(module)
+            namespace = module.__dict__
+            self._add(module.__name__, namespace)
+            for name, value in list(namespace.items()):
+                if isinstance(value, type) and value.__module__ == module.__name__:
+                    self._add(f"{module.__name__}.{name}", value.__dict__)
+                elif module.__name__ in _TABLE_MODULES and isinstance(value, (dict, set, list)):
+                    self._tables[f"{module.__name__}.{name}"] = (value, value.copy())
+
+    def check(self) -> list[Change]:
+        """What changed since the seal was taken (or last checked); each change is undone."""
+        changes = [Change(where, source) for where, source, refused in _WRITES if refused]
+        writes = {where: source for where, source, _ in _WRITES}
+        _WRITES.clear()
+        for name, (namespace, saved, values) in list(self._spaces.items()):
+            if len(namespace) == len(values) and all(map(operator.is_, namespace.values(), values)):
+                continue
+            for key in _differing(namespace, saved):
+                value = namespace.get(key)
+                if key not in saved and isinstance(value, types.ModuleType) and \
+                        value.__name__ == f"{name}.{key}":
+                    saved[key] = value  # a submodule imported for the first time: the import
+                    continue            # system binds it on its package
+                source = writes.get(f"{name}.{key}") or (
+                    source_of(value) if isinstance(value, types.FunctionType) else None)
+                changes.append(Change(f"{name}.{key}", source))
+            if isinstance(namespace, dict):
+                _restore(namespace.__setitem__, namespace.__delitem__, namespace, saved)
+            else:  # a class's mappingproxy: through type's own setattr
+                cls = self._class(name)
+                _restore(lambda k, v: type.__setattr__(cls, k, v),
+                         lambda k: type.__delattr__(cls, k), namespace, saved)
+            self._spaces[name] = (namespace, saved, tuple(namespace.values()))
+        for name, (table, saved) in self._tables.items():
+            if table != saved:  # opregistry's own tables of str: no plugin __eq__ involved
+                changes.append(Change(f"{name} (its content)", None))
+                table.clear()
+                table.extend(saved) if isinstance(table, list) else table.update(saved)
+        self._take()  # modules imported meanwhile join the seal
+        return changes
+
+    def _class(self, name: str) -> type:
+        module, _, attr = name.rpartition(".")
+        return self._spaces[module][1][attr]  # type: ignore[no-any-return]
+
+
+def _differing(current: Any, saved: dict[str, Any]) -> list[str]:
+    keys = set(current) | set(saved)
+    return sorted(k for k in keys if k not in current or k not in saved
+                  or current[k] is not saved[k])
+
+
+def _restore(set_item: Any, del_item: Any, current: Any, saved: dict[str, Any]) -> None:
+    for key in _differing(current, saved):
+        if key in saved:
+            set_item(key, saved[key])
+        else:
+            del_item(key)

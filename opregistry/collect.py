@@ -332,7 +332,8 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         origin = plugin.origin
         with guard.running(origin):
             outcome = _collect_one(pm, plugin, owners, watched)
-        changes = seal.check()
+        # an OpLibrary whose hooks are its class's own runs no third-party code here
+        changes = [] if _only_ours(plugin) else seal.check()
         if changes:  # put back already; see opregistry.seal
             problems.append(state_problem(change_culprit(changes, origin, owners), changes,
                                           f"opregistry called the hooks of {origin.dist}"))
@@ -370,6 +371,13 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
     return Collected(declarations, materializers)
 
 
+def _only_ours(plugin: Plugin) -> bool:
+    """Whether collecting ``plugin`` runs only opregistry's code: an ``OpLibrary`` with no
+    hook of its own put on the instance (pluggy reads it with ``getattr_static``)."""
+    obj = plugin.obj
+    return is_op_library(obj) and not any(name.startswith("opregistry_") for name in vars(obj))
+
+
 _Outcome = tuple[dict[type, list[Any]], dict[str, list[Any]], list[Problem],
                  tuple[dict[str, bool], dict[tuple[str, str], Callable[..., Any]]]]
 
@@ -388,6 +396,7 @@ def _collect_one(pm: pluggy.PluginManager, plugin: Plugin, owners: Owners,
     own: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend)}
     problems: list[Problem] = []
     state: tuple[dict[str, bool], dict[tuple[str, str], Callable[..., Any]]] = ({}, {})
+    foreign: dict[Origin, list[Any]] = {}
     try:
         for hook_name, record_type in hooks.items():
             for impl in impls.get(hook_name, ()):
@@ -400,12 +409,12 @@ def _collect_one(pm: pluggy.PluginManager, plugin: Plugin, owners: Owners,
                                             impl.function)
                 if problem is not None:
                     raise _Failed(problem)
-                own[record_type].extend(_owned_records(plugin, records, owners, problems))
+                own[record_type].extend(_owned_records(plugin, records, owners, foreign))
         if origin.group == BACKENDS_GROUP:
             state = _backend_state(impls, plugin, own[Backend], watched, problems)
     except _Failed as failed:
         return failed.problem
-    return own, impls, problems, state
+    return own, impls, problems + _not_owned_problems(plugin, foreign), state
 
 
 def _owned_hook(plugin: Plugin, hook_name: str, impl: Any, owners: Owners,
@@ -427,8 +436,8 @@ def _owned_hook(plugin: Plugin, hook_name: str, impl: Any, owners: Owners,
 
 
 def _owned_records(plugin: Plugin, records: list[Any], owners: Owners,
-                   problems: list[Problem]) -> list[Any]:
-    """``records`` less those another distribution's code declared (each one a problem)."""
+                   foreign: dict[Origin, list[Any]]) -> list[Any]:
+    """``records`` less those another distribution's code declared (into ``foreign``, by author)."""
     kept = []
     author_of = attributed(plugin, owners)
     for record in records:
@@ -438,12 +447,23 @@ def _owned_records(plugin: Plugin, records: list[Any], owners: Owners,
             continue
         if replaced is not None:  # what the plugin declared before the change: its own
             kept.append(_stamped(replaced, plugin.origin))
-        what = getattr(record, "qualname", None) or getattr(record, "name", None) or ""
-        if isinstance(record, Kernel):
-            what = f"a {record.key} kernel for {record.op}"
-        problems.append(not_owned(author, plugin.origin, f"{type(record).__name__} {what}",
-                                  getattr(record, "source", None)))
+        foreign.setdefault(author, []).append(record)
     return kept
+
+
+def _not_owned_problems(plugin: Plugin, foreign: dict[Origin, list[Any]]) -> list[Problem]:
+    """One problem per distribution that declared through ``plugin``'s library."""
+    return [not_owned(author, plugin.origin, ", ".join(map(_describe, theirs)),
+                      next((r.source for r in theirs if r.source), None))
+            for author, theirs in foreign.items()]
+
+
+def _describe(record: Any) -> str:
+    if isinstance(record, Kernel):
+        return f"a {record.key} kernel for {record.op}"
+    if isinstance(record, OpDef):
+        return f"the op {record.qualname}"
+    return f"{type(record).__name__} {getattr(record, 'name', '')}"
 
 
 class _Failed(Exception):

@@ -397,11 +397,12 @@ def unreachable_name(name: str, kind: str) -> str | None:
              "overload": (OP_PACKET_ATTRIBUTES, "torch.ops.<namespace>.<op>")}[kind]
     names, owner = table
     if name.startswith("__") and name.endswith("__"):
-        return f"{name!r} is a dunder name, which {owner} answers itself"
+        return f"which torch.ops cannot reach (a dunder name, which {owner} answers itself)"
     if name in names:
         if kind == "overload" and name == "default":
-            return "'default' names the overload without a name; torch refuses it as a name"
-        return f"{owner}.{name} is an attribute of torch's own, so the {kind} is unreachable"
+            return ("which torch refuses as an overload name ('default' names the overload "
+                    "without a name)")
+        return f"which torch.ops cannot reach ({owner}.{name} is an attribute of torch's own)"
     return None
 
 

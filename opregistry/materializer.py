@@ -57,6 +57,20 @@ class Materialized:
     problems: list[Problem] = field(factory=list)
     failed: dict[str, Origin] = field(factory=dict)
 
+    def roll_back(self, origin: Origin, ops: Iterable[str], problem: Problem) -> None:
+        """Unregister one distribution after the fact (``ops``: those it defined), with its problem.
+
+        For a verdict reached once registration is over (its code changed
+        opregistry's own state while it ran: :mod:`opregistry.seal`).
+        """
+        for lib in reversed(self.libraries.pop(origin.distribution, [])):
+            destroy_library(lib)
+        gone = set(ops)
+        self.ops[:] = [op for op in self.ops if op not in gone]
+        _defined.difference_update(gone)
+        self.failed[origin.distribution] = origin
+        self.problems.append(problem)
+
     def destroy(self) -> None:
         """Unregister everything, in reverse order of registration."""
         for libs in reversed(list(self.libraries.values())):

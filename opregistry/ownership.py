@@ -52,11 +52,14 @@ def _file(where: str | None) -> str | None:
 class Owners:
     """Which discovered distribution's code a file is (computed lazily, cached per file)."""
 
-    def __init__(self, plugins: Sequence[Plugin]) -> None:
+    def __init__(self, plugins: Sequence[Plugin], files: dict[str, Origin] | None = None) -> None:
         self._plugins = list(plugins)
-        self._cache: dict[str, Origin | None] = {}
+        #: files known to be a distribution's (its referenced kernel modules, say)
+        self._cache: dict[str, Origin | None] = dict(files or {})
         self._recorded: dict[str, Origin] | None = None
         self._origins = {p.origin.distribution: p.origin for p in reversed(self._plugins)}
+        for origin in (files or {}).values():
+            self._origins.setdefault(origin.distribution, origin)
 
     def origin(self, distribution: str) -> Origin | None:
         return self._origins.get(distribution)
@@ -150,12 +153,22 @@ def not_owned(culprit: Origin, victim: Origin, what: str, source: str | None) ->
         culprits=(culprit,), others=(victim,), source=source)
 
 
-def state_problem(culprit: Origin, changes: Iterable[Any], what: str) -> Problem:
-    """The problem of ``culprit``'s code changing opregistry's own state (undone since)."""
+def state_problem(culprit: Origin | None, changes: Iterable[Any], what: str) -> Problem:
+    """The problem of ``culprit``'s code changing opregistry's own state (undone since).
+
+    ``culprit`` ``None``: code no distribution is known to own did it.
+    """
     changes = list(changes)
     shown = ", ".join(c.where for c in changes[:5]) + (
         f" and {len(changes) - 5} more" if len(changes) > 5 else "")
     source = next((c.source for c in changes if c.source), None)
+    if culprit is None:
+        return Problem(
+            code="opregistry-state-changed",
+            message=f"code run while {what} changed opregistry's own state: {shown}; opregistry "
+                    f"put it back; no distribution is known to own the code that did it",
+            hint="find the code at the line named here (a kernel module, a backend)",
+            source=source)
     return Problem(
         code="opregistry-state-changed",
         message=f"{culprit} changed opregistry's own state while {what}: {shown}; opregistry "
@@ -167,7 +180,8 @@ def state_problem(culprit: Origin, changes: Iterable[Any], what: str) -> Problem
         culprits=(culprit,), source=source)
 
 
-def change_culprit(changes: Iterable[Any], window: Origin, owners: Owners) -> Origin:
+def change_culprit(changes: Iterable[Any], window: Origin | None,
+                   owners: Owners) -> Origin | None:
     """Who made ``changes``: the owner of the file a change names, else the code running."""
     for change in changes:
         owner = owners.of(_file(change.source))

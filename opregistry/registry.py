@@ -12,7 +12,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import attrs
 
@@ -28,6 +28,7 @@ from .materializer import Materialized, defined_ops, gc_paused
 from .model import Problem, elide
 from .plan import KernelPlan, OpPlan, Plan, TorchState
 from .resolver import resolve
+from .seal import Seal
 
 __all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock"]
 
@@ -70,11 +71,14 @@ def _with_reference_checks(collected: Collected, resolved: Plan, settings: Setti
     """
     from .references import check_references
 
-    seen: set[tuple[str, str]] = set()
+    seen = {(p.code, p.message) for p in collected.declarations.problems}
     while True:
         found = [p for p in check_references(resolved) if (p.code, p.message) not in seen]
         if not found:
             return collected, resolved
+        # what this pass left out stays out, as registration keeps the plan's verdicts and
+        # only rolls back (a conflict is reported beside the typo, not hidden by it)
+        found += [p for p in resolved.errors if (p.code, p.message) not in seen]
         seen.update((p.code, p.message) for p in found)
         declarations = attrs.evolve(collected.declarations,
                                     problems=collected.declarations.problems + tuple(found))
@@ -376,8 +380,10 @@ def _load(settings: Settings) -> Registry:
     collected, resolved = _collect_and_resolve(settings, _snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
+    seal = Seal()  # kernel modules and backends run now: opregistry's own state is sealed
     with interrupts_watched():
         materialized = materialize(resolved, collected.materializers, settings.policy)
+    _undo_state_changes(seal, resolved, materialized)
     if settings.strict and materialized.problems:
         materialized.destroy()
         raise ResolutionError(materialized.problems)
@@ -388,6 +394,63 @@ def _load(settings: Settings) -> Registry:
                         hint=elide(problem.hint))
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
     return registry
+
+
+def _undo_state_changes(seal: Seal, resolved: Plan, materialized: Materialized) -> None:
+    """Put back what registration's third-party code changed of opregistry; roll its author back.
+
+    The author is the distribution owning the file of the code that made the
+    change (a kernel module is its distribution's, wherever it lies); with
+    none, the problem names nobody and nothing is rolled back.  The
+    distributions whose kernels are for the rolled-back one's ops go with it.
+    """
+    changes = seal.check()
+    if not changes:
+        return
+    from .ownership import Owners, change_culprit, state_problem
+    from .references import modules_by_distribution
+
+    origins = {o.distribution: o for o in resolved.distributions}
+    owners = Owners([], files=_reference_files(modules_by_distribution(resolved), origins))
+    culprit = change_culprit(changes, None, owners)
+    if culprit is None:
+        materialized.problems.append(state_problem(None, changes, "registering kernels"))
+        return
+    out = {culprit.distribution}
+    materialized.roll_back(culprit, _ops_of(resolved, out), state_problem(
+        culprit, changes, "its kernels were registered"))
+    for k in resolved.kernels():
+        origin = k.kernel.origin
+        if k.status == "active" and origin is not None and origin.distribution not in out and \
+                k.kernel.op in _ops_of(resolved, {culprit.distribution}):
+            out.add(origin.distribution)
+            materialized.roll_back(origin, _ops_of(resolved, {origin.distribution}), Problem(
+                code="materialize-dependency-failed",
+                message=f"{origin}: left out because the op {k.kernel.op} it implements was "
+                        f"rolled back with {culprit.dist}", hint=f"fix {culprit.distribution} first",
+                culprits=(origin,), op=k.kernel.op, key=k.kernel.key))
+
+
+def _ops_of(plan: Plan, distributions: set[str]) -> list[str]:
+    return [op.op.qualname for op in plan.ops
+            if op.op.origin is not None and op.op.origin.distribution in distributions]
+
+
+def _reference_files(modules: dict[str, set[str]], origins: dict[str, Any]) -> dict[str, Any]:
+    """file -> the distribution whose plan references the module it belongs to."""
+    import os
+
+    from .locate import locate_module
+
+    files = {}
+    for dist, names in modules.items():
+        for module in names:
+            if module.startswith(("file:", "path:")) or dist not in origins:
+                continue
+            found = locate_module(module).file
+            if found is not None:
+                files.setdefault(os.path.abspath(found), origins[dist])
+    return files
 
 
 def current_plan() -> Plan:

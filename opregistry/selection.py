@@ -148,7 +148,8 @@ def chain(qualname: str, key: str, steps: Sequence[Step],
         # the common case, a fast kernel with a predicate and a fallback: one predicate
         # call per call, the exception handling inline (free in Python >= 3.11)
         predicate, fast, fallback = first.predicate, first.fn, checks[1][1]
-        declined = _declined(first.label, qualname)
+        declined = _declined(f"{describe_ref(predicate)} of the candidate {first.label}",
+                             qualname)
 
         if keywords:
             def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -201,10 +202,16 @@ def counting_forced() -> bool:
     return bool(_forced)
 
 
+#: how many counting kernels (or chains) were registered in this process: a block that saw
+#: it grow loaded counting, whatever earlier loads in the process did
+_registered: list[int] = [0]
+
+
 def counted(qualname: str, key: str, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, counting its calls under (``qualname``, ``key``, ``label``)."""
     slot = (qualname, key, label)
     _calls.setdefault(slot, 0)
+    _registered[0] += 1
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         _calls[slot] += 1
@@ -219,6 +226,7 @@ def observer(qualname: str, key: str, labels: Sequence[str]) -> Callable[[int], 
     slots = [(qualname, key, label) for label in labels]
     for slot in slots:
         _calls.setdefault(slot, 0)
+    _registered[0] += 1
     pair = (qualname, key)
     _fallbacks.setdefault(pair, 0)
 
@@ -247,15 +255,20 @@ class KernelCounts:
 
     def _begin(self) -> None:
         self._start, self._start_fallbacks = dict(_calls), dict(_fallbacks)
+        self._registered_before = _registered[0]
 
     def _end(self) -> None:
-        self.counting = bool(_calls)
         self.rows = []
         for (op, key, label), n in sorted(_calls.items()):
             calls = n - self._start.get((op, key, label), 0)
             fallbacks = _fallbacks.get((op, key), 0) - self._start_fallbacks.get((op, key), 0)
             if calls:
                 self.rows.append((op, key, label, calls, fallbacks))
+        # counting, for this block: its calls reached counting kernels, it loaded counting,
+        # or the switch says every load counts -- not whether some earlier load in the
+        # process counted (the counters are process-wide)
+        self.counting = bool(self.rows) or _registered[0] > self._registered_before \
+            or _switch_on()
 
     def table(self) -> str:
         if not self.counting:
@@ -269,6 +282,17 @@ class KernelCounts:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _switch_on() -> bool:
+    import os
+
+    from .config import COUNTS_VAR, parse_flag
+
+    try:
+        return parse_flag(os.environ.get(COUNTS_VAR), False, COUNTS_VAR)
+    except Exception:  # noqa: BLE001 - an invalid value is reported where it is read at load
+        return False
 
 
 class kernel_counts:  # noqa: N801 - a context manager, used as ``with opregistry.kernel_counts()``

@@ -51,7 +51,7 @@ DOCS = ROOT / "docs"
 #: pages whose blocks this file runs (other pages are tested by their owners'
 #: tests: backend-authors/hooks in test_backends.py, cli.md in test_cli.py, ...)
 RUN_PAGES = ["index.md", "getting-started.md", "op-authors.md", "resolution.md", "migrating.md",
-             "../README.md"]
+             "reliability.md", "../README.md"]
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 _DIRECTIVE = re.compile(r"^\s*<!--\s*(?P<kind>file|expect|excerpt|package|not run)\s*:?\s*(?P<arg>.*?)\s*-->\s*$")

@@ -588,6 +588,55 @@ def kernel_module_edited_after_lock_in_locked_mode(env: Env) -> Fault:
                  unchanged=unchanged, entry_point=False)
 
 
+def declares_through_another_library(env: Env) -> Fault:
+    """The plugin imports the bystander's module and declares through its OpLibrary."""
+    victim = env.module_name("bystander")
+    d = env.op_dist("bad", define("foo") + f"import {victim}\n"
+                    f"{victim}.lib.define('evil(Tensor x) -> Tensor', "
+                    f"kernels={{'cpu': '{env.kmod}:twice'}})\n")
+    return Fault({d}, absent=(env.op("foo"), f"{env.ns}ok::evil"), source=env.at(d, BODY_LINE + 2),
+                 says="through a library of bystander==1.0")
+
+
+def hook_put_on_another_library(env: Env) -> Fault:
+    """The plugin replaces the bystander's opregistry_ops with a function of its own."""
+    victim = env.module_name("bystander")
+    d = env.op_dist("bad", define("foo") + f"import {victim}\n"
+                    f"def _nothing():\n    return []\n{victim}.lib.opregistry_ops = _nothing\n")
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 says="its own opregistry_ops() on it")
+
+
+def rebinds_opregistry_at_import(env: Env) -> Fault:
+    """``opregistry.OpLibrary = None`` at import: refused, the plugin named, the rest loads."""
+    d = env.op_dist("bad", define("foo") + "import opregistry\nopregistry.OpLibrary = None\n")
+
+    def unchanged() -> None:
+        import opregistry.declare
+
+        assert opregistry.OpLibrary is opregistry.declare.OpLibrary
+
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 says="changed opregistry's own state", unchanged=unchanged)
+
+
+def kernel_module_rebinds_opregistry(env: Env) -> Fault:
+    """A kernel module rebinds opregistry's tables when registration imports it: put back, its
+    distribution rolled back."""
+    d = env.op_dist("bad", define("foo", kernels="{'cpu': 'NS_rebinds:k'}"),
+                    modules={"NS_rebinds": "import opregistry.keys\n"
+                                           "opregistry.keys.DEVICE_KEYS = {}\n"
+                                           "def k(x):\n    return x\n"})
+
+    def unchanged() -> None:
+        import opregistry.keys
+
+        assert "CPU" in opregistry.keys.DEVICE_KEYS
+
+    return Fault({d}, absent=(env.op("foo"),), source=f"{env.ns}_rebinds.py:2",
+                 says="changed opregistry's own state", unchanged=unchanged, live=True)
+
+
 def kernel_module_exits(env: Env) -> Fault:
     """A kernel module calls sys.exit(3) at import: left out, import torch goes on."""
     d = env.op_dist("exits", define("foo", kernels="{'cpu': 'NS_exits:k'}"),
@@ -689,7 +738,8 @@ def overload_torch_cannot_reach(env: Env) -> Fault:
     # torch.ops.<ns>.f.overloads is the packet's method: torch defines it, no one reaches it
     d = env.op_dist("bad", define("ok") + define("f.overloads"))
     return Fault({d}, absent=(env.op("ok"), env.op("f.overloads")),
-                 source=env.at(d, BODY_LINE + 1), says="unreachable")
+                 source=env.at(d, BODY_LINE + 1), says="overload 'overloads', which torch.ops "
+                                                      "cannot reach")
 
 
 def type_torch_refuses_for_custom_ops(env: Env) -> Fault:
@@ -913,6 +963,12 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "kernel-module-replaces-another-distributions-kernel": (
         "plugin-registered-outside-plan", kernel_module_replaces_another_distributions_kernel),
     "plugin-calls-load-at-import": ("plugin-import-error", plugin_calls_load_at_import),
+    "declares-through-another-library": ("declaration-not-owned",
+                                         declares_through_another_library),
+    "hook-put-on-another-library": ("declaration-not-owned", hook_put_on_another_library),
+    "rebinds-opregistry-at-import": ("opregistry-state-changed", rebinds_opregistry_at_import),
+    "kernel-module-rebinds-opregistry": ("opregistry-state-changed",
+                                         kernel_module_rebinds_opregistry),
     "replaces-torch-kernel-at-import": ("plugin-registered-outside-plan",
                                         replaces_torch_kernel_at_import),
     "hookimpl-returns-wrong-type": ("plugin-invalid", hookimpl_returns_wrong_type),
@@ -1114,7 +1170,7 @@ def fresh_verdict(env: Env, how: str, *argv: str) -> list[str]:
 FOUND_BY_REGISTRATION: frozenset[str] = frozenset({
     "kernel-module-replaces-torch-kernel",
     "kernel-module-replaces-another-distributions-kernel", "torch-rejects-halfway",
-    "native-undeclared-op", "native-replaces-kernel",
+    "native-undeclared-op", "native-replaces-kernel", "kernel-module-rebinds-opregistry",
 })
 
 

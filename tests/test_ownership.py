@@ -80,8 +80,8 @@ def test_a_declaration_through_another_distributions_library(world: World) -> No
     world.attack("import VICTIM\n"
                  "VICTIM.lib.define('evil(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:twice'})\n")
     resolved = opregistry.plan(plugins=world.plugins())
-    [problem] = [p for p in resolved.errors if p.code == "declaration-not-owned"
-                 and "OpDef" in p.message]
+    [problem] = [p for p in resolved.errors if p.code == "declaration-not-owned"]
+    assert f"the op {world.ns}::evil, a CPU kernel for {world.ns}::evil" in problem.message
     assert [o.distribution for o in problem.culprits] == [world.attacker]
     assert [o.distribution for o in problem.others] == [world.victim]
     assert problem.source is not None and problem.source.endswith(f"attacker_{world.ns}.py:2")

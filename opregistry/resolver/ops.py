@@ -22,8 +22,11 @@ def name_refusal(op: OpDef) -> str | None:
     if keywords:
         return (f"{keywords[0]!r} is a keyword of torch's schema language, which torch cannot "
                 f"parse as a name")
-    return unreachable_name(op.name, "op") or (
-        unreachable_name(op.overload, "overload") if op.overload else None)
+    why = unreachable_name(op.name, "op")
+    if why is None and op.overload:
+        why = unreachable_name(op.overload, "overload")
+        return f"overload {op.overload!r}, {why}" if why else None
+    return f"name {op.name!r}, {why}" if why else None
 
 
 def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
@@ -43,7 +46,7 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
     why = name_refusal(op)
     if why is not None:
         ctx.refuse("op-name-invalid", f"{op.origin} defines op {op.qualname!r}: {why}",
-                   "rename the op", (op.origin,), op=op.qualname, source=where)
+                   "rename the op (or its overload)", (op.origin,), op=op.qualname, source=where)
         return None
     if not _tags_known(ctx, op):
         return None

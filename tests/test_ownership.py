@@ -198,3 +198,17 @@ def test_no_false_attribution(world: World) -> None:
     assert not resolved.errors, [str(p) for p in resolved.errors]
     assert resolved.op(f"{world.ns}::helped").op.origin.distribution == world.victim
     _check_victim_intact(world, resolved)
+
+
+def test_records_stamped_with_another_origin_are_the_returners(world: World) -> None:
+    """A hook returns records already carrying the victim's Origin: they are the attacker's."""
+    world.attack("from opregistry import OpDef, Origin\n"
+                 "def _mine():\n"
+                 f"    return [OpDef(namespace='{world.ns}att', name='x', schema='(Tensor a) -> Tensor',\n"
+                 f"                  origin=Origin(distribution='victim', version='1.0'))]\n")
+    module = world.attackers.root / f"attacker_{world.ns}.py"
+    module.write_text(module.read_text() + "lib.opregistry_ops = _mine\n")
+    resolved = opregistry.plan(plugins=world.plugins())
+    op = resolved.op(f"{world.ns}att::x")
+    assert op is not None and op.op.origin.distribution == world.attacker
+    _check_victim_intact(world, resolved)

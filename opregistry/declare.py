@@ -112,6 +112,33 @@ def _split_name(name: str) -> tuple[str, str]:
     return base, overload
 
 
+def _note(library: "OpLibrary", record: Any, author: str | None = None,
+          replaced: Any = None) -> None:
+    """Remember, on ``library``, whose code declared ``record``, where that is not plain from it.
+
+    The common case -- declared in the file that made the library, while the
+    same distribution's code runs -- records nothing.  Otherwise: whose code
+    was running, and the files of every frame of the code that declared it
+    (so that a helper called by the library's own code counts as its own);
+    ``author``: the ``file:line`` of a change made after the record's own
+    line (``register_samples``), whose record ``replaced`` was the one before.
+    Read at collection by :mod:`opregistry.ownership`.
+    """
+    now = running_origin()
+    where = author or getattr(record, "source", None) or ""
+    if now == library._made_during and author is None and \
+            where.rpartition(":")[0] == library._made_in:
+        return
+    frame = sys._getframe(2)
+    files: list[str] = []
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_OURS) and name not in files:
+            files.append(name)
+        frame = frame.f_back
+    library._late[id(record)] = (now, tuple(files), replaced)
+
+
 class OpHandle:
     """One declared op.  Registration methods work as decorators or direct calls.
 
@@ -494,32 +521,9 @@ class OpLibrary:
                 op=op.qualname,
             )
         self._ops[op.qualname] = op
-        self._note(op)
+        _note(self, op)
         return OpHandle(self, op)
 
-    def _note(self, record: Any, author: str | None = None, replaced: Any = None) -> None:
-        """Remember whose code declared ``record``, where that is not plain from it.
-
-        The common case -- declared in the file that made the library, while the
-        same distribution's code runs -- records nothing.  Otherwise: whose code
-        was running, and the files of every frame of the code that declared it
-        (so that a helper called by the library's own code counts as its own);
-        ``author``: the ``file:line`` of a change made after the record's own
-        line (``register_samples``), whose record ``replaced`` was the one before.
-        """
-        now = running_origin()
-        where = author or getattr(record, "source", None) or ""
-        if now == self._made_during and author is None and \
-                where.rpartition(":")[0] == self._made_in:
-            return
-        frame = sys._getframe(2)
-        files: list[str] = []
-        while frame is not None:
-            name = frame.f_code.co_filename
-            if not name.startswith(_OURS) and name not in files:
-                files.append(name)
-            frame = frame.f_back
-        self._late[id(record)] = (now, tuple(files), replaced)
 
     def _add_kernel(self, qualname: str, key: str, fn: KernelRef, **kwargs: Any) -> None:
         if (isinstance(key, str) and key.endswith("]") and kwargs.get("dispatch_class") is None
@@ -528,7 +532,7 @@ class OpLibrary:
             kwargs["dispatch_class"] = key[len(_keys.TORCH_DISPATCH) + 1:-1]
         kernel = Kernel(op=qualname, key=key, fn=fn, **kwargs)
         self._kernels.append(kernel)
-        self._note(kernel)
+        _note(self, kernel)
 
     def _add_autocast(self, qualname: str, device_type: str, cast_inputs: Any,
                       source: str | None) -> None:
@@ -561,7 +565,7 @@ class OpLibrary:
 
         before = self._ops[qualname]
         op = self._ops[qualname] = evolve(before, samples=fn)
-        self._note(op, source, before)  # the line of register_samples: whoever chose them
+        _note(self, op, source, before)  # the line of register_samples: whoever chose them
 
     def _lookup(self, op: OpDef) -> Any:
         import torch

@@ -104,6 +104,36 @@ def _contained(predicate: Callable[..., Any], label: str, qualname: str) -> Call
     return accepts
 
 
+def _predicate_then_fallback(qualname: str, first: Step, fallback: Callable[..., Any],
+                             keywords: bool) -> Callable[..., Any]:
+    """The common chain, a fast kernel with a predicate and a fallback: one predicate call
+    per call, the exception handling inline (free in Python >= 3.11)."""
+    predicate, fast = first.predicate, first.fn
+    assert predicate is not None
+    declined = _declined(f"{describe_ref(predicate)} of the candidate {first.label}", qualname)
+
+    if keywords:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            try:
+                ok = predicate(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+                ok = declined(exc)
+            if ok:
+                return fast(*args, **kwargs)
+            return fallback(*args, **kwargs)
+        return kernel
+
+    def positional(*args: Any) -> Any:
+        try:
+            ok = predicate(*args)
+        except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
+            ok = declined(exc)
+        if ok:
+            return fast(*args)
+        return fallback(*args)
+    return positional
+
+
 def chain(qualname: str, key: str, steps: Sequence[Step],
           observe: Callable[[int], None] | None = None, *,
           keywords: bool = True) -> Callable[..., Any]:
@@ -145,30 +175,7 @@ def chain(qualname: str, key: str, steps: Sequence[Step],
     first = steps[0]
     if (observe is None and len(checks) == 2 and checks[1][0] is None
             and first.capability is None and first.predicate is not None):
-        # the common case, a fast kernel with a predicate and a fallback: one predicate
-        # call per call, the exception handling inline (free in Python >= 3.11)
-        predicate, fast, fallback = first.predicate, first.fn, checks[1][1]
-        declined = _declined(f"{describe_ref(predicate)} of the candidate {first.label}",
-                             qualname)
-
-        if keywords:
-            def kernel(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    ok = predicate(*args, **kwargs)
-                except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
-                    ok = declined(exc)
-                if ok:
-                    return fast(*args, **kwargs)
-                return fallback(*args, **kwargs)
-        else:
-            def kernel(*args: Any) -> Any:  # type: ignore[misc]
-                try:
-                    ok = predicate(*args)
-                except BaseException as exc:  # noqa: BLE001 - a package's predicate, contained
-                    ok = declined(exc)
-                if ok:
-                    return fast(*args)
-                return fallback(*args)
+        kernel = _predicate_then_fallback(qualname, first, checks[1][1], keywords)
     else:
         tail = none_accepts
 

@@ -179,7 +179,8 @@ class Seal:
             self._spaces[name] = (namespace, tuple(namespace), tuple(namespace.values()))
             if name in _TABLE_MODULES:
                 for attr, value in list(namespace.items()):
-                    if isinstance(value, (dict, set, list)):
+                    # its tables, not __builtins__ (a dict, Python's, that others may change)
+                    if isinstance(value, (dict, set, list)) and not attr.startswith("_"):
                         self._tables[f"{name}.{attr}"] = (value, value.copy())
 
     def check(self) -> list[Change]:

@@ -29,6 +29,11 @@ TORCH = _FACTS.version
 TORCH_TAGS: frozenset[str] = _FACTS.tags
 
 
+def release() -> tuple[int, int]:
+    """The installed torch's ``(major, minor)``."""
+    return _FACTS.release
+
+
 def _nnkit_tags() -> frozenset[str]:
     from nnkit.registry import lib
 

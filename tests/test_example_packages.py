@@ -94,7 +94,7 @@ def test_declarations_import_neither_torch_nor_kernels():
     )
     proc = _run("-c", code)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "7"
+    assert proc.stdout.strip() == ("7" if HAS_OUT_OVERLOAD else "6")  # .out: torch >= 2.13
 
 
 def test_cuda_kernel_modules_are_not_imported_without_gpu(installed):
@@ -211,7 +211,10 @@ def test_nms_compiles_with_a_data_dependent_size(installed):
         return scores[torch.ops.nnkit.nms(boxes, scores, 0.3)]
 
     torch._dynamo.reset()
-    got = kept_scores(boxes, scores)
+    # torch 2.8 traces a data-dependent output size only with this switch (docs/op-authors.md)
+    with torch._dynamo.config.patch(
+            capture_dynamic_output_shape_ops=per_version.release() < (2, 13)):
+        got = kept_scores(boxes, scores)
     assert counter.frame_count == 1
     torch.testing.assert_close(got, scores[_reference_nms(boxes, scores, 0.3)])
 

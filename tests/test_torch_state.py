@@ -171,7 +171,13 @@ def test_unreachable_names_are_unreachable_in_torch(ns):
                                   torch._ops.OpOverloadPacket), name
         finally:
             lib._destroy()
-    for name in sorted(OP_PACKET_ATTRIBUTES):
+    from opregistry.keys import installed_torch
+
+    facts = installed_torch()
+    assert facts is not None
+    # refused on every release of the range, reachable before the release that adds it
+    newer = {"op_overloads"} if facts.release < (2, 13) else set()
+    for name in sorted(OP_PACKET_ATTRIBUTES - newer):
         lib = torch.library.Library(f"{ns}_p{name.strip('_')}", "DEF")
         try:
             try:

@@ -212,3 +212,19 @@ def test_records_stamped_with_another_origin_are_the_returners(world: World) -> 
     op = resolved.op(f"{world.ns}att::x")
     assert op is not None and op.op.origin.distribution == world.attacker
     _check_victim_intact(world, resolved)
+
+
+def test_the_seal_leaves_python_alone(world: World) -> None:
+    """A plugin that adds to ``builtins`` (torch 2.8's import does) is not opregistry's business:
+    the seal covers opregistry's own tables, never ``__builtins__``."""
+    world.attack("import builtins\nbuiltins._opregistry_seal_probe = 1\n")
+    try:
+        resolved = opregistry.plan(plugins=world.plugins())
+        assert not resolved.errors, [str(p) for p in resolved.errors]
+        import builtins
+
+        assert builtins.isinstance is isinstance and builtins._opregistry_seal_probe == 1
+    finally:
+        import builtins
+
+        vars(builtins).pop("_opregistry_seal_probe", None)

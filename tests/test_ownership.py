@@ -3,7 +3,6 @@ change opregistry's state, unseen -- in every discovery order (opregistry.owners
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -126,7 +125,7 @@ def test_samples_chosen_through_another_distributions_handle(world: World) -> No
     assert ok is not None and ok.op.samples is None, "the victim's op as the victim declared it"
 
 
-def test_a_helper_module_nobody_owns(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_helper_module_nobody_owns(world: World) -> None:
     """The attacker declares through a helper module on sys.path that no distribution lists:
     the attacker's module called it (the frames of the declaring code are kept)."""
     helper = f"helper_{world.ns}"

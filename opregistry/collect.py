@@ -438,8 +438,10 @@ def _owned_hook(plugin: Plugin, hook_name: str, impl: Any, owners: Owners,
 def _owned_records(plugin: Plugin, records: list[Any], owners: Owners,
                    foreign: dict[Origin, list[Any]]) -> list[Any]:
     """``records`` less those another distribution's code declared (into ``foreign``, by author)."""
-    kept = []
     author_of = attributed(plugin, owners)
+    if author_of is None:
+        return records  # every record declared where and while the library was made
+    kept = []
     for record in records:
         author, replaced = author_of(record)
         if author.distribution == plugin.origin.distribution:

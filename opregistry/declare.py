@@ -125,9 +125,8 @@ def _note(library: "OpLibrary", record: Any, author: str | None = None,
     Read at collection by :mod:`opregistry.ownership`.
     """
     now = running_origin()
-    where = author or getattr(record, "source", None) or ""
-    if now == library._made_during and author is None and \
-            where.rpartition(":")[0] == library._made_in:
+    if author is None and (now is library._made_during or now == library._made_during) and \
+            (record.source or "").startswith(library._made_in):
         return
     frame = sys._getframe(2)
     files: list[str] = []
@@ -288,7 +287,7 @@ class OpLibrary:
         # record declared while another's was, that one: a declaration through someone
         # else's library is found and attributed at collection (opregistry.ownership)
         self._made_during = running_origin()
-        self._made_in = (_source(1) or "").rpartition(":")[0]
+        self._made_in = (_source(1) or "").rpartition(":")[0] + ":"  # "file:", the prefix
         #: id(record) -> (whose code was running, the files of the code that declared it,
         #: innermost first; the record it replaced), for the records declared elsewhere than
         #: in the file that made the library, or while another distribution's code ran

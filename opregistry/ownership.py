@@ -36,6 +36,10 @@ __all__ = ["Owners", "is_op_library", "attributed", "foreign_hook", "not_owned",
            "change_culprit"]
 
 
+#: opregistry's own folder: code there is nobody's declaration
+_OURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+
+
 def is_op_library(obj: Any) -> bool:
     """Whether ``obj`` is an :class:`opregistry.OpLibrary` itself (not a subclass, not a lookalike)."""
     cls = type(obj)
@@ -101,17 +105,19 @@ class Owners:
         return self._recorded.get(file)
 
 
-def attributed(plugin: Plugin, owners: Owners) -> Callable[[Any], tuple[Origin, Any]]:
+def attributed(plugin: Plugin, owners: Owners) -> Callable[[Any], tuple[Origin, Any]] | None:
     """``author(record)``: who declared ``record`` of ``plugin``, and what the plugin keeps.
 
     ``(distribution whose code declared it, the record to keep instead or None)``;
-    see the module docstring.  Built once per plugin: the common case -- a
-    record declared in the file that made the library, by its own
-    distribution's code -- is one dictionary lookup.
+    see the module docstring.  ``None`` when every record of an ``OpLibrary``
+    was declared in the file that made it, while the code of the distribution
+    that made it ran: the common case costs nothing per record.
     """
     origin = plugin.origin
     obj = plugin.obj
     late: dict[int, Any] = obj.__dict__.get("_late", {}) if is_op_library(obj) else {}
+    if is_op_library(obj) and not late:
+        return None
     made_during = obj.__dict__.get("_made_during") if late else None
 
     def author(record: Any) -> tuple[Origin, Any]:
@@ -133,7 +139,15 @@ def attributed(plugin: Plugin, owners: Owners) -> Callable[[Any], tuple[Origin, 
 
 def foreign_hook(plugin: Plugin, function: Callable[..., Any], owners: Owners) -> Origin | None:
     """The other distribution whose function is ``plugin``'s hook implementation, or ``None``."""
-    owner = owners.of(_file(source_of(function)))
+    obj = plugin.obj
+    if is_op_library(obj) and getattr(function, "__self__", None) is obj and \
+            getattr(function, "__func__", None) is type(obj).__dict__.get(
+                getattr(function, "__name__", "")):
+        return None  # the class's own method, bound to the library: opregistry's code
+    file = _file(source_of(function))
+    if file is None or file.startswith(_OURS):
+        return None  # opregistry's own (a DeviceBackend's hooks), or no code to read
+    owner = owners.of(file)
     if owner is not None and owner.distribution != plugin.origin.distribution:
         return owner
     return None

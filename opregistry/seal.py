@@ -27,15 +27,13 @@ mean no harm and the evidence against those that do, not a sandbox.
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import operator
 import os
 import sys
 import threading
 import types
-from typing import Any, Iterator
-
-from attrs import frozen
+from typing import Any
 
 from .model import source_of
 
@@ -45,14 +43,23 @@ __all__ = ["Seal", "Change", "running", "running_origin"]
 _TABLE_MODULES = ("opregistry.keys",)
 
 
-@frozen
 class Change:
-    """One binding of opregistry's state that third-party code changed (undone since)."""
+    """One binding of opregistry's state that third-party code changed (undone since).
 
-    #: ``opregistry.module.name`` or ``opregistry.module.Class.name``
-    where: str
-    #: ``file:line`` of the code that made it, when known
-    source: str | None
+    A plain class, not an attrs record: this module is imported with
+    ``opregistry`` itself, and a record class costs its import time.
+    """
+
+    __slots__ = ("where", "source")
+
+    def __init__(self, where: str, source: str | None) -> None:
+        #: ``opregistry.module.name`` or ``opregistry.module.Class.name``
+        self.where = where
+        #: ``file:line`` of the code that made it, when known
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Change({self.where!r}, {self.source!r})"
 
 
 class _Running(threading.local):
@@ -65,20 +72,26 @@ class _Running(threading.local):
 _running = _Running()
 
 
-@contextlib.contextmanager
-def running(origin: Any) -> Iterator[None]:
+class running:  # noqa: N801 - a context manager: ``with running(origin):``
     """Mark ``origin``'s code as running (a plugin's import, its hooks) inside the block.
 
     Inside, an assignment to an opregistry module from outside opregistry is
     refused (noted, not made: :meth:`Seal.check` reports it), and what is
     declared through an ``OpLibrary`` made before the block, from a file no
     distribution is known to own, is attributed to ``origin``
-    (:mod:`opregistry.ownership`).
+    (:mod:`opregistry.ownership`).  A class, not a generator: entered once per
+    plugin, twice.
     """
-    _running.origins.append(origin)
-    try:
-        yield
-    finally:
+
+    __slots__ = ("origin",)
+
+    def __init__(self, origin: Any) -> None:
+        self.origin = origin
+
+    def __enter__(self) -> None:
+        _running.origins.append(self.origin)
+
+    def __exit__(self, *exc: object) -> None:
         _running.origins.pop()
 
 
@@ -131,11 +144,17 @@ _SCANNED_AT = [-1]
 
 
 def _spaces() -> list[tuple[str, Any]]:
-    """Every opregistry module's namespace and those of its classes (re-scanned on new modules)."""
-    if len(sys.modules) == _SCANNED_AT[0]:
+    """Every opregistry module's namespace and those of its classes (re-scanned on new modules).
+
+    ``sys.modules`` keeps its order: only the modules added since the last
+    scan are looked at, unless some were removed meanwhile.
+    """
+    size = len(sys.modules)
+    if size == _SCANNED_AT[0]:
         return _SPACES
-    _SCANNED_AT[0] = len(sys.modules)
-    for name, module in list(sys.modules.items()):
+    start = _SCANNED_AT[0] if 0 <= _SCANNED_AT[0] < size else 0
+    _SCANNED_AT[0] = size
+    for name, module in list(itertools.islice(sys.modules.items(), start, None)):
         if not (name == "opregistry" or name.startswith("opregistry.")) or \
                 not isinstance(module, types.ModuleType) or _SEEN.get(name) is module:
             continue

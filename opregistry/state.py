@@ -39,6 +39,9 @@ class _PerThread(threading.local):
         self.watches: list[Any] = []
         #: opregistry itself is registering (its own registrations are not recorded)
         self.registering = False
+        #: per guard.run of code that may import torch: the watch torch's arrival starts
+        #: (opregistry.guard.torch_arrived), innermost last
+        self.torch_watches: list[list[Any]] = []
 
 
 class ProcessState:
@@ -76,6 +79,9 @@ class ProcessState:
         self.fallbacks: dict[tuple[str, str], int] = {}
         #: open ``kernel_counts()`` blocks (the next load registers counting while > 0)
         self.counting_blocks = 0
+        #: counting kernels and chains registered so far (a block that saw it grow loaded
+        #: counting, whatever earlier loads in the process did)
+        self.counting_registered = 0
         self.counts_printed_at_exit = False
         #: a real SIGINT arrived while third-party code ran (opregistry.containment)
         self.interrupted = threading.Event()

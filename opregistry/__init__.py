@@ -25,6 +25,7 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
+from .keys import installed_torch
 from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary, OpDef, Origin,
                     Problem)
 from .selection import KernelCounts, kernel_counts
@@ -63,6 +64,7 @@ __all__ = [
     "kernel_counts",
     "hookimpl",
     "hookspec",
+    "installed_torch",
     "load",
     "plan",
     "report",

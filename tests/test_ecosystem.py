@@ -249,6 +249,14 @@ print(json.dumps({"roundtrip": float((F.dequantize_blockwise(q, state) - x).abs(
     [kernel] = listing["external_kernels"]
     assert (kernel["op"], kernel["overrides"]) == (
         "bitsandbytes::quantize_blockwise", {"name": "bitsandbytes", "version": "0.50.2"})
+    out = _run(["-c", """
+import torch, bitsandbytes.functional as F
+try:
+    F.quantize_blockwise(torch.randn(64))
+except NotImplementedError:
+    print("the override serves")
+"""], allowed, timeout=600)
+    assert out.stdout.strip().endswith("the override serves"), out.stdout + out.stderr[-2000:]
 
     _, listing = _cli(env, "list", "--live", "--import", "bitsandbytes", "-n", "bitsandbytes")
     rows = {row["op"]: row for row in listing["live"]["bitsandbytes"]}
@@ -259,3 +267,36 @@ print(json.dumps({"roundtrip": float((F.dequantize_blockwise(q, state) - x).abs(
             "bitsandbytes", "0.50.2"), op
         assert {o["name"] for o in row["kernels_by"].values() if o} == {"bitsandbytes"}, op
     assert rows["bitsandbytes::twice"]["defined_by"]["name"] == "addon-bnb"
+
+
+@pytest.mark.parametrize("order", ["torch-first", "package-first"])
+def test_an_allowed_override_of_a_package_kernel_wins(dists: DistFactory, ns: str,
+                                                      tmp_path: Path, order: str) -> None:
+    """Allowed by the policy, an override of a package's kernel is registered once the package
+    registered its own -- whichever is imported first -- and names the package."""
+    package = f"rawpkg_{ns}"
+    dists.make("rawpkg", version="2.1", modules={package: RAWPKG.replace("NSRAW", ns)},
+               requires=("torch",), record=True)
+    dists.make("faster", ops={"f": f"faster_{ns}:lib"}, modules={f"faster_{ns}": f'''
+from opregistry import OpLibrary
+lib = OpLibrary({ns!r}, "IMPL")
+lib.impl("{ns}::scale", "cpu", "faster_{ns}:scale", override=True)
+def scale(x, s):
+    return x * s + 100
+'''})
+    env = _env(dists, tmp_path, OPREGISTRY_ALLOW_OVERRIDE=ns)
+    imports = f"import {package}, torch" if order == "package-first" else f"import torch, {package}"
+    out = _run(["-c", f"""
+import json
+{imports}
+import opregistry
+reg = opregistry.get_registry()
+[k] = [k for k in reg.plan.external_kernels if k.kernel.op == "{ns}::scale"]
+print(json.dumps({{"scale": torch.ops.{ns}.scale(torch.ones(2), 2.0).tolist(),
+                  "overrides": k.overrides, "after": k.after,
+                  "errors": [str(p) for p in reg.errors]}}))
+"""], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert found == {"scale": [102.0, 102.0], "overrides": "rawpkg==2.1", "after": package,
+                     "errors": []}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from ..keys import RESERVED_NAMESPACES
+from ..keys import RESERVED_NAMESPACES, unreachable_name
 from ..model import Namespace, is_identifier
 from ..plan import NamespacePlan
 from ..schema import SCHEMA_KEYWORDS
@@ -23,6 +23,9 @@ def namespace_refusal(name: str) -> tuple[str, str] | None:
     if name in SCHEMA_KEYWORDS:
         return ("a keyword of torch's schema language, which torch cannot parse as a namespace",
                 name.lower() + "_ops")
+    unreachable = unreachable_name(name, "namespace")
+    if unreachable is not None:
+        return unreachable, name.strip("_") + "_ops"
     return None
 
 

@@ -395,7 +395,7 @@ def _collect_one(pm: pluggy.PluginManager, plugin: Plugin, owners: Owners,
     if isinstance(impls, Problem):
         return impls
     hooks = OP_HOOKS if origin.group == OPS_GROUP else BACKEND_HOOKS
-    own: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend)}
+    own: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend, Adoption)}
     problems: list[Problem] = []
     state: tuple[dict[str, bool], dict[tuple[str, str], Callable[..., Any]]] = ({}, {})
     foreign: dict[Origin, list[Any]] = {}

@@ -287,3 +287,15 @@ def _imports_of(path: Path, module: str) -> list[str]:
                     "importlib.") and any(a.name == module.split(".")[1] for a in node.names))):
             hits.append(f"line {node.lineno}")
     return hits
+
+
+def test_no_undefined_name_or_unused_import():
+    """pyflakes' rules (ruff ``F``) over the core, plugins, examples, benchmarks and tests."""
+    import subprocess
+    import sys
+
+    dirs = ["opregistry", "plugins", "examples", "benchmarks", "tests"]
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F", "--no-cache",
+                           "--output-format", "concise", *dirs],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

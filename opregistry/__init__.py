@@ -25,7 +25,7 @@ from .errors import (
     SchemaError,
 )
 from .hookspecs import hookimpl, hookspec
-from .keys import installed_torch
+from .keys import installed_torch, installed_torch_build
 from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary, OpDef, Origin,
                     Problem)
 from .selection import KernelCounts, kernel_counts
@@ -65,6 +65,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "installed_torch",
+    "installed_torch_build",
     "load",
     "plan",
     "report",

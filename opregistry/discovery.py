@@ -23,7 +23,7 @@ from .config import Settings, canonical_name
 from .containment import describe
 from .errors import DeclarationError, PluginLoadError
 from .logs import get_logger
-from .model import Discovered, Origin, Plugin, Problem, Skipped, source_of
+from .model import Discovered, Origin, Plugin, Problem, Skipped
 from .ownership import Owners, change_culprit, state_problem
 from .seal import Seal
 

@@ -18,7 +18,7 @@ import contextlib
 import gc
 import sys
 from types import ModuleType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import attrs
 from attrs import define, field
@@ -71,7 +71,7 @@ class Materialized:
             destroy_library(lib)
         gone = set(ops)
         self.ops[:] = [op for op in self.ops if op not in gone]
-        _defined.difference_update(gone)
+        process().defined.difference_update(gone)
         self.failed[origin.distribution] = origin
         self.problems.append(problem)
 

@@ -10,7 +10,7 @@ dispatcher holds outside opregistry, read by :mod:`opregistry.torch_state`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from attrs import field, frozen
 

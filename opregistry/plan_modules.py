@@ -41,7 +41,7 @@ def _kernel_refs(kernel: Kernel) -> Iterator[tuple[str, str, str]]:
     for name, want in kind.references:
         ref = getattr(kernel.payload, name)
         if isinstance(ref, str) and want != "object":
-            yield ("kernel" if name == kind.primary else name.replace("_", " ")), ref, want
+            yield ("kernel" if name == kind.primary else name), ref, want
     if isinstance(kernel.predicate, str):
         yield "predicate", kernel.predicate, "callable"
 

@@ -287,3 +287,53 @@ def _imports_of(path: Path, module: str) -> list[str]:
                     "importlib.") and any(a.name == module.split(".")[1] for a in node.names))):
             hits.append(f"line {node.lineno}")
     return hits
+
+
+def test_no_undefined_name_or_unused_import():
+    """pyflakes' rules (ruff ``F``) over the core, plugins, examples, benchmarks and tests."""
+    import subprocess
+    import sys
+
+    dirs = ["opregistry", "plugins", "examples", "benchmarks", "tests"]
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F", "--no-cache",
+                           "--output-format", "concise", *dirs],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _public_modules() -> set[str]:
+    """The public modules of docs/architecture.md's "Public API and internals" table."""
+    section = DOC.read_text().split("## Public API and internals", 1)[1].split("\n## ", 1)[0]
+    found = set(re.findall(r"^\| `(opregistry[\w.]*)` \|", section, re.M))
+    assert "opregistry" in found and len(found) > 3, "the public API table is missing"
+    return found
+
+
+def test_public_modules_exist_and_declare_all():
+    for name in sorted(_public_modules()):
+        assert name in _modules(), f"{name}: in the public API table, not in the package"
+        assert isinstance(importlib.import_module(name).__all__, list), name
+
+
+def _opregistry_imports(text: str) -> set[str]:
+    """The opregistry modules ``text`` (Python source or a Markdown page) imports from."""
+    found = set(re.findall(r"^\s*from (opregistry[\w.]*) import", text, re.M))
+    found |= set(re.findall(r"^\s*import (opregistry[\w.]*)", text, re.M))
+    return found
+
+
+def test_user_docs_and_examples_import_only_the_public_api():
+    """What users copy (docs/ but this page, examples/) uses public modules only."""
+    public = _public_modules()
+    sources = [p for p in (ROOT / "docs").rglob("*.md") if p != DOC]
+    sources += list((ROOT / "examples").rglob("*.py")) + [ROOT / "README.md"]
+    internal = sorted(f"{path.relative_to(ROOT)}: {module}" for path in sources
+                      for module in _opregistry_imports(path.read_text()) - public)
+    assert not internal, "\n".join(internal)
+
+
+def test_the_public_api_check_bites():
+    assert _opregistry_imports("x = 1\nfrom opregistry.keys import installed_torch\n") == {
+        "opregistry.keys"}
+    assert _opregistry_imports("```python\nimport opregistry.distributed\n```") == {
+        "opregistry.distributed"}

@@ -161,7 +161,7 @@ print(json.dumps({{"scale": torch.ops.{ns}.scale(x, 3.0).tolist(),
 def test_a_clash_nobody_could_predict_names_the_op_package(dists: DistFactory, ns: str,
                                                            tmp_path: Path) -> None:
     """A namespace chosen at run time: torch raises, naming the op package's declaration line."""
-    dists.make("dynpkg", modules={f"dyn_{ns}": f'''
+    dists.make("dynpkg", modules={f"dyn_{ns}": '''
 import os, torch
 lib = torch.library.Library(os.environ["DYN_NS"], "DEF")
 '''}, requires=("torch",), record=True)

@@ -130,7 +130,7 @@ def test_torch_ops_attribute_tables_match_this_torch():
     import subprocess
     import sys
 
-    from opregistry.keys import (OP_NAMESPACE_ATTRIBUTES, OP_PACKET_ATTRIBUTES,
+    from opregistry.keys import (OP_NAMESPACE_ATTRIBUTES, OP_PACKET_ATTRIBUTES, PYTHON_DUNDERS,
                                  TORCH_OPS_ATTRIBUTES, installed_torch, unreachable_name)
 
     env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}
@@ -139,8 +139,12 @@ def test_torch_ops_attribute_tables_match_this_torch():
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.splitlines()[-1])
 
-    def plain(names):  # dunders are refused as a class: Python's own set varies by version
+    def plain(names):  # the dunders, Python's own, are checked against PYTHON_DUNDERS below
         return {n for n in names if not (n.startswith("__") and n.endswith("__"))}
+
+    for where in ("ops", "namespace"):  # every dunder this Python and torch answer themselves
+        dunders = set(found[where]) - plain(found[where])
+        assert dunders <= PYTHON_DUNDERS, (where, dunders - PYTHON_DUNDERS)
 
     assert plain(found["ops"]) == TORCH_OPS_ATTRIBUTES
     assert plain(found["namespace"]) == OP_NAMESPACE_ATTRIBUTES
@@ -188,6 +192,26 @@ def test_unreachable_names_are_unreachable_in_torch(ns):
             assert not isinstance(overload, torch._ops.OpOverload), name
         finally:
             lib._destroy()
+
+
+def test_dunder_op_names_reach_torch_as_keys_says(ns):
+    """A dunder op name is reachable unless Python's object answers it (keys.PYTHON_DUNDERS)."""
+    from opregistry.keys import unreachable_name
+
+    for i, name in enumerate(("__and__", "__foo__", "__repr__", "__init__", "__origin__")):
+        lib = torch.library.Library(f"{ns}_d{i}", "DEF")
+        try:
+            try:
+                lib.define(f"{name}(Tensor x) -> Tensor")
+            except Exception:  # torch fails inside (the name is found on the namespace object)
+                reached = False
+            else:
+                found = getattr(getattr(torch.ops, lib.ns), name, None)
+                reached = isinstance(found, torch._ops.OpOverloadPacket)
+            assert reached == (unreachable_name(name, "op") is None), name
+        finally:
+            lib._destroy()
+    assert unreachable_name("__foo__", "overload") is not None
 
 
 def torch_version_of_this_process() -> str:

@@ -1,7 +1,6 @@
 """The declarations: the native library, its schemas and keys, the Python pieces. No torch import."""
 
-from opregistry import NativeLibrary, OpLibrary
-from opregistry.keys import installed_torch_build
+from opregistry import NativeLibrary, OpLibrary, installed_torch_build
 
 from . import _build
 

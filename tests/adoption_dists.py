@@ -33,7 +33,7 @@ def write(site: Path, name: str, files: dict[str, str], *, version: str = "1.0",
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         written[rel] = data
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     written[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
     tops = sorted({rel.split("/")[0].removesuffix(".py") for rel in files})

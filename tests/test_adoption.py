@@ -17,11 +17,10 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-import opregistry
 from opregistry import report
 
 from . import adoption_dists
-from .conftest import BACKENDS, DistFactory, load, plan
+from .conftest import DistFactory, load, plan
 
 
 @pytest.fixture
@@ -66,11 +65,11 @@ def _package(ns: str) -> dict[str, str]:
                 return x * f
         """,
         f"{pkg}/backends/__init__.py": "",
-        f"{pkg}/backends/cpu.py": f"""
+        f"{pkg}/backends/cpu.py": """
             from .._ops import NS, register_kernel
 
 
-            @register_kernel(f"{{NS}}::scale", "cpu")
+            @register_kernel(f"{NS}::scale", "cpu")
             def _(x, f):
                 return x * f + 1000
         """,

@@ -128,7 +128,7 @@ def test_locked_and_a_tampered_file_refused(bnb_site: Path, cache: Path,
     assert run(site, cache, f"-m opregistry lock -o {lock}").returncode == 0
     assert json.loads(lock.read_text())["adopted"]["bitsandbytes"]["version"] == "0.50.2"
     assert run(site, cache, f"-m opregistry verify {lock}").returncode == 0
-    touch = f"""
+    touch = """
         import json, torch, opregistry
         try:
             torch.ops.bitsandbytes.quantize_blockwise
@@ -139,7 +139,7 @@ def test_locked_and_a_tampered_file_refused(bnb_site: Path, cache: Path,
                     if p.code == "lock-mismatch"]
         import bitsandbytes.functional as F
         q, state = F.quantize_blockwise(torch.linspace(-1, 1, 512))
-        print(json.dumps({{"found": found, "problems": problems, "by_hand": list(q.shape)}}))
+        print(json.dumps({"found": found, "problems": problems, "by_hand": list(q.shape)}))
     """
     ok = last_json(run(site, cache, touch, OPREGISTRY_LOCK=str(lock)))
     assert ok == {"found": True, "problems": [], "by_hand": [512]}
@@ -204,7 +204,7 @@ def test_an_exported_program_reloads_in_a_fresh_process(bnb_site: Path, cache: P
     assert without.returncode != 0  # what every user sees without adoption
 
 
-WORKERS = f"""
+WORKERS = """
 import json, sys
 
 import torch
@@ -226,8 +226,8 @@ if __name__ == "__main__":
     loader = DataLoader(Quantized(), batch_size=None, num_workers=2,
                         multiprocessing_context="spawn")
     rows = list(loader)
-    print(json.dumps({{"rows": [[bool(b), s] for b, s in rows],
-                       "main": "bitsandbytes" in sys.modules}}))
+    print(json.dumps({"rows": [[bool(b), s] for b, s in rows],
+                       "main": "bitsandbytes" in sys.modules}))
 """
 
 

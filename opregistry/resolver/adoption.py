@@ -107,7 +107,7 @@ def _chosen(ctx: Context, name: str, found: list[Adoption]) -> Adoption:
                  f"{name} is adopted by {first.origin} (load={first.load!r}) and by "
                  f"{', '.join(str(a.origin) for a in others)}, which disagree; "
                  f"{first.origin} decides",
-                 f"remove one of the declarations, or make them agree",
+                 "remove one of the declarations, or make them agree",
                  others=tuple(a.origin for a in [first, *others] if a.origin is not None),
                  source=others[0].source)
     return first

@@ -10,7 +10,8 @@ does not import torch.
 from __future__ import annotations
 
 from .config import Policy, Settings
-from .declare import OpHandle, OpLibrary
+from .adoption import Adoption
+from .declare import OpHandle, OpLibrary, kernel
 from .errors import (
     ConfigError,
     DeclarationError,
@@ -32,6 +33,7 @@ from . import report
 from .registry import Registry, get_registry, load, plan, verify_lock
 
 __all__ = [
+    "Adoption",
     "Backend",
     "Candidate",
     "Condition",
@@ -58,6 +60,7 @@ __all__ = [
     "Settings",
     "KernelCounts",
     "get_registry",
+    "kernel",
     "kernel_counts",
     "hookimpl",
     "hookspec",

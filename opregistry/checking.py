@@ -119,7 +119,11 @@ def samples_of(op: OpPlan) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """The op's sample inputs as ``(args, kwargs)`` pairs; raises ``TypeError`` if malformed."""
     if op.op.samples is None:
         return []
-    produced = resolve_ref(op.op.samples)()
+    return _samples(op.op.samples, op.op.qualname)
+
+
+def _samples(ref: Any, qualname: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    produced = resolve_ref(ref)()
     out = []
     for i, sample in enumerate(produced):
         if hasattr(sample, "args"):
@@ -128,7 +132,7 @@ def samples_of(op: OpPlan) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
             args, kwargs = sample
         else:
             raise TypeError(
-                f"sample {i} of {op.op.qualname} is a {type(sample).__name__}; a sample function "
+                f"sample {i} of {qualname} is a {type(sample).__name__}; a sample function "
                 f"returns a list of (args, kwargs) pairs"
             )
         out.append((tuple(args), dict(kwargs)))
@@ -275,18 +279,66 @@ def _check_sample(overload: Any, args: Any, kwargs: Any, has_autograd: bool,
     return found
 
 
+def _adopted(registry: Registry, targets: Iterable[str]) -> list[tuple[Any, str, str]]:
+    """``(adopted, op, samples)`` of each adopted op with sample inputs (an adapter's
+    ``Adoption(samples=...)``) that ``targets`` name (all: none given)."""
+    wanted = list(targets)
+    found = []
+    for adopted in registry.plan.adoptions:
+        for op, ref in sorted(adopted.samples.items()):
+            if not wanted or any(t in (op, op.split(".")[0], op.split("::")[0]) for t in wanted):
+                found.append((adopted, op, ref))
+    return found
+
+
+def _check_adopted(adopted: Any, op: str, ref: str, machine: dict[str, str],
+                   say: Callable[[str], None], prefix: str) -> list[CheckResult]:
+    """opcheck of an adopted op over its adapter's sample inputs, on CPU and the machine's
+    accelerator (its kernels are the package's: none is known to be absent)."""
+    record = partial(CheckResult, op=op, distribution=adopted.distribution.text)
+    origin = Origin(distribution=adopted.name, version=adopted.distribution.version)
+    overload, exc = contain(_overload, op)  # its first touch: adoption imports the package
+    if exc is not None:
+        say(f"{prefix}: FAIL (not in torch)")
+        return [record(device="-", check="registered", status="fail",
+                       message=f"{adopted.distribution.text} did not register it: "
+                               f"{_first_line(exc)}")]
+    outcome = guard.run(_samples, ref, op, origin=origin, what="producing sample inputs")
+    if outcome.error is not None:
+        say(f"{prefix}: FAIL (sample inputs)")
+        return [record(device="-", check="samples", status="fail",
+                       message=f"{ref}: {_first_line(outcome.error)}")]
+    results: list[CheckResult] = []
+    for device, torch_device in machine.items():
+        for i, (args, kwargs) in enumerate(outcome.result):
+            args, kwargs = _to_device(args, torch_device), _to_device(kwargs, torch_device)
+            results += _check_sample(overload, args, kwargs, False,
+                                     partial(record, device=device, sample=i))
+    failed = sum(1 for r in results if r.status == "fail")
+    say(f"{prefix} (adopted): {len(outcome.result)} sample(s), "
+        + (f"{failed} FAILED" if failed else "ok"))
+    return results
+
+
 def run_checks(registry: Registry, targets: Iterable[str] = (), *,
                devices: Iterable[str] | None = None,
                progress: Callable[[str], None] | None = None) -> tuple[list[CheckResult], list[str]]:
-    """Check the selected ops of ``registry``; returns the results and the unknown targets."""
+    """Check the selected ops of ``registry``, adopted ones with sample inputs included;
+    returns the results and the unknown targets."""
     selected, unknown = select_ops(registry.plan.ops, targets)
+    adopted = _adopted(registry, targets)
+    unknown = [t for t in unknown if not _adopted(registry, [t])]
     if unknown:  # a typo in a target: say so at once rather than after minutes of checks
         return [], unknown
     available = _available_devices()
     machine = {d: available.get(d, d) for d in devices} if devices is not None else available
     say = progress or (lambda text: None)
     results: list[CheckResult] = []
+    total = len(selected) + len(adopted)
     for index, op in enumerate(selected, 1):
-        prefix = f"{_bar(index, len(selected))} {index}/{len(selected)} {op.op.qualname}"
+        prefix = f"{_bar(index, total)} {index}/{total} {op.op.qualname}"
         results += _check_op(registry, op, machine, say, prefix)
+    for index, (adoption, name, ref) in enumerate(adopted, len(selected) + 1):
+        results += _check_adopted(adoption, name, ref, machine, say,
+                                  f"{_bar(index, total)} {index}/{total} {name}")
     return results, unknown

@@ -318,6 +318,8 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
     for op in data["ops"]:
         t.line(_op_line(op), wrap="      ")
         t.table(rows[op["name"]], indent="      ", widths=widths)
+    if data.get("adopted"):
+        _print_adopted(data["adopted"], t)
     if data.get("switches"):
         t.line("\nKernel switches (in order; the last that matches a kernel decides)")
         t.table([(s["switch"], s["source"]) for s in data["switches"]])
@@ -326,6 +328,31 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
         t.table([(k["op"], k["key"], k["status"], k["kernel"], _dist(k["distribution"]))
                  for k in data["external_kernels"]])
     _print_problems(data["problems"], t)
+
+
+def _adoption_line(a: dict[str, Any]) -> str:
+    how = {"adopted": f"adopted, {a['load']}", "off": "not adopted", "refused": "refused"}
+    imports = "; ".join(f"torch.ops.{ns} imports {', '.join(m)}"
+                        for ns, m in a["namespaces"].items())
+    return (f"  {a['distribution']['name']}=={a['distribution']['version']}  "
+            f"[{how.get(a['status'], a['status'])}: {a['reason']}]"
+            + (f"  {imports}" if imports and a["status"] == "adopted" else ""))
+
+
+def _print_adopted(adopted: list[dict[str, Any]], t: Text) -> None:
+    t.line("\nAdopted (packages that register with torch.library by themselves; "
+           "read from their files)")
+    rows = {(a["distribution"]["name"], op["name"]): [
+        (k["key"], k["status"], k["where"], k["reason"]) for k in op["kernels"]]
+        for a in adopted for op in a["ops"]}
+    widths = t.widths([r for op_rows in rows.values() for r in op_rows])
+    for a in adopted:
+        t.line(_adoption_line(a), wrap="      ")
+        for op in a["ops"]:
+            schema = op["schema"] or "  (schema from its type hints: custom_op)"
+            t.line(f"    {op['name']}{schema}  [{op['where']}]", wrap="        ")
+            t.table(rows[(a["distribution"]["name"], op["name"])], indent="        ",
+                    widths=widths)
 
 
 def _owner_text(owner: dict[str, Any] | None) -> str:
@@ -646,6 +673,9 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
             targets.append(target)
         elif match.kind == "ops":
             targets += [op.op.qualname for op in match.ops]
+        elif any(target in (op, op.split(".")[0], op.split("::")[0])
+                 for a in registry.plan.adoptions for op in a.samples):
+            targets.append(target)  # an adopted op with sample inputs (Adoption(samples=...))
         else:
             return _explain_match("check", match)
     progress = _Progress(sys.stderr, args.quiet)

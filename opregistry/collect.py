@@ -23,6 +23,7 @@ import pluggy
 from attrs import field, frozen
 
 from . import guard, hookspecs
+from .adoption import Adoption
 from .ownership import (Owners, attributed, change_culprit, foreign_hook, is_op_library, not_owned,
                         state_problem)
 from .seal import Seal
@@ -52,6 +53,7 @@ OP_HOOKS: dict[str, type] = {
     "opregistry_namespaces": Namespace,
     "opregistry_ops": OpDef,
     "opregistry_kernels": Kernel,
+    "opregistry_adoptions": Adoption,
 }
 BACKEND_HOOKS: dict[str, type] = {"opregistry_backends": Backend}
 PER_BACKEND_HOOKS = ("opregistry_backend_available", "opregistry_materialize_kernel")
@@ -318,7 +320,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
     pm = pm or make_plugin_manager()
     problems = list(discovered.problems)
     skipped = list(discovered.skipped)
-    gathered: dict[type, list[Any]] = {Namespace: [], OpDef: [], Kernel: [], Backend: []}
+    gathered: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend, Adoption)}
     available: dict[str, bool] = {}
     materializers: dict[tuple[str, str], Callable[..., Any]] = {}
     distributions: list[Origin] = []
@@ -359,7 +361,7 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         distributions=distributions,
         skipped=skipped,
         problems=problems,
-        hooks=implemented,
+        hooks=implemented, adoptions=[*discovered.adoptions, *gathered[Adoption]],
     )
     log.debug(
         "collected",
@@ -393,7 +395,7 @@ def _collect_one(pm: pluggy.PluginManager, plugin: Plugin, owners: Owners,
     if isinstance(impls, Problem):
         return impls
     hooks = OP_HOOKS if origin.group == OPS_GROUP else BACKEND_HOOKS
-    own: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend)}
+    own: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend, Adoption)}
     problems: list[Problem] = []
     state: tuple[dict[str, bool], dict[tuple[str, str], Callable[..., Any]]] = ({}, {})
     foreign: dict[Origin, list[Any]] = {}

@@ -27,6 +27,7 @@ __all__ = ["Condition", "parse_range", "in_range", "parse_requirement"]
 _CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*\Z")
 _NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(.*)\Z")
 _RELEASE = re.compile(r"\d+(?:\.\d+)*")
+_CHECK = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 _COMPARE: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
     ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
     "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
@@ -101,14 +102,28 @@ class Condition:
     :param capability: CUDA compute capability of the call's device,
         ``">=9.0"`` (a CUDA kernel only; read on the first call on each device).
     :param platform: ``sys.platform`` prefixes, ``"linux"`` or ``["linux", "win32"]``.
+    :param check: a function, ``"module:function"``, called once per load with no
+        argument: true when the kernel may serve (a CPU feature is present, a
+        native library loaded); it may return ``(value, reason)``.  A check
+        that raises is unmet, with the exception as the reason.  Run when the
+        registry loads, with torch imported (never by ``opregistry list``).
     """
 
     torch: str | None = None
     requires: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "requires"))
     capability: str | None = None
     platform: tuple[str, ...] = field(default=(), converter=lambda v: _strings(v, "platform"))
+    check: str | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.check is not None and (not isinstance(self.check, str)
+                                       or not _CHECK.match(self.check)):
+            raise DeclarationError(
+                f"check: {self.check!r} is not a 'module:function' reference; write e.g. "
+                f"'mylib.cpu_features:has_avx512' (a function of no argument, called at load)")
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
         if self.torch is not None:
             parse_range(self.torch, "torch")
         for requirement in self.requires:
@@ -123,13 +138,13 @@ class Condition:
             return value
         if not isinstance(value, Mapping):
             raise DeclarationError(
-                f"when= must be a dict (torch, requires, capability, platform) or an "
+                f"when= must be a dict (torch, requires, capability, platform, check) or an "
                 f"opregistry.Condition, not {type(value).__name__}")
         unknown = sorted(set(value) - {f.name for f in attrs.fields(cls)})
         if unknown:
             raise DeclarationError(
                 f"when= has unknown condition(s) {unknown}; known: torch, requires, "
-                f"capability, platform")
+                f"capability, platform, check")
         return cls(**value)
 
     def describe(self) -> str:
@@ -141,7 +156,25 @@ class Condition:
             parts.append(f"capability{self.capability}")
         if self.platform:
             parts.append("platform " + "|".join(self.platform))
+        if self.check:
+            parts.append(f"check {self.check}")
         return ", ".join(parts)
+
+    def held(self, env: Any) -> str:
+        """:meth:`describe`, with what the check said in ``env``; a check not run is left out
+        (:meth:`pending` says so)."""
+        parts = [p for p in self.describe().split(", ") if p != f"check {self.check}"]
+        outcome = env.check(self.check) if self.check else None
+        if outcome is not None:
+            parts.append(f"check {outcome[1]}")
+        return ", ".join(parts)
+
+    def pending(self, env: Any) -> str | None:
+        """The check ``env`` has no outcome for (torch not imported), in words, or ``None``."""
+        if self.check and env.check(self.check) is None:
+            return (f"at load: check {self.check} (not run without torch; it runs when the "
+                    f"registry loads)")
+        return None
 
     @property
     def distributions(self) -> tuple[str, ...]:
@@ -169,6 +202,10 @@ class Condition:
                 return f"{name} {installed} is not {spec}"
         if self.platform and not any(env.platform.startswith(p) for p in self.platform):
             return f"platform {env.platform} is not {'|'.join(self.platform)}"
+        if self.check:
+            outcome = env.check(self.check)
+            if outcome is not None and not outcome[0]:
+                return f"check {outcome[1]}"
         return None
 
     def capability_check(self) -> Callable[..., bool] | None:

@@ -33,7 +33,7 @@ from .keys import ALIASES, KNOWN_KEYS
 
 __all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled",
            "strict_requested", "parse_flag", "dispatch_key", "CONFIG_VAR", "BACKEND_VAR_PREFIX",
-           "KNOWN_VARIABLES", "KERNELS_VAR", "COUNTS_VAR", "Switch"]
+           "KNOWN_VARIABLES", "KERNELS_VAR", "COUNTS_VAR", "ADOPT_VAR", "ADOPT_BLOCK_VAR", "Switch"]
 
 #: the environment variable naming the configuration file
 CONFIG_VAR = "OPREGISTRY_CONFIG"
@@ -41,6 +41,11 @@ CONFIG_VAR = "OPREGISTRY_CONFIG"
 BACKEND_VAR_PREFIX = "OPREGISTRY_BACKEND_"
 #: kernel switches, ``-nnkit::rms_norm:CUDA,+nnkit::nms`` (see :class:`Switch`)
 KERNELS_VAR = "OPREGISTRY_KERNELS"
+#: adoption of packages that register with torch.library by themselves (docs/ecosystem.md):
+#: on by default; ``0`` switches it off for every distribution
+ADOPT_VAR = "OPREGISTRY_ADOPT"
+#: distributions never adopted (comma-separated)
+ADOPT_BLOCK_VAR = "OPREGISTRY_ADOPT_BLOCK"
 #: every ``OPREGISTRY_*`` variable something reads; any other is reported (a typo)
 KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT", "OPREGISTRY_AUTOLOAD",
@@ -50,12 +55,14 @@ KNOWN_VARIABLES: set[str] = {
     KERNELS_VAR,  # kernel switches: Policy.kernels
     "OPREGISTRY_KERNEL_COUNTS",  # which kernel ran: opregistry.selection, read by the materializer
     "OPREGISTRY_CACHE", "OPREGISTRY_CACHE_DIR",  # the on-disk caches: opregistry/diskcache.py
+    ADOPT_VAR, ADOPT_BLOCK_VAR,  # adoption: Policy.adopt, Policy.adopt_block
 }
 #: count which kernel serves each op call (``opregistry.kernel_counts``)
 COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"
 #: key in the file -> its kind
 _CONFIG_KEYS: dict[str, str] = {"plugins": "list", "block": "list", "allow_override": "list",
-                                "strict": "bool", "backends": "table", "kernels": "list"}
+                                "strict": "bool", "backends": "table", "kernels": "list",
+                                "adopt": "bool", "adopt_block": "list"}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -209,6 +216,21 @@ class Policy:
     backend_sources: Mapping[str, str] = field(factory=dict, eq=False, hash=False)
     #: kernel switches, in order: the last that matches a kernel decides
     kernels: tuple[Switch, ...] = field(default=(), converter=tuple)
+    #: adopt packages that register with torch.library by themselves (``OPREGISTRY_ADOPT``)
+    adopt: bool = True
+    #: distributions never adopted (``OPREGISTRY_ADOPT_BLOCK``)
+    adopt_block: frozenset[str] = field(default=frozenset(),
+                                        converter=lambda v: _to_frozenset(v) or frozenset())
+    #: where ``adopt`` / ``adopt_block`` were set, for messages
+    adopt_sources: Mapping[str, str] = field(factory=dict, eq=False, hash=False)
+
+    def adopts(self, distribution: str) -> str | None:
+        """``None`` if ``distribution`` may be adopted, else why not (the switch that says so)."""
+        if not self.adopt:
+            return f"adoption switched off by {self.adopt_sources.get('adopt', ADOPT_VAR)}"
+        if canonical_name(distribution) in self.adopt_block:
+            return f"named in {self.adopt_sources.get('adopt_block', ADOPT_BLOCK_VAR)}"
+        return None
 
     def disabled_by(self, op: str, key: str, distribution: str, composite: bool,
                     conditional: bool) -> Switch | None:
@@ -239,7 +261,9 @@ class Policy:
         backends, sources = _env_backends(env)
         return cls(allow_override=frozenset(v.strip() for v in raw.split(",") if v.strip()),
                    backends=backends, backend_sources=sources,
-                   kernels=_switches(env.get(KERNELS_VAR), KERNELS_VAR))
+                   kernels=_switches(env.get(KERNELS_VAR), KERNELS_VAR),
+                   adopt=parse_flag(env.get(ADOPT_VAR), True, ADOPT_VAR),
+                   adopt_block=_names(env.get(ADOPT_BLOCK_VAR)) or frozenset())
 
 
 def _env_backends(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -364,8 +388,10 @@ class Settings:
         # the file's switches first, then the variable's: the last that matches decides
         switches = tuple(Switch.parse(v, f"{in_file} (key 'kernels')")
                          for v in file.get("kernels", ())) + policy.kernels
+        adopt, adopt_block, adopt_sources = _adoption(env, file, in_file, policy)
         policy = Policy(allow_override=allow_override, backends=backends,
-                        backend_sources=backend_sources, kernels=switches)
+                        backend_sources=backend_sources, kernels=switches, adopt=adopt,
+                        adopt_block=adopt_block, adopt_sources=adopt_sources)
         strict_file = bool(file.get("strict", False))
         strict = parse_flag(env.get("OPREGISTRY_STRICT"), strict_file, "OPREGISTRY_STRICT")
         parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")  # validated here too
@@ -385,6 +411,25 @@ class Settings:
         return attrs.evolve(settings, **given) if given else settings
 
 
+def _adoption(env: Mapping[str, str], file: Mapping[str, Any], in_file: str, policy: Policy
+              ) -> tuple[bool, frozenset[str], dict[str, str]]:
+    """``adopt``, ``adopt_block`` and where each was set: the variable over the file."""
+    sources: dict[str, str] = {}
+    adopt = policy.adopt
+    if env.get(ADOPT_VAR, "").strip():
+        sources["adopt"] = ADOPT_VAR
+    elif "adopt" in file:
+        adopt = bool(file["adopt"])
+        sources["adopt"] = f"{in_file} (key 'adopt')"
+    block = policy.adopt_block
+    if env.get(ADOPT_BLOCK_VAR) is not None:
+        sources["adopt_block"] = ADOPT_BLOCK_VAR
+    elif "adopt_block" in file:
+        block = frozenset(canonical_name(n) for n in file["adopt_block"])
+        sources["adopt_block"] = f"{in_file} (key 'adopt_block')"
+    return adopt, block, sources
+
+
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check an ``OPREGISTRY_CONFIG`` file; :class:`ConfigError` says what is wrong.
 
@@ -396,6 +441,8 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         allow_override = ["aten::add.Tensor"]
         backends = {CPU = "opregistry-cpu"}     # who serves a key several backends declare
         kernels = ["-nnkit::rms_norm:CUDA"]     # kernel switches (before OPREGISTRY_KERNELS)
+        adopt = false                           # adopt no package (OPREGISTRY_ADOPT=0)
+        adopt_block = ["bitsandbytes"]          # never adopt these (OPREGISTRY_ADOPT_BLOCK)
     """
     try:
         import tomllib

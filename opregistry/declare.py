@@ -39,7 +39,7 @@ from .kinds import Kind, autocast_dtype
 from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, Origin,
                     describe_ref, source_of)
 
-__all__ = ["OpLibrary", "OpHandle"]
+__all__ = ["OpLibrary", "OpHandle", "kernel"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 LibraryKind = Literal["DEF", "FRAGMENT", "IMPL"]
@@ -107,6 +107,32 @@ def _device_keys(device_types: Any) -> tuple[str, ...]:
             f"device_types must be a device type ('cpu'), a non-empty sequence of them, or "
             f"None (every device), not {device_types!r}")
     return devices
+
+
+def kernel(op: str, key: str | Sequence[str], when: Any = None, priority: int = 0,
+           override: bool = False) -> Callable[[F], F]:
+    """Mark a kernel in a kernel module of an ``OpLibrary(..., kernel_modules=[...])``.
+
+    ``@kernel("quantkit::quantize", "cpu")`` says what ``lib.impl("quantize",
+    "cpu", "thismodule:fn")`` would, next to the function: opregistry reads
+    the decorator from the module's source (:mod:`opregistry.kernel_modules`)
+    before anything is imported, so its arguments must be constants.  At run
+    time it returns the function unchanged: importing the module registers
+    nothing by itself.  ``key`` may be a list (``["cpu", "cuda"]``); ``when``,
+    ``priority`` and ``override`` are those of :meth:`OpLibrary.impl`.
+    """
+    def mark(fn: F) -> F:
+        try:
+            fn.__opregistry_kernel__ = (op, key)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # a builtin or a slotted callable: nothing to mark
+            pass
+        return fn
+
+    return mark
+
+
+def _one_or_many(value: str | Sequence[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _schema_name(namespace: str, head: str, schema: str) -> tuple[str, str]:
@@ -264,6 +290,8 @@ class _Records:
     _namespace: Namespace | None
     _ops: dict[str, OpDef]
     _kernels: list[Kernel]
+    #: modules whose ``@kernel(...)`` decorators declare more kernels (read when collected)
+    kernel_modules: tuple[str, ...] = ()
 
     def _check_define(self, schema: Any, native_keys: tuple[str, ...]) -> None:
         """Refuse a ``define(...)`` this library cannot hold, before anything is recorded."""
@@ -426,7 +454,11 @@ class _Records:
 
     @hookimpl
     def opregistry_kernels(self) -> list[Kernel]:
-        return list(self._kernels)
+        if not self.kernel_modules:
+            return list(self._kernels)
+        from .kernel_modules import read_kernel_modules
+
+        return self._kernels + read_kernel_modules(self.namespace, self.kernel_modules)
 
 
 class OpLibrary(_Records):
@@ -447,6 +479,10 @@ class OpLibrary(_Records):
         another distribution defines: :meth:`impl` (``native=[keys]``)
         declares each kernel, which the resolver judges as any other kernel
         before the library is loaded (after the ops are defined).
+    :param kernel_modules: modules (``"mylib.backends.cpu"``) whose functions
+        marked ``@opregistry.kernel(op, key)`` are kernels of this library's
+        ops: one module per device, each declaring its own kernels, read from
+        their source before anything is imported (:mod:`opregistry.kernel_modules`).
     """
 
     def __init__(
@@ -457,6 +493,7 @@ class OpLibrary(_Records):
         closed: bool = False,
         description: str = "",
         native: NativeLibrary | None = None,
+        kernel_modules: Sequence[str] = (),
     ) -> None:
         if kind not in ("DEF", "FRAGMENT", "IMPL"):
             raise DeclarationError(f"OpLibrary kind must be DEF, FRAGMENT or IMPL, not {kind!r}")
@@ -475,6 +512,7 @@ class OpLibrary(_Records):
         )
         self._ops: dict[str, OpDef] = {}
         self._kernels: list[Kernel] = []
+        self.kernel_modules = _one_or_many(kernel_modules)
         # which distribution's code was running when the library was made, and, for each
         # record declared while another's was, that one: a declaration through someone
         # else's library is found and attributed at collection (opregistry.ownership)

@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 from . import guard
+from .adoption import ADOPT_EAGER_GROUP, ADOPT_GROUPS, Adoption
 from .config import Settings, canonical_name
 from .containment import describe
 from .errors import DeclarationError, PluginLoadError
@@ -27,7 +28,7 @@ from .ownership import Owners, change_culprit, state_problem
 from .seal import Seal
 
 __all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "DEFERRED", "discover", "entry_points",
-           "load_problem", "still_importing"]
+           "load_problem", "still_importing", "self_declared"]
 
 BACKENDS_GROUP = "opregistry.backends"
 OPS_GROUP = "opregistry.ops"
@@ -148,8 +149,8 @@ def entry_points(groups: Iterable[str] = GROUPS) -> list[tuple[str, Any]]:
 
 
 def _scan(
-    groups: Iterable[str], metadata_cache: dict[int, tuple[str, str]] | None = None
-) -> tuple[list[tuple[str, Any]], dict[str, list[Any]]]:
+    groups: Iterable[str], metadata_cache: dict[int, tuple[str, str]] | None = None,
+) -> tuple[list[tuple[str, Any]], dict[str, list[Any]], list[tuple[Any, Any]]]:
     """One walk over the installed distributions: entry points, and copies installed twice.
 
     The entry points are importlib-metadata's (``entry_points(group=...)``):
@@ -164,14 +165,22 @@ def _scan(
     ``groups`` are compared: reading every distribution's metadata would
     double the cost.  ``metadata_cache`` receives each such distribution's
     ``(Name, Version)`` (see :func:`_name_version`): METADATA is parsed once.
+    The third result holds ``(distribution, entry point)`` for each entry
+    point of the adoption groups (:data:`~opregistry.adoption.ADOPT_GROUPS`),
+    read in the same walk and never loaded.
     """
     import importlib_metadata
 
     wanted = tuple(groups)
     copies: dict[str, list[Any]] = defaultdict(list)
     signatures: dict[str, set[Any]] = defaultdict(set)
+    seen: set[str] = set()
+    adoptions: list[tuple[Any, Any]] = []
     for dist in importlib_metadata.distributions():
-        eps = [ep for ep in dist.entry_points if ep.group in wanted]
+        every = dist.entry_points
+        if every:
+            _adoption_entry_points(dist, every, seen, metadata_cache, adoptions)
+        eps = [ep for ep in every if ep.group in wanted]
         if not eps:
             continue
         raw_name, version = _name_version(dist, metadata_cache)
@@ -183,7 +192,57 @@ def _scan(
     found.sort(key=lambda item: wanted.index(item[0]))  # by group, as before; stable within
     twice = {name: [dist for dist, _ in found_copies] for name, found_copies in copies.items()
              if len(signatures[name]) > 1}
-    return found, twice
+    return found, twice, adoptions
+
+
+def _adoption_entry_points(dist: Any, every: Any, seen: set[str],
+                           metadata_cache: dict[int, tuple[str, str]] | None,
+                           out: list[tuple[Any, Any]]) -> None:
+    """Add ``dist``'s adoption entry points to ``out``; the first copy on ``sys.path`` only."""
+    eps = [ep for ep in every if ep.group in ADOPT_GROUPS]
+    if not eps:
+        return
+    name = canonical_name(_name_version(dist, metadata_cache)[0] or "")
+    if name in seen:
+        return
+    seen.add(name)
+    out.extend((dist, ep) for ep in eps)
+
+
+def self_declared(found: list[tuple[Any, Any]],
+                  metadata_cache: dict[int, tuple[str, str]] | None = None
+                  ) -> tuple[list[Adoption], list[Problem]]:
+    """The adoptions packages declare through their entry points, as :class:`Adoption` records.
+
+    An entry point of :data:`~opregistry.adoption.ADOPT_GROUP` (lazy) or
+    :data:`~opregistry.adoption.ADOPT_EAGER_GROUP` (eager) names a namespace
+    (its name) and the module whose import registers it (its value).  An
+    invalid one is a ``declaration-invalid`` problem of its distribution.
+    """
+    adoptions, problems = [], []
+    for dist, ep in found:
+        raw, version = _name_version(dist, metadata_cache)
+        origin = Origin(distribution=canonical_name(raw or ""), version=version,
+                        group=ep.group, entry_point=ep.name, value=ep.value)
+        try:
+            if ep.attr:
+                raise DeclarationError(
+                    f"the value names a module whose import registers namespace {ep.name!r} "
+                    f"({ep.module!r}), not an attribute ({ep.value!r})")
+            adoption = Adoption(distribution=origin.distribution, namespaces=(ep.name,),
+                                modules=(ep.module,), source=f"{ep.group}: {ep.name} = {ep.value}",
+                                load="eager" if ep.group == ADOPT_EAGER_GROUP else "lazy")
+        except DeclarationError as exc:
+            problems.append(Problem(
+                code="declaration-invalid",
+                message=f"{origin} declares its adoption wrongly: {exc}",
+                hint=f"in {origin.distribution}'s entry points, write [{ep.group}] "
+                     f"<namespace> = <module>, e.g. mylib = \"mylib._ops\"",
+                culprits=(origin,)))
+            continue
+        object.__setattr__(adoption, "origin", origin)
+        adoptions.append(adoption)
+    return adoptions, problems
 
 
 def _duplicate_problem(name: str, copies: list[Any], groups: Iterable[str]) -> Problem:
@@ -241,7 +300,7 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
     problems: list[Problem] = []
     # filled by _scan: (Name, Version) per distribution, METADATA parsed once
     metadata_cache: dict[int, tuple[str, str]] = {}
-    found, installed_twice = _scan(groups, metadata_cache)
+    found, installed_twice, adopting = _scan(groups, metadata_cache)
     twice = {name: copies for name, copies in installed_twice.items()
              if settings.admits(name) is None}
     for name in sorted(twice):
@@ -292,4 +351,11 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
             skipped.append(Skipped(origin, found_problems[-1].message))
             continue
         plugins.append(plugin)
-    return Discovered(tuple(plugins), tuple(skipped), tuple(problems))
+    return _discovered(plugins, skipped, problems, self_declared(adopting, metadata_cache))
+
+
+def _discovered(plugins: list[Plugin], skipped: list[Skipped], problems: list[Problem],
+                adopting: tuple[list[Adoption], list[Problem]]) -> Discovered:
+    """The record of discovery, with the packages' own adoptions and their problems."""
+    adoptions, invalid = adopting
+    return Discovered(tuple(plugins), tuple(skipped), tuple(problems + invalid), tuple(adoptions))

@@ -23,7 +23,7 @@ from .locate import locate_module
 from .references import NativeLibrary
 
 __all__ = ["TorchState", "Environment", "read_environment", "native_missing", "native_broken",
-           "not_a_library"]
+           "not_a_library", "run_check"]
 
 
 @frozen(kw_only=True)
@@ -67,6 +67,9 @@ class Environment:
     #: what installed distributions that do not use opregistry register with torch, read
     #: from their files (:func:`opregistry.scan.scan_installed`); ``None``: not read
     foreign: Any = field(default=None, eq=False)
+    #: ``"module:function"`` of each load-time check (``when={"check": ...}``) -> ``(met,
+    #: reason)``; a check not here was not run (torch was not imported)
+    checks: Mapping[str, tuple[bool, str]] = field(factory=dict)
 
     @property
     def torch_version(self) -> str | None:
@@ -76,6 +79,10 @@ class Environment:
     def version_of(self, name: str) -> str | None:
         """The installed version of the distribution ``name``, or ``None``."""
         return self.distributions.get(canonical_name(name))
+
+    def check(self, ref: str) -> tuple[bool, str] | None:
+        """The outcome of the load-time check ``ref``: ``(met, reason)``, ``None`` if not run."""
+        return self.checks.get(ref)
 
     def importable(self, module: str) -> bool:
         """Whether the top-level ``module`` can be imported (as read; unknown: yes)."""
@@ -156,12 +163,55 @@ def _versions(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
+def run_check(ref: str) -> tuple[bool, str]:
+    """Call the load-time check ``ref`` (``"module:function"``): ``(met, reason)``, never raising.
+
+    The function takes no argument and returns a truth value, or ``(value,
+    reason)`` to say why; an exception (its import's included) makes the
+    check unmet, with the exception as the reason.
+    """
+    import importlib
+
+    from .containment import contain, describe
+
+    def call() -> Any:
+        module, _, attr = ref.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj()
+
+    result, exc = contain(call)
+    if exc is not None:
+        return False, f"{ref} raised {describe(exc)}"
+    why = ""
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+        result, why = result
+    met, _ = contain(bool, result)
+    text = f"{ref}() returned {'true' if met else 'false'}" + (f": {why}" if why else "")
+    return bool(met), text
+
+
+def _checks(decl: Any) -> dict[str, tuple[bool, str]]:
+    """Each load-time check of ``decl``'s kernels, run once -- only with torch imported.
+
+    ``opregistry list`` runs no plugin code beyond declarations, and a check
+    may need torch (CPU features, a native library torch must load first):
+    without torch, checks are not run and listings say so.
+    """
+    if "torch" not in sys.modules:
+        return {}
+    refs = sorted({k.when.check for k in decl.kernels if k.when is not None and k.when.check})
+    return {ref: run_check(ref) for ref in refs}
+
+
 def read_environment(decl: Any, dispatcher: TorchState | None = None,
                      foreign: Any = None) -> Environment:
     """The :class:`Environment` for resolving ``decl`` (:class:`~opregistry.model.Declarations`).
 
     Reads only what the declarations can ask about: the distributions their
-    conditions name, the modules their kinds require, their native libraries.
+    conditions name, the modules their kinds require, their native libraries,
+    and -- with torch imported -- the outcome of their load-time checks.
     ``foreign`` is the scan of the packages that register with torch.library
     directly (:func:`opregistry.scan.scan_installed`), read apart: what it depends on is the
     set of installed files, not the declarations.
@@ -184,5 +234,4 @@ def read_environment(decl: Any, dispatcher: TorchState | None = None,
                        distributions=_versions(names),
                        modules={m: _importable(m) for m in sorted(modules)},
                        natives=natives, natives_broken=broken, dispatcher=dispatcher,
-                       foreign=foreign)
-
+                       foreign=foreign, checks=_checks(decl))

@@ -28,6 +28,7 @@ import pluggy
 if TYPE_CHECKING:
     from torch.library import Library
 
+    from .adoption import Adoption
     from .model import Backend, Kernel, Namespace, OpDef
 
 __all__ = ["PROJECT", "hookspec", "hookimpl"]
@@ -81,6 +82,26 @@ def opregistry_kernels() -> Iterable[Kernel]:
     needs ``override=True`` and a policy that allows it.
 
     :returns: :class:`~opregistry.Kernel` records.
+
+    Collect-all.
+    """
+
+
+@hookspec
+def opregistry_adoptions() -> Iterable[Adoption]:
+    """Adopt distributions that register with ``torch.library`` by themselves.
+
+    For an *adapter*: an op package that brings a package such as
+    bitsandbytes into the registry without changing its code.  Called once
+    per load (and by ``opregistry list``), before torch is imported; must not
+    import torch or the adopted package.  The adopted distribution's ops are
+    read from its installed files; they are listed, locked and judged like
+    declared ones, and its modules are imported on the first touch of
+    ``torch.ops.<namespace>`` (``load="lazy"``) or when the registry loads
+    (``load="eager"``).  A package can declare its own adoption without
+    opregistry code, through entry points (docs/ecosystem.md).
+
+    :returns: :class:`~opregistry.Adoption` records.
 
     Collect-all.
     """

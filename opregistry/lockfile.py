@@ -195,6 +195,9 @@ def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
     # recorded when set, so that a lock made without them stays as it was
     switches = {"kernel_switches": [f"{text} ({source})" for text, source in plan.switches]} \
         if plan.switches else {}
+    # adopted packages (their ops registered by their own import): recorded when there are
+    # some, with their files in "contents", so that the locked mode can check them too
+    adopted = {a.name: _adopted_entry(a) for a in plan.adoptions if a.active}
     return {
         "lock_version": LOCK_VERSION,
         "torch": torch_version(),
@@ -227,9 +230,19 @@ def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
         },
         "external_kernels": {name: _kernels(ks) for name, ks in sorted(external.items())},
         **switches,
-        "contents": contents_of(distributions, on_disk=on_disk,
-                                references=modules_by_distribution(plan)),
+        **({"adopted": dict(sorted(adopted.items()))} if adopted else {}),
+        "contents": contents_of({**distributions, **{n: e["version"] for n, e in adopted.items()}},
+                                on_disk=on_disk, references=modules_by_distribution(plan)),
     }
+
+
+def _adopted_entry(adopted: Any) -> dict[str, Any]:
+    """One adopted distribution in the lock: version, how it loads, what it registers."""
+    return {"version": adopted.distribution.version, "load": adopted.load,
+            "namespaces": {ns: list(modules) for ns, modules in adopted.modules},
+            "ops": sorted(reg.op for reg in adopted.ops()),
+            "disabled_kernels": sorted(f"{k.op}:{k.key}" for k in adopted.kernels
+                                       if k.disabled_by)}
 
 
 def _canonical(data: Mapping[str, Any]) -> bytes:
@@ -380,6 +393,7 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
     vb: Mapping[str, str] = new.get("distributions", {})
     for name in _diff_names(va, vb, a, b, lambda n, side: f"distribution {n}=={side[n]}", out):
         out.append(f"distribution {name}: other version: {a} has {va[name]}, {b} has {vb[name]}")
+    out += _diff_adopted(old.get("adopted", {}), new.get("adopted", {}), a, b)
     ea, eb = set(old.get("excluded", [])), set(new.get("excluded", []))
     for dist in sorted(ea ^ eb):
         side, other = (a, b) if dist in ea else (b, a)
@@ -418,7 +432,31 @@ def diff_lock(old: Mapping[str, Any], new: Mapping[str, Any], *, old_label: str 
     for name in sorted(set(xa) | set(xb)):
         out += _diff_kernels(f"torch op {name}", xa.get(name, {}), xb.get(name, {}),
                              a, b, va, vb)
-    out += _diff_contents(old.get("contents", {}), new.get("contents", {}), a, b, va, vb)
+    out += _diff_contents(old.get("contents", {}), new.get("contents", {}), a, b,
+                          {**va, **_adopted_versions(old)}, {**vb, **_adopted_versions(new)})
+    return out
+
+
+def _adopted_versions(data: Mapping[str, Any]) -> dict[str, str]:
+    return {n: e.get("version") for n, e in data.get("adopted", {}).items()}
+
+
+def _diff_adopted(old: Mapping[str, Any], new: Mapping[str, Any], a: str, b: str) -> list[str]:
+    """Every difference in the adopted distributions: which, their versions, what they register."""
+    out: list[str] = []
+    for name in _diff_names(old, new, a, b,
+                            lambda n, side: f"adopted distribution {n}=={side[n].get('version')}",
+                            out):
+        o, n = old[name], new[name]
+        for field in ("version", "load", "namespaces", "disabled_kernels"):
+            if o.get(field) != n.get(field):
+                out.append(f"adopted distribution {name}: other {field}: {a} has "
+                           f"{o.get(field)!r}, {b} has {n.get(field)!r}")
+        gone, added = set(o.get("ops", [])) - set(n.get("ops", [])), \
+            set(n.get("ops", [])) - set(o.get("ops", []))
+        if gone or added:
+            out.append(f"adopted distribution {name}: other ops: only in {a}: "
+                       f"{sorted(gone) or 'none'}; only in {b}: {sorted(added) or 'none'}")
     return out
 
 

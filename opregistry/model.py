@@ -488,6 +488,8 @@ class Discovered:
     plugins: tuple[Plugin, ...]
     skipped: tuple[Skipped, ...]
     problems: tuple[Problem, ...]
+    #: adoptions packages declare for themselves, read from their entry points (never imported)
+    adoptions: tuple[Any, ...] = ()
 
 
 @frozen(kw_only=True)
@@ -506,3 +508,6 @@ class Declarations:
     problems: tuple[Problem, ...] = field(default=(), converter=tuple)
     #: the ``opregistry_*`` hooks each loaded plugin implements
     hooks: dict[Origin, tuple[str, ...]] = field(factory=dict, eq=False)
+    #: adoptions declared by adapters' hooks and by packages' own entry points
+    #: (:class:`~opregistry.adoption.Adoption`)
+    adoptions: tuple[Any, ...] = field(default=(), converter=tuple)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from attrs import field, frozen
 
+from .adoption import Adopted
 from .environment import TorchState
 from .kinds import kernel_fields
 from .model import Backend, Kernel, NativeLibrary, OpDef, Origin, Problem, Skipped, describe_ref
@@ -221,6 +222,8 @@ class Plan:
     switches: tuple[tuple[str, str], ...] = ()
     #: native libraries to load (C++ ``TORCH_LIBRARY`` blocks), by namespace
     natives: tuple[NativePlan, ...] = ()
+    #: distributions that register with torch by themselves, and how each is adopted
+    adoptions: tuple[Adopted, ...] = ()
 
     @property
     def errors(self) -> tuple[Problem, ...]:
@@ -259,4 +262,12 @@ class Plan:
             "switches": [{"switch": text, "source": source} for text, source in self.switches],
             # only when there are some: plans without native libraries keep their shape
             **({"natives": [n.to_dict() for n in self.natives]} if self.natives else {}),
+            **({"adopted": [a.to_dict() for a in self.adoptions]} if self.adoptions else {}),
         }
+
+    def adopted(self, name: str) -> Adopted | None:
+        """How the distribution ``name`` (canonical) is adopted, or ``None``."""
+        for a in self.adoptions:
+            if a.name == name:
+                return a
+        return None

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import attrs
 
+from .adopting import Adopter, activate, deactivate
 from .collect import Collected, collect
 from .config import Policy, Settings
 from .containment import interrupts_watched
@@ -108,7 +109,7 @@ def read_foreign() -> Any:
         return scan_installed()
     except Exception as exc:  # noqa: BLE001 - a scanner bug must never break a load
         log.warning("the scan of installed packages failed; packages that register with "
-                    "torch.library directly are not protected before torch", error=repr(exc))
+                    "torch.library directly are not protected before torch, nor adopted", error=repr(exc))
         return None
 
 
@@ -180,6 +181,13 @@ class Registry:
         self._materialized = materialized
         self.loaded: Plan = _effective(plan, materialized)
         self.op_names: frozenset[str] = frozenset(materialized.ops)
+        #: the adoptions in effect (imports on first touch of torch.ops.<ns>), or ``None``
+        self.adopter: Adopter | None = None
+
+    def add_problem(self, problem: Problem) -> None:
+        """Record a problem found after loading (an adopted package that failed to import)."""
+        with process().lock:
+            self.loaded = attrs.evolve(self.loaded, problems=self.loaded.problems + (problem,))
 
     @property
     def problems(self) -> tuple[Problem, ...]:
@@ -308,6 +316,8 @@ class Registry:
         """Unregister everything this registry registered."""
         state = process()
         with state.lock:
+            deactivate(self.adopter)
+            self.adopter = None
             self._materialized.destroy()
             self.loaded = attrs.evolve(self.loaded, ops=())
             self.op_names = frozenset()
@@ -405,6 +415,7 @@ def _load(settings: Settings) -> Registry:
         materialized.destroy()
         raise ResolutionError(materialized.problems)
     registry = Registry(resolved, materialized, settings)
+    registry.adopter = activate(resolved, settings.lock, registry.add_problem)
     for problem in registry.problems:
         if problem.severity == "error":
             log.warning("problem", code=problem.code, message=elide(problem.message),

@@ -45,6 +45,7 @@ __all__ = [
     "find_ops",
     "find_target",
     "list_report",
+    "adopted_rows",
     "show_report",
     "live_namespaces",
     "live_ops",
@@ -190,6 +191,7 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
         "natives": [{**n.to_dict(), "distribution": distribution(n.origin)}
                     for n in plan.natives],
     }
+    data["adopted"] = adopted_rows(plan, namespaces)
     if namespaces:
         data["natives"] = [n for n in data["natives"] if n["namespace"] in namespaces]
         data["namespaces"] = [n for n in data["namespaces"] if n["name"] in namespaces]
@@ -203,6 +205,24 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
     if backends:
         data["backends"] = [b for b in data["backends"] if b["name"] in backends]
     return {"format_version": FORMAT_VERSION, **data}
+
+
+def adopted_rows(plan: Plan, namespaces: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The adopted distributions (``Adopted.to_dict``), their ops in ``namespaces`` (all: empty).
+
+    Read from the scan of their installed files: torch is not imported.
+    """
+    wanted = set(namespaces)
+    rows = []
+    for adopted in plan.adoptions:
+        row = adopted.to_dict()
+        if wanted:
+            row["ops"] = [op for op in row["ops"] if op["name"].split("::")[0] in wanted]
+            row["namespaces"] = {ns: m for ns, m in row["namespaces"].items() if ns in wanted}
+            if not row["ops"] and not row["namespaces"]:
+                continue
+        rows.append(row)
+    return rows
 
 
 def live_namespaces(plan: Plan, namespaces: Iterable[str] = ()) -> list[str]:
@@ -572,10 +592,13 @@ def check_report(plan: Plan, results: Sequence[CheckResult], *,
     hide them.
     """
     rows = []
+    adopted = {op: a for a in plan.adoptions for op in a.samples}
     for r in results:
         op = plan.op(r.op)
-        rows.append({**r.to_dict(),
-                     "distribution": distribution(op.op.origin) if op else None})
+        owner = distribution(op.op.origin) if op else None
+        if op is None and r.op in adopted:  # an adopted op: its package's distribution
+            owner = {"name": adopted[r.op].name, "version": adopted[r.op].distribution.version}
+        rows.append({**r.to_dict(), "distribution": owner})
     codes: dict[str, list[str]] = {}
     for p in plan.errors:
         for o in p.culprits:

@@ -92,6 +92,9 @@ class ProcessState:
         #: the wrapper of torch.library.Library's registration methods (installed once,
         #: when opregistry first loads or watches; opregistry.torch_state.Recorder)
         self.recorder: Any = None
+        #: what the first touch of torch.ops.<ns> imports: the loaded registry's adoptions
+        #: (opregistry.adopting.Adopter; None: nothing is adopted lazily)
+        self.adopter: Any = None
 
 
 _state = ProcessState()

@@ -30,7 +30,8 @@ __all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
            "torch_build", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
            "fast_dispatch_enabled", "site_recorded", "eager_triton", "functional_tensor_mode",
-           "traceable_tensor_type", "triton_decomposition_disabled"]
+           "traceable_tensor_type", "triton_decomposition_disabled", "install_ops_hooks",
+           "uninstall_ops_hooks"]
 
 
 def registered_ops() -> list[str]:
@@ -401,6 +402,9 @@ class Recorder:
         self.namespaces: dict[str, dict[str, str]] = {}
         self._originals: dict[str, Any] = {}
         self._root = ""
+        #: ``Library.impl`` calls for which this returns true are not made: the kernel
+        #: switches of adopted packages (opregistry.adopting), applied as they register
+        self.veto: Callable[[Registration], bool] | None = None
 
     @property
     def installed(self) -> bool:
@@ -445,6 +449,10 @@ class Recorder:
         deeper = method in _STACKLEVEL
 
         def recording(library: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.veto is not None and method == "impl" and args:
+                vetoed = self._vetoed(library, args, kwargs, slot_of)
+                if vetoed:
+                    return None
             if deeper:
                 args, kwargs = _one_frame_deeper(args, kwargs)
             result = original(library, *args, **kwargs)
@@ -459,6 +467,16 @@ class Recorder:
         recording.__wrapped__ = original  # type: ignore[attr-defined]
         recording.__name__ = recording.__qualname__ = method
         return recording
+
+    def _vetoed(self, library: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                slot_of: Callable[[tuple[Any, ...], dict[str, Any]], str]) -> bool:
+        """Whether :attr:`veto` refuses this ``Library.impl`` (a kernel a switch turns off)."""
+        if process().thread.registering or self.veto is None:
+            return False
+        registration = Registration(_qualname(library, args[0]), slot_of(args, kwargs),
+                                    _creator(sys._getframe(2), self._root), library,
+                                    getattr(library, "m", None))
+        return bool(self.veto(registration))
 
     def _created(self, handle: Any, ns: str, kind: str, frame: Any) -> None:
         thread = process().thread
@@ -580,6 +598,79 @@ def _native_load(what: str, load: Callable[[], Any]) -> Any:
         if defined or replaced:
             for watch in thread.watches:
                 watch.natives.append((what, defined, tuple(replaced), where))
+
+
+# -- lookups through torch.ops (lazy adoption) ------------------------------------
+
+
+def install_ops_hooks() -> bool:
+    """Route the first touch of ``torch.ops.<ns>``, and a missing op, to the process's adopter.
+
+    torch creates ``torch.ops.<ns>`` in ``type(torch.ops).__getattr__`` (``_Ops``)
+    on its first touch and caches it on ``torch.ops``; an op is looked up in
+    ``_OpNamespace.__getattr__``, which raises ``AttributeError`` when the
+    dispatcher has no such op, and caches what it finds.  Both are wrapped
+    once per process: before torch creates a namespace, ``process().adopter``
+    (:class:`opregistry.adopting.Adopter`) imports what registers it; when an
+    op is missing, what defines it, then the lookup is tried again.  Lookups
+    torch has cached never come here, and with no adopter the wrappers pass
+    through.  Returns whether the hooks are installed (``False``: this torch
+    has another shape; nothing is adopted lazily).
+    """
+    import torch
+
+    ops_class = type(torch.ops)
+    namespace_class = _namespace_class()
+    if getattr(ops_class.__getattr__, "__opregistry_hook__", False):
+        return True
+    if namespace_class is None or "__getattr__" not in vars(ops_class) \
+            or "__getattr__" not in vars(namespace_class):
+        return False
+    original_ns, original_op = ops_class.__getattr__, namespace_class.__getattr__
+
+    def namespace_getattr(self: Any, name: str) -> Any:
+        adopter = process().adopter
+        if adopter is not None and name in adopter.namespaces:
+            adopter.namespace_touched(name)
+            found = vars(self).get(name)  # the package touched it while being imported
+            if found is not None:
+                return found
+        return original_ns(self, name)
+
+    def op_getattr(self: Any, op_name: str) -> Any:
+        try:
+            return original_op(self, op_name)
+        except AttributeError:
+            adopter = process().adopter
+            if adopter is None or not adopter.op_missing(self.name, op_name):
+                raise
+            return original_op(self, op_name)
+
+    for wrapper, original in ((namespace_getattr, original_ns), (op_getattr, original_op)):
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.__opregistry_hook__ = True  # type: ignore[attr-defined]
+        wrapper.__name__ = wrapper.__qualname__ = "__getattr__"
+    ops_class.__getattr__ = namespace_getattr
+    namespace_class.__getattr__ = op_getattr
+    return True
+
+
+def uninstall_ops_hooks() -> None:
+    """Undo :func:`install_ops_hooks` (for tests)."""
+    import torch
+
+    for cls in (type(torch.ops), _namespace_class()):
+        hook = vars(cls).get("__getattr__") if cls is not None else None
+        if hook is not None and getattr(hook, "__opregistry_hook__", False):
+            cls.__getattr__ = hook.__wrapped__  # type: ignore[union-attr]
+
+
+def _namespace_class() -> type | None:
+    """torch's class of ``torch.ops.<ns>`` objects (``torch._ops._OpNamespace``)."""
+    import torch._ops
+
+    cls = getattr(torch._ops, "_OpNamespace", None)
+    return cls if isinstance(cls, type) else None
 
 
 # -- native libraries (C++ TORCH_LIBRARY blocks) -----------------------------------

@@ -35,10 +35,10 @@ HOOKS = _hookspecs()
 
 
 def test_every_hookspec_is_found():
-    """The introspection sees all six hooks (so the checks below cannot pass vacuously)."""
+    """The introspection sees all seven hooks (so the checks below cannot pass vacuously)."""
     assert {name for name, _, _ in HOOKS} == {
-        "opregistry_namespaces", "opregistry_ops", "opregistry_kernels", "opregistry_backends",
-        "opregistry_backend_available", "opregistry_materialize_kernel"}
+        "opregistry_namespaces", "opregistry_ops", "opregistry_kernels", "opregistry_adoptions",
+        "opregistry_backends", "opregistry_backend_available", "opregistry_materialize_kernel"}
 
 
 def test_no_undocumented_or_stale_hooks():

@@ -402,6 +402,70 @@ def test_replaced_kernels_passes_other_stderr_output_on(capfd):
     assert "a line of someone else's" in capfd.readouterr().err
 
 
+def test_ops_lookup_hooks_have_the_shape_lazy_adoption_wraps(ns, monkeypatch):
+    """torch.ops' namespace creation and op lookup, as install_ops_hooks wraps them.
+
+    ``type(torch.ops).__getattr__(self, name)`` makes ``torch.ops.<ns>`` on its
+    first touch and caches it on ``torch.ops``; ``_OpNamespace.__getattr__(self,
+    op_name)`` raises ``AttributeError`` for an op the dispatcher lacks, and
+    the namespace knows its ``name``.  With the hooks installed, an adopter
+    sees both, before torch caches anything.
+    """
+    import inspect
+
+    from opregistry.state import process
+
+    ops_class, namespace_class = type(torch.ops), torch_state._namespace_class()
+    assert namespace_class is not None and namespace_class.__name__ == "_OpNamespace"
+    for cls, params in ((ops_class, ["self", "name"]), (namespace_class, ["self", "op_name"])):
+        getattr_ = vars(cls)["__getattr__"]
+        original = getattr(getattr_, "__wrapped__", getattr_)
+        assert list(inspect.signature(original).parameters) == params, cls
+    assert torch_state.install_ops_hooks()
+
+    seen: list[tuple[str, ...]] = []
+
+    class Adopter:
+        def __init__(self):
+            self.namespaces = {ns: ()}
+            self.lib = None
+
+        def namespace_touched(self, name):
+            # as opregistry.adopting.Adopter: taken off the table first (define touches it)
+            self.namespaces.pop(name)
+            seen.append((name, str(ns in vars(torch.ops))))
+            self.lib = torch.library.Library(ns, "FRAGMENT")
+            self.lib.define("probe(Tensor x) -> Tensor")
+
+        def op_missing(self, namespace, name):
+            seen.append((namespace, name))
+            if name == "late" and (namespace, name) not in seen[:-1]:
+                self.lib.define("late(Tensor x) -> Tensor")
+                return True
+            return False
+
+    adopter = Adopter()
+    monkeypatch.setattr(process(), "adopter", adopter)
+    try:
+        namespace = getattr(torch.ops, ns)
+        assert namespace.name == ns and vars(torch.ops)[ns] is namespace  # cached by torch
+        assert namespace.probe.default.name() == f"{ns}::probe"
+        assert namespace.late.default.name() == f"{ns}::late"
+        try:
+            namespace.absent
+        except AttributeError:
+            pass
+        else:
+            raise AssertionError("a missing op must still raise AttributeError")
+        # before torch made the namespace; define() itself asks whether an op exists yet
+        # (hasattr), so the misses come with a few of its own
+        assert seen[0] == (ns, "False") and {(ns, "late"), (ns, "absent")} <= set(seen)
+    finally:
+        if adopter.lib is not None:
+            adopter.lib._destroy()
+
+
+
 def test_the_recorder_wraps_what_torch_still_has(ns):
     """The Library methods and the C++ call the recorder wraps exist with the arguments it reads,
     and torch still records the registering code's line through the wrapper (a fake kernel's

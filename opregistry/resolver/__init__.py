@@ -6,6 +6,8 @@ of what torch's dispatcher holds) to a :class:`~opregistry.plan.Plan`.  It
 enforces the rules of ``docs/resolution.md``, one module per group of them:
 
 =================  ==========================================================
+:mod:`.adoption`   which packages that register with torch by themselves are
+                   adopted, what each import brings, which kernels are off
 :mod:`.backends`   which backend serves each dispatch key
 :mod:`.namespaces` rules 1-4: valid names, one DEF, FRAGMENTs, torch's own
 :mod:`.native`     native libraries: missing, built for another torch, IMPL
@@ -32,6 +34,7 @@ from ..config import Policy
 from ..environment import Environment, TorchState, read_environment
 from ..model import Declarations, Kernel, OpDef, Origin, Problem, describe_ref
 from ..plan import BackendPlan, Plan
+from .adoption import plan_adoptions
 from .backends import check_backends
 from .context import Context
 from .foreign import foreign_owners
@@ -67,10 +70,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
                 excluded.setdefault(o.distribution, o)
     # every pass (and the first definer named below) must not depend on the
     # order of discovery; sorting once here spares each pass its own sort
-    ordered = attrs.evolve(decl, namespaces=sorted(decl.namespaces, key=_order),
-                           ops=sorted(decl.ops, key=_order),
-                           kernels=sorted(decl.kernels, key=_kernel_order),
-                           backends=sorted(decl.backends, key=_order))
+    ordered = _sorted(decl)
     excluded_ops: dict[str, Origin] = {}
     foreign = foreign_owners(env.foreign)
     while True:
@@ -82,6 +82,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         namespaces = check_namespaces(ctx)
         ops, external = check_kernels(ctx, check_ops(ctx, namespaces), owners)
         check_native_impls(ctx, ops)
+        adopted = plan_adoptions(ctx, [a for a in ordered.adoptions if ctx.keeps(a.origin)])
         new = [p for p in ctx.problems if p.severity == "error"]
         for p in new:
             errors.setdefault((p.code, p.message), p)
@@ -113,7 +114,16 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         hooks=dict(decl.hooks),
         switches=tuple((s.text, s.source) for s in policy.kernels),
         natives=plan_natives(ctx, namespaces, ops),
+        adoptions=adopted,
     )
+
+
+def _sorted(decl: Declarations) -> Declarations:
+    """``decl`` with its records sorted (rule 8), once for every pass."""
+    return attrs.evolve(decl, namespaces=sorted(decl.namespaces, key=_order),
+                        ops=sorted(decl.ops, key=_order),
+                        kernels=sorted(decl.kernels, key=_kernel_order),
+                        backends=sorted(decl.backends, key=_order))
 
 
 def _note_excluded_ops(ops: Iterable[OpDef], excluded: dict[str, Origin],

@@ -39,6 +39,8 @@ class Context:
                  env: Environment, policy: Policy,
                  excluded_ops: dict[str, Origin], foreign: ForeignOwners | None = None) -> None:
         self.env = env
+        #: whether a record of this origin is still in (its distribution not left out)
+        self.keeps = keep
         #: what packages that register with torch.library directly own (resolver.foreign)
         self.foreign = foreign if foreign is not None else foreign_owners(env.foreign)
         #: what torch's dispatcher holds, when torch is imported (else ``None``)

@@ -15,6 +15,7 @@ from collections import defaultdict
 import attrs
 
 from .. import keys as _keys
+from ..adoption import adopted_ops
 from ..kinds import TritonKernel
 from ..model import Backend, Kernel, describe_ref
 from ..plan import KernelPlan, OpPlan
@@ -223,6 +224,11 @@ def _check_switches(ctx: Context) -> None:
 
     ops = {op.qualname for op in ctx.ops} | {op.base_qualname for op in ctx.ops}
     dists = {dist_name(k.origin) for k in ctx.kernels}
+    # the ops and kernels of packages that register with torch by themselves (adopted):
+    # a switch applies to them once they are imported (opregistry.adopting)
+    foreign = adopted_ops(ctx.env.foreign)
+    ops |= foreign | {op.split(".", 1)[0] for op in foreign}
+    dists |= {d.name for d in ctx.env.foreign.distributions} if ctx.env.foreign else set()
     for switch in ctx.policy.kernels:
         known = dists if switch.distribution is not None else ops
         name = switch.distribution or switch.op or ""
@@ -266,7 +272,10 @@ def _candidates(ctx: Context, conditioned: list[Kernel], fallback: KernelPlan | 
             tests = [f"per call: {describe_ref(k.predicate)}"] if k.predicate else []
             if k.when is not None and k.when.capability:
                 tests.insert(0, f"per CUDA device: capability{k.when.capability}")
-            held = f"{k.when.describe()} holds; " if k.when is not None and k.when.describe() else ""
+            pending = k.when.pending(ctx.env) if k.when is not None else None
+            tests = [pending, *tests] if pending else tests
+            said = k.when.held(ctx.env) if k.when is not None else ""
+            held = f"{said} holds; " if said else ""
             if tests:
                 plan = attrs.evolve(plan, reason=f"candidate {position}: {held}"
                                                  f"takes the calls it accepts ({'; '.join(tests)})")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..errors import DOCS_URL
 from ..kinds import NativeKernel
 from ..model import Kernel, NativeLibrary, Origin
 from ..plan import NamespacePlan, NativePlan, OpPlan
@@ -96,10 +97,55 @@ def _impl_libraries(kernels: Iterable[Kernel]) -> dict[tuple[str, NativeLibrary]
     return found
 
 
+def _python_registrations(ctx: Context, library: NativeLibrary, origin: Origin | None,
+                          namespace: str) -> tuple[str, str] | None:
+    """``(distribution, file:line)`` when another distribution registers ``namespace`` from
+    Python in the package ``library`` imports (the scan says so), else ``None``."""
+    scan = ctx.env.foreign
+    if scan is None or library.module is None:
+        return None
+    top = library.module.split(".")[0]
+    for dist in scan.distributions:
+        if dist.name == dist_name(origin) or dist.is_plugin:
+            continue
+        for reg in dist.registrations:
+            if (reg.namespace == namespace and reg.file.endswith(".py")
+                    and reg.kind in ("DEF", "FRAGMENT", "library", "op")
+                    and reg.module.split(".")[0] == top):
+                return dist.distribution.text, f"{reg.api} at {reg.source}"
+    return None
+
+
+def _refuse_python(ctx: Context, library: NativeLibrary, origin: Origin | None,
+                   namespace: str, source: str | None) -> bool:
+    """A native library declared for a package that registers from Python: refused.
+
+    Loading it as a native library would list its Python ops as C++, then
+    judge what its import registers as registered behind the plan's back --
+    undone, leaving the package broken.  Adoption is the way in.
+    """
+    found = _python_registrations(ctx, library, origin, namespace)
+    if found is None:
+        return False
+    dist, where = found
+    ctx.refuse("native-library-registers-from-python",
+               f"{origin} declares NativeLibrary(module={library.module!r}) for namespace "
+               f"{namespace!r}, but {dist} registers that namespace from Python ({where}), at "
+               f"its own import, not from a C++ TORCH_LIBRARY block; nothing of "
+               f"{dist_name(origin)} is loaded, and {dist.split('==')[0]} is left as it is",
+               f"NativeLibrary is for compiled libraries; to bring {dist.split('==')[0]} into "
+               f"the registry, adopt it: an opregistry_adoptions hook returning "
+               f"Adoption(distribution={dist.split('==')[0]!r}), or nothing at all (it is "
+               f"adopted lazily by default), see {DOCS_URL}ecosystem/#adoption",
+               (origin,), namespace=namespace, source=source)
+    return True
+
+
 def check_natives(ctx: Context) -> None:
-    """Refuse native libraries that are missing or built for another torch."""
+    """Refuse native libraries that are missing or built for another torch, or not native."""
     for ns in ctx.namespaces:
-        if ns.native is not None:
+        if ns.native is not None and not _refuse_python(ctx, ns.native, ns.origin, ns.name,
+                                                        ns.source):
             _refuse(ctx, ns.native, ns.origin, ns.name, ns.source)
     for (_, library), kernels in sorted(_impl_libraries(ctx.kernels).items(),
                                         key=lambda item: (item[0][0], item[0][1].target)):

@@ -1,0 +1,288 @@
+"""Adoption carried out: imports on first touch, eager imports, kernel switches, the lock.
+
+:class:`Adopter` holds what the loaded registry adopted (the plan's
+:class:`~opregistry.adoption.Adopted` records) and is the process's
+``process().adopter`` while the registry is loaded:
+
+* **lazy** -- :func:`opregistry.torch_state.install_ops_hooks` routes the
+  first touch of ``torch.ops.<ns>`` here, *before* torch creates the
+  namespace object, and an op lookup that fails: the modules that register
+  the namespace (or define the op) are imported then, contained, and the
+  lookup goes on.  ``torch.export.load`` reaches ops the same way
+  (``getattr(torch.ops, ns)``), so a program exported with a package's ops
+  loads in a fresh process that never imported the package;
+* **eager** -- imported when the registry loads;
+* **locked** -- in locked mode (``OPREGISTRY_LOCK``) a distribution is
+  imported only if its files match the lock; otherwise it is refused,
+  named, and left alone (its user can still import it);
+* **kernel switches** -- a switch (``OPREGISTRY_KERNELS=-bitsandbytes::op:CPU``)
+  on an adopted kernel is applied as the package registers it: the
+  :class:`~opregistry.torch_state.Recorder` does not make that
+  ``Library.impl`` call (whoever imports the package), so the key's next
+  kernel serves.  A kernel torch registers without ``Library.impl`` (the
+  kernels of a ``custom_op``) cannot be switched off this way: reported.
+
+Nothing here raises: a failing import is a problem on the registry
+(``adoption-import-failed``) and a warning naming the distribution and the
+module, never an exception at the user's ``torch.ops.<ns>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from .adoption import Adopted
+from .containment import contain, describe, interrupts_watched
+from .logs import get_logger
+from .model import Origin, Problem
+from .plan import Plan
+from .state import process
+
+__all__ = ["Adopter", "activate", "deactivate"]
+
+log = get_logger()
+
+#: the Recorder's slot of a kernel key the scan reads (register_fake is a "Fake" handle)
+_SLOTS = {"Meta": "Fake"}
+
+
+def _origin(adopted: Adopted) -> Origin:
+    return Origin(distribution=adopted.name, version=adopted.distribution.version)
+
+
+class Adopter:
+    """The loaded registry's adoptions: what the first touch of each namespace imports."""
+
+    def __init__(self, plan: Plan, lock: str | None, report: Callable[[Problem], None]) -> None:
+        self.report = report
+        self.lock = lock
+        #: namespace -> (adopted, modules) still to import on its first touch
+        self.namespaces: dict[str, list[tuple[Adopted, tuple[str, ...]]]] = {}
+        #: ``ns::name`` -> (adopted, module) to import when the op is looked up and missing
+        self.ops: dict[str, tuple[Adopted, str]] = {}
+        #: distribution -> what happened: ``imported``, ``failed: ...``, ``refused: ...``
+        self.outcomes: dict[str, str] = {}
+        #: (op, key) -> where a switched-off registration was refused
+        self.switched: dict[tuple[str, str], str] = {}
+        self._mutex = threading.RLock()
+        self._verdicts: dict[str, str | None] = {}
+        self._held_checked: set[str] = set()
+        self._vetoes: dict[tuple[str, str], list[tuple[Adopted, frozenset[str], str]]] = {}
+        for adopted in plan.adoptions:
+            self._table(adopted)
+
+    def _table(self, adopted: Adopted) -> None:
+        if adopted.active:
+            for ns, modules in adopted.modules:
+                self.namespaces.setdefault(ns, []).append((adopted, modules))
+            for op, module in adopted.op_modules:
+                self.ops.setdefault(op.split(".", 1)[0], (adopted, module))
+        files = frozenset(_real(r.file) for r in (*adopted.registrations,
+                                                  *(k.registration for k in adopted.kernels))
+                          if r.file)
+        for k in adopted.kernels:
+            if k.disabled_by:
+                self._vetoes.setdefault((k.op, _SLOTS.get(k.key, k.key)), []).append(
+                    (adopted, files, k.disabled_by))
+
+    # -- the hooks (torch_state.install_ops_hooks) ----------------------------------
+
+    def namespace_touched(self, namespace: str) -> None:
+        """The first touch of ``torch.ops.<namespace>``: import what registers it."""
+        with self._mutex:
+            entries = self.namespaces.pop(namespace, None)
+            for adopted, modules in entries or ():
+                self.adopt(adopted, modules, f"torch.ops.{namespace} was first touched")
+
+    def op_missing(self, namespace: str, name: str) -> bool:
+        """``torch.ops.<namespace>.<name>`` is not in torch: import what defines it, if known."""
+        with self._mutex:
+            entry = self.ops.pop(f"{namespace}::{name}", None)
+            if entry is None:
+                return False
+            adopted, module = entry
+            return self.adopt(adopted, (module,), f"torch.ops.{namespace}.{name} was looked up")
+
+    # -- importing --------------------------------------------------------------------
+
+    def adopt(self, adopted: Adopted, modules: Iterable[str], why: str) -> bool:
+        """Import ``modules`` of ``adopted`` (contained); whether every import succeeded."""
+        refused = self._refused(adopted)
+        if refused is not None:
+            return False
+        ok = True
+        for module in modules:
+            found = sys.modules.get(module)
+            if found is not None:
+                continue  # imported (or being imported: it registers itself as it goes)
+            start = time.perf_counter()
+            with interrupts_watched():
+                _, exc = contain(importlib.import_module, module)
+            if exc is not None:
+                ok = False
+                self._failed(adopted, module, why, exc)
+                continue
+            self.outcomes.setdefault(adopted.name, "imported")
+            log.info("adopted", distribution=adopted.distribution.text, module=module,
+                     why=why, ms=round((time.perf_counter() - start) * 1000, 1))
+        self._switches_held(adopted)
+        return ok
+
+    def _switches_held(self, adopted: Adopted) -> None:
+        """Report each switched-off kernel of ``adopted`` torch holds all the same.
+
+        The Recorder leaves a switched-off ``Library.impl`` out as the package
+        makes it; one made before the registry loaded (the package imported
+        with ``OPREGISTRY_AUTOLOAD=0``, before ``opregistry.load()``) is in torch.
+        """
+        from . import torch_state
+
+        if adopted.name in self._held_checked:
+            return
+        self._held_checked.add(adopted.name)
+        files = {_real(r.file) for r in (*adopted.registrations,
+                                         *(k.registration for k in adopted.kernels)) if r.file}
+        for k in adopted.kernels:
+            if not k.disabled_by or (k.op, _SLOTS.get(k.key, k.key)) in self.switched:
+                continue
+            where = torch_state.kernel_registrations(k.op).get(k.key)
+            if where is None or _real(where.rpartition(":")[0]) not in files:
+                continue
+            self.report(Problem(
+                code="kernel-switch-not-applied", severity="warning",
+                message=f"{k.disabled_by} switches off the {k.key} kernel of {k.op}, but "
+                        f"{adopted.distribution.text} registered it (at {where}) before the "
+                        f"registry loaded, when nothing could leave it out; it stays",
+                hint=f"let import torch load the registry before {adopted.name} is imported "
+                     f"(do not set OPREGISTRY_AUTOLOAD=0), or restart the process",
+                op=k.op, key=k.key, source=where))
+
+    def _failed(self, adopted: Adopted, module: str, why: str, exc: BaseException) -> None:
+        text = describe(exc)
+        self.outcomes[adopted.name] = f"failed: importing {module}: {text}"
+        log.warning("adopted package failed to import", distribution=adopted.distribution.text,
+                    module=module, error=text)
+        self.report(Problem(
+            code="adoption-import-failed",
+            message=f"{adopted.distribution.text} is adopted, and importing {module} (because "
+                    f"{why}) raised {text}; its ops in torch.ops are missing",
+            hint=f"import {module} yourself to see the full error; to stop opregistry importing "
+                 f"it, set OPREGISTRY_ADOPT_BLOCK={adopted.name}",
+            others=(_origin(adopted),)))
+
+    def eager(self, plan: Plan) -> None:
+        """Import every adoption declared ``load="eager"``, now."""
+        for adopted in plan.adoptions:
+            if adopted.active and adopted.load == "eager":
+                with self._mutex:
+                    for ns, _ in adopted.modules:
+                        self.namespaces.pop(ns, None)
+                    self.adopt(adopted, adopted.all_modules(), "it is adopted eagerly")
+
+    # -- locked mode ------------------------------------------------------------------
+
+    def _refused(self, adopted: Adopted) -> str | None:
+        """Why the lock refuses ``adopted`` (checked once), or ``None``."""
+        if self.lock is None:
+            return None
+        if adopted.name not in self._verdicts:
+            verdict = lock_verdict(adopted, self.lock)
+            self._verdicts[adopted.name] = verdict
+            if verdict is not None:
+                self.outcomes[adopted.name] = f"refused: {verdict}"
+                log.warning("adopted package refused by the lock",
+                            distribution=adopted.distribution.text, reason=verdict)
+                self.report(Problem(
+                    code="lock-mismatch",
+                    message=f"{adopted.distribution.text} is adopted, but does not match the "
+                            f"lockfile {self.lock!r} (locked mode), so opregistry did not import "
+                            f"it: {verdict}",
+                    hint=f"install the locked version of {adopted.name}, or, if this content "
+                         f"is the new truth, review it and run 'opregistry lock -o {self.lock}'",
+                    others=(_origin(adopted),)))
+        return self._verdicts[adopted.name]
+
+    # -- kernel switches ----------------------------------------------------------------
+
+    def veto(self, registration: Any) -> bool:
+        """Whether a ``Library.impl`` call is a kernel a switch turns off (the Recorder asks)."""
+        found = self._vetoes.get((registration.op, registration.slot))
+        if not found or registration.site is None:
+            return False
+        site = _real(registration.site.rpartition(":")[0])
+        for adopted, files, switch in found:
+            if site in files:
+                self.switched[(registration.op, registration.slot)] = registration.site
+                log.info("kernel switched off", distribution=adopted.distribution.text,
+                         op=registration.op, key=registration.slot, switch=switch,
+                         site=registration.site)
+                return True
+        return False
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path) if path else path
+
+
+def lock_verdict(adopted: Adopted, lockfile: str) -> str | None:
+    """Why ``adopted``'s installed files do not match ``lockfile``, or ``None`` when they do."""
+    from .digests import contents, file_differences
+    from .lockfile import installed, read_lock
+
+    try:
+        locked = read_lock(lockfile)
+    except Exception as exc:  # noqa: BLE001 - an unusable lock proves nothing: refused
+        return f"the lockfile cannot be used ({describe(exc)})"
+    versions = locked.get("adopted", {})
+    name, version = adopted.name, adopted.distribution.version
+    if name not in versions:
+        return f"the lockfile does not name {name} among its adopted distributions"
+    if versions[name].get("version") != version:
+        return f"version {version} is installed, the lockfile has {versions[name].get('version')}"
+    recorded = locked.get("contents", {}).get(name)
+    dist = installed([name]).get(name)
+    if recorded is None or dist is None:
+        return f"the lockfile records no content for {name}"
+    here = contents(dist, trust_record=False)
+    if here["digest"] == recorded.get("digest") and here["files"] == recorded.get("files"):
+        return None
+    prefix = f"distribution {name}: "
+    found = [d[len(prefix):] if d.startswith(prefix) else d
+             for d in file_differences(name, recorded, here, "in the lockfile", "here")]
+    return "; ".join(found) or "its files differ from the lockfile"
+
+
+def activate(plan: Plan, lock: str | None, report: Callable[[Problem], None]) -> Adopter | None:
+    """Make ``plan``'s adoptions the process's: hooks on ``torch.ops``, switches, eager imports.
+
+    Returns the :class:`Adopter` (``None`` when nothing is adopted and no switch applies).
+    """
+    from . import torch_state
+
+    if not plan.adoptions:
+        return None
+    adopter = Adopter(plan, lock, report)
+    if not torch_state.install_ops_hooks():
+        log.warning("this torch's torch.ops has another shape: packages are adopted only when "
+                    "imported, never on first touch")
+    state = process()
+    state.adopter = adopter
+    if adopter._vetoes:
+        torch_state.recorder().veto = adopter.veto
+    adopter.eager(plan)
+    return adopter
+
+
+def deactivate(adopter: Adopter | None) -> None:
+    """Stop ``adopter`` (the registry unloads): no more imports on first touch, no vetoes."""
+    state = process()
+    if adopter is None or state.adopter is not adopter:
+        return
+    state.adopter = None
+    if state.recorder is not None and state.recorder.veto == adopter.veto:
+        state.recorder.veto = None

@@ -1,0 +1,310 @@
+"""Which distributions that register with torch by themselves are adopted, and how.
+
+Reads the adoptions the plugins and packages declared
+(:class:`~opregistry.adoption.Adoption`), the scan of the installed
+distributions (:attr:`Environment.foreign <opregistry.environment.Environment.foreign>`)
+and the user's switches (:meth:`Policy.adopts <opregistry.config.Policy.adopts>`,
+kernel switches), and decides, per distribution, an
+:class:`~opregistry.adoption.Adopted`: the namespaces it registers, the
+modules imported on the first touch of each (or at load), and which of its
+kernels a switch turns off.
+
+Which modules: a declaration's ``modules``, or else, per namespace, the
+top-level packages of the modules the scan found *defining* something in it
+(a library or an op), at module level outside any condition when there are
+such -- what ``import bitsandbytes`` imports, the package deciding which of
+its modules load (bitsandbytes imports its CUDA kernels only where CUDA is
+available; importing its XPU backend where there is no XPU would fail).
+An op defined in a module the package does not import at its own import
+(a torchao prototype) is imported when that op is looked up.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+import attrs
+
+from ..adoption import Adopted, AdoptedKernel, Adoption
+from ..foreign import ForeignDistribution, ForeignScan, InstalledDistribution
+from ..keys import COMPOSITE_KEYS, DEVICE_KEYS, RESERVED_NAMESPACES
+from ..model import Origin
+from .context import Context
+
+__all__ = ["plan_adoptions"]
+
+#: registrations that make a namespace (or an op in it) exist
+_DEFINING = frozenset({"DEF", "FRAGMENT", "library", "op"})
+
+
+def _defining(dist: ForeignDistribution, namespace: str) -> dict[str, int]:
+    """module -> 0 (defines something in ``namespace`` at import, outside any condition) or 1."""
+    ranked: dict[str, int] = {}
+    for reg in dist.registrations:
+        if reg.namespace == namespace and reg.kind in _DEFINING and reg.module:
+            rank = 0 if reg.at_import and not reg.conditional else 1
+            ranked[reg.module] = min(rank, ranked.get(reg.module, rank))
+    return ranked
+
+
+def _entry_modules(scan: ForeignScan, dist: ForeignDistribution, namespace: str
+                   ) -> tuple[str, ...]:
+    """The packages of ``dist`` imported on the first touch of ``namespace``.
+
+    The top-level packages of the modules that define something in it (at
+    module level outside any condition, when there are such): importing the
+    package is what its users do, and brings what it registers at its own
+    import.  An op defined in a module the package does not import is
+    imported when that op is looked up (:func:`_op_modules`).
+    """
+    ranked = _defining(dist, namespace)
+    if not ranked:
+        return ()
+    best = min(ranked.values())
+    order = [module for d, module in scan.importers(namespace) if d.name == dist.name]
+    return tuple(dict.fromkeys(m.split(".")[0] for m in order if ranked.get(m) == best))
+
+
+def _op_modules(dist: ForeignDistribution | None) -> tuple[tuple[str, str], ...]:
+    """op -> the module that defines it (at module level first), for each op the scan names."""
+    if dist is None:
+        return ()
+    found: dict[str, tuple[int, str]] = {}
+    for reg in dist.registrations:
+        if reg.kind == "op" and reg.op and reg.module:
+            rank = (0 if reg.at_import and not reg.conditional else 1, reg.module)
+            if reg.op not in found or rank < found[reg.op]:
+                found[reg.op] = rank
+    return tuple((op, module) for op, (_, module) in sorted(found.items()))
+
+
+def _declared(adoptions: Iterable[Adoption]) -> dict[str, list[Adoption]]:
+    """The declarations per adopted distribution, the package's own first, then by declarer."""
+    out: dict[str, list[Adoption]] = {}
+    for a in adoptions:
+        out.setdefault(a.distribution, []).append(a)
+    for found in out.values():
+        found.sort(key=lambda a: (not a.by_itself, a.origin or Origin("", ""), a.source or ""))
+    return out
+
+
+def _chosen(ctx: Context, name: str, found: list[Adoption]) -> Adoption:
+    """The declaration that decides how ``name`` loads; a disagreement is reported."""
+    first = found[0]
+    if first.by_itself:
+        own = [a for a in found if a.by_itself]
+        # the package's own entry points, one per namespace: merged
+        first = Adoption(distribution=name, source=first.source,
+                         load="eager" if any(a.load == "eager" for a in own) else "lazy",
+                         namespaces=tuple(ns for a in own for ns in a.namespaces),
+                         modules=tuple(dict.fromkeys(m for a in own for m in a.modules)))
+        object.__setattr__(first, "origin", own[0].origin)
+    others = [a for a in found if not a.by_itself and (a.load, a.modules) != (first.load,
+                                                                             first.modules)]
+    if others:
+        ctx.warn("adoption-declared-twice",
+                 f"{name} is adopted by {first.origin} (load={first.load!r}) and by "
+                 f"{', '.join(str(a.origin) for a in others)}, which disagree; "
+                 f"{first.origin} decides",
+                 "remove one of the declarations, or make them agree",
+                 others=tuple(a.origin for a in [first, *others] if a.origin is not None),
+                 source=others[0].source)
+    return first
+
+
+def _namespaces(scan: ForeignScan | None, dist: ForeignDistribution | None,
+                declared: Adoption | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """namespace -> modules imported on its first touch."""
+    out: dict[str, tuple[str, ...]] = {}
+    if dist is not None and scan is not None:
+        for ns in sorted(dist.namespaces()):
+            if ns in RESERVED_NAMESPACES:
+                continue  # torch's own: a kernel it adds to aten is no reason to import it
+            modules = _entry_modules(scan, dist, ns)
+            if modules:
+                out[ns] = modules
+    if declared is not None:
+        for ns in declared.namespaces:
+            out.setdefault(ns, declared.modules)
+        if declared.modules:
+            out = {ns: declared.modules for ns in out}
+    return tuple(sorted(out.items()))
+
+
+#: what custom_op / triton_op register: one kernel of their own Library for every device,
+#: choosing the function per call -- no Library.impl of a device kernel to leave out
+_CUSTOM_OP = ("torch.library.custom_op", "torch.library.triton_op",
+              "torch._library.custom_ops.custom_op", "torch._library.triton.triton_op")
+
+
+def _custom_ops(dist: ForeignDistribution) -> frozenset[str]:
+    """The ops ``dist`` defines with ``custom_op`` / ``triton_op``."""
+    return frozenset(r.op for r in dist.registrations
+                     if r.kind == "op" and r.op and (r.api in _CUSTOM_OP
+                                                     or r.api.endswith(("custom_op", "triton_op"))))
+
+
+def _kernels(ctx: Context, dist: ForeignDistribution | None) -> tuple[AdoptedKernel, ...]:
+    """Its kernels, each with the switch that turns it off -- where torch allows it."""
+    if dist is None:
+        return ()
+    out = []
+    custom = _custom_ops(dist) if ctx.policy.kernels else frozenset()
+    for reg in dist.registrations:
+        if reg.kind != "kernel" or not reg.op or not reg.key:
+            continue
+        switch = None
+        if ctx.policy.kernels and (reg.key in DEVICE_KEYS or reg.key in COMPOSITE_KEYS):
+            switch = ctx.policy.disabled_by(reg.op, reg.key, dist.name,
+                                            reg.key in COMPOSITE_KEYS, False)
+        if switch is not None and (reg.op in custom or reg.api.startswith("custom_op.")):
+            ctx.warn("kernel-switch-not-applied",
+                     f"{switch.source} switches off the {reg.key} kernel of {reg.op} "
+                     f"({dist.distribution.text}, {reg.api} at {reg.source}), but it is a kernel "
+                     f"of a custom_op: torch registers one kernel for all its devices and "
+                     f"chooses the function per call, so one device's cannot be left out; it "
+                     f"stays", f"remove {switch.text!r} from {switch.source}",
+                     op=reg.op, key=reg.key, source=reg.source)
+            switch = None
+        out.append(AdoptedKernel(registration=reg,
+                                 disabled_by=f"{switch.source} ({switch.text})" if switch else ""))
+    return tuple(out)
+
+
+def _unknown(ctx: Context, name: str, adoption: Adoption, scan: ForeignScan | None) -> None:
+    known = sorted(d.name for d in scan.distributions) if scan is not None else []
+    close = difflib.get_close_matches(name, known, n=1)
+    ctx.refuse("adoption-unknown-distribution",
+               f"{adoption.origin} adopts {name}, which is not installed or registers "
+               f"nothing with torch (the scan of the installed distributions does not find it)"
+               + (f"; did you mean {close[0]!r}?" if close else ""),
+               f"install {name}, or correct the name in the Adoption declared at "
+               f"{adoption.source}", (adoption.origin,), source=adoption.source)
+
+
+def _one(ctx: Context, name: str, dist: ForeignDistribution | None,
+         declared: Adoption | None, scan: ForeignScan | None) -> Adopted | None:
+    if dist is not None and dist.is_plugin:
+        if declared is not None:
+            ctx.refuse("adoption-of-plugin",
+                       f"{declared.origin} adopts {dist.distribution.text}, an opregistry plugin: "
+                       f"its ops are declared through opregistry already",
+                       "remove the Adoption", (declared.origin,), source=declared.source)
+        return None
+    modules = _namespaces(scan, dist, declared)
+    if declared is None and not modules:
+        return None  # nothing it defines can be reached through torch.ops: nothing to adopt
+    installed = dist.distribution if dist is not None else InstalledDistribution(
+        name=name, version=declared.origin.version if declared and declared.origin else "?",
+        location="")
+    status, reason = "adopted", (f"declared by {declared.origin}" if declared is not None
+                                 else "found by the scan (adopted by default)")
+    off = ctx.policy.adopts(name)
+    if off is not None:
+        status, reason = "off", off
+    elif not modules:
+        status, reason = "refused", ("no namespace it registers is known: name them "
+                                     "(Adoption(namespaces=[...], modules=[...]))")
+        ctx.warn("adoption-nothing-found",
+                 f"{name} is adopted by {declared.origin if declared else '?'}, but the scan "
+                 f"finds no namespace it defines", "declare its namespaces and modules",
+                 source=declared.source if declared else None)
+    return Adopted(distribution=installed, load=declared.load if declared else "lazy",
+                   status=status, reason=reason,
+                   declared_by=(declared.origin,) if declared and declared.origin else (),
+                   modules=modules, op_modules=_op_modules(dist),
+                   registrations=tuple(r for r in (dist.registrations if dist else ())
+                                       if r.kind != "kernel"),
+                   kernels=_kernels(ctx, dist),
+                   samples=dict(declared.samples) if declared else {})
+
+
+def _claims(dist: ForeignDistribution) -> dict[str, set[str]]:
+    """namespace -> what ``dist`` claims in it: ``"DEF"``, ``"library"`` (a library whose kind
+    is unknown: perhaps a DEF), and each op it defines."""
+    out: dict[str, set[str]] = {}
+    for reg in dist.registrations:
+        if reg.namespace is None:
+            continue
+        if reg.kind in ("DEF", "library"):
+            out.setdefault(reg.namespace, set()).add(reg.kind)
+        elif reg.kind == "op" and reg.op:
+            out.setdefault(reg.namespace, set()).add(reg.op)
+    return out
+
+
+def _clashes(adopted: list[Adopted], by_name: dict[str, ForeignDistribution]
+             ) -> dict[str, tuple[str, str]]:
+    """distribution -> (the other distribution, what both claim), for adopted distributions
+    that cannot both be imported: both DEF one namespace, or both define one op.
+
+    torch refuses the second -- from a C++ static initializer, by aborting the
+    process -- so lazy adoption must never import both.
+    """
+    claims = {a.name: _claims(by_name[a.name]) for a in adopted
+              if a.active and a.name in by_name}
+    out: dict[str, tuple[str, str]] = {}
+    names = sorted(claims)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for ns in sorted(set(claims[a]) & set(claims[b])):
+                mine, theirs = claims[a][ns], claims[b][ns]
+                both = sorted((mine & theirs) - {"library"})
+                defs = {"DEF", "library"}
+                if not both and (mine & defs) and (theirs & defs) and (mine | theirs) & {"DEF"}:
+                    both = [f"namespace {ns} (DEF)"]
+                if both:
+                    what = both[0] if both[0].startswith("namespace") else f"op {both[0]}"
+                    out.setdefault(a, (b, what))
+                    out.setdefault(b, (a, what))
+    return out
+
+
+def _refuse_clashes(ctx: Context, adopted: list[Adopted],
+                    by_name: dict[str, ForeignDistribution]) -> list[Adopted]:
+    clashes = _clashes(adopted, by_name)
+    out = []
+    for a in adopted:
+        if a.name in clashes:
+            other, what = clashes[a.name]
+            reason = (f"{a.distribution.text} and {by_name[other].distribution.text} both "
+                      f"define {what}: torch refuses the second (a C++ library aborts the "
+                      f"process), so opregistry imports neither")
+            ctx.warn("adoption-conflict", reason,
+                     f"uninstall one of them, or import the one you use yourself; "
+                     f"OPREGISTRY_ADOPT_BLOCK={a.name} silences this", severity="error",
+                     others=(Origin(a.name, a.distribution.version),))
+            a = attrs.evolve(a, status="refused", reason=reason)
+        out.append(a)
+    return out
+
+
+def plan_adoptions(ctx: Context, adoptions: Iterable[Adoption]) -> tuple[Adopted, ...]:
+    """Decide every adoption: declared ones, and by default every distribution the scan finds.
+
+    ``adoptions`` are those of the declarers still in (the rules' pass filters them).
+    """
+    scan = ctx.env.foreign
+    declared = _declared(adoptions)
+    by_name = {d.name: d for d in scan.distributions} if scan is not None else {}
+    out = []
+    for name in sorted(set(by_name) | set(declared)):
+        dist = by_name.get(name)
+        chosen = _chosen(ctx, name, declared[name]) if name in declared else None
+        if dist is None and chosen is not None and not chosen.by_itself:
+            _unknown(ctx, name, chosen, scan)
+            continue
+        adopted = _one(ctx, name, dist, chosen, scan)
+        if adopted is not None:
+            out.append(adopted)
+    out = _refuse_clashes(ctx, out, by_name)
+    for name in sorted(ctx.policy.adopt_block - set(by_name) - set(declared)):
+        close = difflib.get_close_matches(name, sorted(by_name), n=1)
+        where = ctx.policy.adopt_sources.get("adopt_block", "OPREGISTRY_ADOPT_BLOCK")
+        ctx.warn("config-unknown-distribution",
+                 f"{where} names {name!r}, which is not an installed distribution that "
+                 f"registers with torch by itself" + (f"; did you mean {close[0]!r}?"
+                                                      if close else ""),
+                 f"correct the name in {where}", severity="error")
+    return tuple(out)

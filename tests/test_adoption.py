@@ -1,0 +1,317 @@
+"""Adoption of packages that register with torch.library by themselves, in this process.
+
+Synthetic distributions (tests/adoption_dists.py: real dist-info with
+METADATA and RECORD) register their ops at their own import, the way
+bitsandbytes does.  The registry is loaded for real; the first touch of
+``torch.ops.<ns>`` must import them, with real dispatch afterwards; a switch
+must stop it; a failing import must be named, never raised.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+import torch
+from structlog.testing import capture_logs
+
+from opregistry import report
+
+from . import adoption_dists
+from .conftest import DistFactory, load, plan
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A site folder on ``sys.path`` for foreign distributions; their modules forgotten after."""
+    root = tmp_path / "foreign-site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("OPREGISTRY_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("OPREGISTRY_ADOPT", "OPREGISTRY_ADOPT_BLOCK", "OPREGISTRY_KERNELS"):
+        monkeypatch.delenv(var, raising=False)
+    before = set(sys.modules)
+    yield root
+    for name in set(sys.modules) - before:
+        if name.split(".")[0].startswith("fp_"):
+            del sys.modules[name]
+
+
+def _package(ns: str) -> dict[str, str]:
+    """bitsandbytes' layout: ops defined in ``_ops``, a CPU kernel in ``backends/cpu``."""
+    pkg = f"fp_{ns}"
+    return {
+        f"{pkg}/__init__.py": """
+            from . import _ops
+            from .backends import cpu
+        """,
+        f"{pkg}/_ops.py": f"""
+            import torch
+
+            NS = "{ns}"
+            register_kernel = torch.library.register_kernel
+            torch.library.define(f"{{NS}}::scale", "(Tensor x, float f) -> Tensor")
+
+
+            @torch.library.register_fake(f"{{NS}}::scale")
+            def _(x, f):
+                return torch.empty_like(x)
+
+
+            @register_kernel(f"{{NS}}::scale", "default")
+            def _(x, f):
+                return x * f
+        """,
+        f"{pkg}/backends/__init__.py": "",
+        f"{pkg}/backends/cpu.py": """
+            from .._ops import NS, register_kernel
+
+
+            @register_kernel(f"{NS}::scale", "cpu")
+            def _(x, f):
+                return x * f + 1000
+        """,
+    }
+
+
+@pytest.fixture
+def foreign(site: Path, ns: str) -> Callable[..., str]:
+    def make(files: dict[str, str] | None = None, name: str | None = None, **kw: object) -> str:
+        return adoption_dists.write(site, name or f"fp-{ns}", files or _package(ns), **kw)
+    return make
+
+
+def test_a_namespace_is_adopted_on_its_first_touch(foreign, dists: DistFactory, ns) -> None:
+    """Nothing is imported at load; ``torch.ops.<ns>`` imports the package, then dispatches."""
+    name = foreign()
+    registry = load(dists)
+    adopted = registry.plan.adopted(name)
+    assert adopted is not None and adopted.status == "adopted" and adopted.load == "lazy"
+    assert dict(adopted.modules) == {ns: (f"fp_{ns}",)}
+    assert f"fp_{ns}" not in sys.modules and ns not in vars(torch.ops)
+    out = getattr(torch.ops, ns).scale(torch.ones(2), 3.0)
+    assert out.tolist() == [1003.0, 1003.0]  # the package's CPU kernel, from backends/cpu.py
+    assert f"fp_{ns}.backends.cpu" in sys.modules
+    assert registry.adopter.outcomes[name] == "imported"
+    assert not registry.errors
+
+
+def test_listed_without_torch_and_attributed(foreign, dists: DistFactory, ns) -> None:
+    """The plan lists the adopted ops and kernels, with the module and line of each."""
+    name = foreign()
+    data = report.list_report(plan(dists), namespaces=[ns])
+    (row,) = data["adopted"]
+    assert row["distribution"] == {"name": name, "version": "1.0"}
+    (op,) = row["ops"]
+    assert op["name"] == f"{ns}::scale" and op["where"] == f"fp_{ns}._ops:5"
+    keys = {k["key"]: k["where"] for k in op["kernels"]}
+    assert keys == {"Meta": f"fp_{ns}._ops:8", "CompositeExplicitAutograd": f"fp_{ns}._ops:13",
+                    "CPU": f"fp_{ns}.backends.cpu:4"}
+    assert f"fp_{ns}" not in sys.modules
+
+
+def test_an_op_outside_the_packages_own_import_is_imported_when_looked_up(
+        foreign, dists: DistFactory, ns) -> None:
+    """torchao's prototypes: a module the package does not import defines an op."""
+    files = {**_package(ns), f"fp_{ns}/extra.py": f"""
+        import torch
+
+
+        @torch.library.custom_op("{ns}::twice", mutates_args=())
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+    """}
+    foreign(files)
+    load(dists)
+    assert getattr(torch.ops, ns).twice(torch.ones(1)).item() == 2.0
+    assert f"fp_{ns}.extra" in sys.modules
+
+
+def test_a_failing_import_is_named_never_raised(foreign, dists: DistFactory, ns) -> None:
+    files = {f"fp_{ns}/__init__.py": f"""
+        import torch
+
+        torch.library.define("{ns}::op", "(Tensor x) -> Tensor")
+        raise RuntimeError("no native library for this machine")
+    """}
+    name = foreign(files)
+    registry = load(dists)
+    with capture_logs() as logs:
+        namespace = getattr(torch.ops, ns)  # no exception here
+        with pytest.raises(AttributeError):
+            namespace.nothing_else
+    (problem,) = [p for p in registry.problems if p.code == "adoption-import-failed"]
+    assert name in problem.message and f"fp_{ns}" in problem.message
+    assert "no native library for this machine" in problem.message
+    (warning,) = [e for e in logs if e["event"] == "adopted package failed to import"]
+    assert warning["distribution"] == f"{name}==1.0" and warning["module"] == f"fp_{ns}"
+    assert warning["log_level"] == "warning"
+
+
+@pytest.mark.parametrize("how", ["variable", "block", "config"])
+def test_adoption_switched_off(foreign, dists: DistFactory, ns, how, monkeypatch,
+                               tmp_path) -> None:
+    """OPREGISTRY_ADOPT=0, OPREGISTRY_ADOPT_BLOCK and the config keys leave the package alone."""
+    name = foreign()
+    if how == "variable":
+        monkeypatch.setenv("OPREGISTRY_ADOPT", "0")
+    elif how == "block":
+        monkeypatch.setenv("OPREGISTRY_ADOPT_BLOCK", name)
+    else:
+        config = tmp_path / "opregistry.toml"
+        config.write_text(f'adopt_block = ["{name}"]\n')
+        monkeypatch.setenv("OPREGISTRY_CONFIG", str(config))
+    registry = load(dists)
+    adopted = registry.plan.adopted(name)
+    assert adopted is not None and adopted.status == "off"
+    assert ("OPREGISTRY_ADOPT" in adopted.reason if how != "config"
+            else "adopt_block" in adopted.reason)
+    with pytest.raises(AttributeError):
+        getattr(torch.ops, ns).scale
+    assert f"fp_{ns}" not in sys.modules
+    __import__(f"fp_{ns}")  # the package still works when its user imports it
+    assert getattr(torch.ops, ns).scale(torch.ones(1), 2.0).item() == 1002.0
+
+
+def test_an_unknown_name_in_the_block_list_is_reported(foreign, dists, monkeypatch) -> None:
+    name = foreign()
+    monkeypatch.setenv("OPREGISTRY_ADOPT_BLOCK", name + "x")
+    (problem,) = [p for p in plan(dists).problems if p.code == "config-unknown-distribution"]
+    assert problem.severity == "error" and f"did you mean {name!r}" in problem.message
+
+
+def test_a_package_declares_its_own_adoption(site, dists: DistFactory, ns, monkeypatch) -> None:
+    """A namespace the scan cannot read (from the environment), named in entry points."""
+    monkeypatch.setenv(f"FP_NS_{ns}", ns)
+    files = {f"fp_{ns}/__init__.py": f"""
+        import os
+
+        import torch
+
+        lib = torch.library.Library(os.environ["FP_NS_{ns}"], "FRAGMENT")
+        lib.define("neg(Tensor x) -> Tensor")
+        lib.impl("neg", lambda x: -x, "CompositeExplicitAutograd")
+    """}
+    name = adoption_dists.write(site, f"fp-{ns}", files,
+                                entry_points=f"[opregistry.adopt]\n{ns} = fp_{ns}\n")
+    registry = load(dists)
+    adopted = registry.plan.adopted(name)
+    assert adopted.declared_by[0].group == "opregistry.adopt"
+    assert dict(adopted.modules) == {ns: (f"fp_{ns}",)}
+    assert getattr(torch.ops, ns).neg(torch.ones(1)).item() == -1.0
+
+
+def test_eager_self_declared_adoption_imports_at_load(site, dists: DistFactory, ns) -> None:
+    files = _package(ns)
+    adoption_dists.write(site, f"fp-{ns}", files,
+                         entry_points=f"[opregistry.adopt.eager]\n{ns} = fp_{ns}._ops\n")
+    load(dists)
+    assert f"fp_{ns}._ops" in sys.modules
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::scale", "CPU")
+
+
+ADAPTER = """
+from opregistry import Adoption
+
+
+def opregistry_adoptions():
+    return [Adoption(distribution={dist!r}, load="eager",
+                     samples={{"{ns}::scale": "ad_{ns}:samples"}})]
+
+
+def samples():
+    import torch
+    return [((torch.ones(2), 2.0), {{}})]
+"""
+
+
+def test_an_adapter_adopts_a_package_eagerly(foreign, dists: DistFactory, ns) -> None:
+    name = foreign()
+    adapter = dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"},
+                         modules={f"ad_{ns}": ADAPTER.format(dist=name, ns=ns)})
+    registry = load(dists)
+    adopted = registry.plan.adopted(name)
+    assert adopted.load == "eager" and adopted.declared_by[0].distribution == adapter
+    assert adopted.samples == {f"{ns}::scale": f"ad_{ns}:samples"}
+    assert f"fp_{ns}" in sys.modules  # imported when the registry loaded
+
+
+def test_an_adapter_adopting_what_is_not_installed_is_left_out(dists: DistFactory, ns,
+                                                                site) -> None:
+    adapter = dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"},
+                         modules={f"ad_{ns}": ADAPTER.format(dist="no-such-thing", ns=ns)})
+    resolved = plan(dists)
+    (problem,) = [p for p in resolved.problems if p.code == "adoption-unknown-distribution"]
+    assert [o.distribution for o in problem.culprits] == [adapter]
+    assert adapter in {o.distribution for o in resolved.excluded}
+
+
+def test_a_kernel_switch_leaves_the_registration_out(foreign, dists: DistFactory, ns,
+                                                     monkeypatch) -> None:
+    """-ns::scale:CPU: the package's CPU kernel is never registered; the default one serves."""
+    name = foreign()
+    monkeypatch.setenv("OPREGISTRY_KERNELS", f"-{ns}::scale:CPU")
+    registry = load(dists)
+    (kernel,) = [k for k in registry.plan.adopted(name).kernels if k.key == "CPU"]
+    assert kernel.status == "disabled"
+    assert getattr(torch.ops, ns).scale(torch.ones(1), 3.0).item() == 3.0  # the default kernel
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::scale", "CPU")
+    assert (f"{ns}::scale", "CPU") in registry.adopter.switched
+    assert not [p for p in registry.problems if p.code == "kernel-switch-unknown"]
+
+
+def test_a_custom_op_kernel_cannot_be_switched_off(foreign, dists: DistFactory, ns,
+                                                   monkeypatch) -> None:
+    files = {f"fp_{ns}/__init__.py": f"""
+        import torch
+
+
+        @torch.library.custom_op("{ns}::twice", mutates_args=(), device_types="cpu")
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+    """}
+    foreign(files)
+    monkeypatch.setenv("OPREGISTRY_KERNELS", f"-{ns}::twice:CPU")
+    registry = load(dists)
+    (problem,) = [p for p in registry.problems if p.code == "kernel-switch-not-applied"]
+    assert "custom_op" in problem.message and problem.op == f"{ns}::twice"
+    assert getattr(torch.ops, ns).twice(torch.ones(1)).item() == 2.0
+
+
+def test_a_registry_unloaded_adopts_nothing_more(foreign, dists: DistFactory, ns) -> None:
+    foreign()
+    registry = load(dists)
+    registry.unload()
+    with pytest.raises(AttributeError):
+        getattr(torch.ops, ns).scale
+    assert f"fp_{ns}" not in sys.modules
+
+
+def test_opregistry_plugins_are_never_adopted(dists: DistFactory, ns, site) -> None:
+    dists.make(f"pl-{ns}", ops={"ops": f"pl_{ns}:lib"}, modules={f"pl_{ns}": f"""
+        from opregistry import OpLibrary
+        lib = OpLibrary({ns!r})
+        lib.define("op(Tensor x) -> Tensor", kernels={{"cpu": "pl_{ns}:op"}})
+        def op(x):
+            return x
+    """})
+    assert all(not a.name.startswith("pl-") for a in plan(dists).adoptions)
+
+
+def test_an_adopted_op_is_checked_over_its_adapters_samples(foreign, dists: DistFactory,
+                                                             ns) -> None:
+    """opregistry check: opcheck of an adopted op, on the samples an adapter declares."""
+    from opregistry.checking import run_checks
+
+    name = foreign()
+    dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"},
+               modules={f"ad_{ns}": ADAPTER.format(dist=name, ns=ns)})
+    registry = load(dists)
+    results, unknown = run_checks(registry, [f"{ns}::scale"])
+    assert not unknown
+    checks = {(r.check, r.status) for r in results}
+    assert ("test_schema", "ok") in checks and ("test_faketensor", "ok") in checks
+    assert all(r.status != "fail" for r in results), results
+    assert {r.distribution for r in results} == {f"{name}==1.0"}

@@ -1,0 +1,291 @@
+"""Adoption of a real package from the index: bitsandbytes 0.50.2, which registers its 19 ops
+with torch.library at its own import, unchanged.
+
+Installed ``--no-deps`` into a folder under the system's temporary directory,
+reused by later runs (the ``real_packages`` fixture of tests/conftest.py).  Every check runs
+in fresh interpreters with that folder on ``PYTHONPATH`` and opregistry's
+autoload on, as a user's process would:
+
+* listed without torch (from the scan), attributed (the distribution and the
+  module and line of every op and kernel; live, torch's registration sites
+  belong to bitsandbytes' files);
+* locked: ``opregistry lock`` records its files; a tampered file makes
+  ``verify`` fail and, in locked mode, opregistry refuses to import it --
+  while ``import bitsandbytes`` by hand still works;
+* a kernel switched off (``OPREGISTRY_KERNELS``): the CPU kernel is never
+  registered, the package's default kernel serves;
+* available without an explicit import: a program exported with
+  ``torch.export`` reloaded in a fresh process, a spawn DataLoader worker,
+  the ranks of ``torchrun``;
+* ``NativeLibrary(module="bitsandbytes")`` is refused, and bitsandbytes works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from . import adoption_dists
+
+pytestmark = pytest.mark.slow
+
+OP = "bitsandbytes::quantize_blockwise"
+
+
+@pytest.fixture(scope="module")
+def bnb_site(real_packages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bitsandbytes alone (no torchao), copied: the lock test edits a file of it."""
+    site = tmp_path_factory.mktemp("bnb") / "site"
+    site.mkdir()
+    for entry in real_packages.iterdir():
+        if entry.name.startswith("bitsandbytes"):
+            shutil.copytree(entry, site / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def _env(site: Path, cache: Path, **extra: str) -> dict[str, str]:
+    """This environment without opregistry's settings, the site on PYTHONPATH, ``extra`` last."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OPREGISTRY_")}
+    environ.update({"PYTHONPATH": str(site), "OPREGISTRY_CACHE_DIR": str(cache), **extra})
+    return environ
+
+
+def run(site: Path, cache: Path, code: str, cwd: Path | None = None,
+        **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` (or ``python -m ...`` when ``code`` starts with ``-m``)."""
+    argv = code.split() if code.startswith("-m") else ["-c", textwrap.dedent(code)]
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                          env=_env(site, cache, **env), timeout=600, cwd=cwd)
+
+
+def last_json(out: subprocess.CompletedProcess[str]) -> dict:
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_listed_without_torch(bnb_site: Path, cache: Path) -> None:
+    found = last_json(run(bnb_site, cache, """
+        import json, sys
+        from opregistry import plan, report
+        data = report.list_report(plan(), namespaces=["bitsandbytes"])
+        print(json.dumps({"adopted": data["adopted"], "torch": "torch" in sys.modules,
+                          "bnb": "bitsandbytes" in sys.modules}))
+    """))
+    assert found["torch"] is False and found["bnb"] is False
+    (adopted,) = found["adopted"]
+    assert adopted["distribution"] == {"name": "bitsandbytes", "version": "0.50.2"}
+    assert (adopted["status"], adopted["load"]) == ("adopted", "lazy")
+    assert adopted["namespaces"] == {"bitsandbytes": ["bitsandbytes"]}
+    assert len(adopted["ops"]) == 19
+    assert all(op["where"].startswith("bitsandbytes._ops:") for op in adopted["ops"])
+    op = next(o for o in adopted["ops"] if o["name"] == OP)
+    keys = {k["key"]: k["where"] for k in op["kernels"]}
+    assert keys["CPU"].startswith("bitsandbytes.backends.cpu.ops:")
+    assert keys["CompositeExplicitAutograd"].startswith("bitsandbytes.backends.default.ops:")
+    text = run(bnb_site, cache, "-m opregistry list -n bitsandbytes")
+    assert "bitsandbytes==0.50.2  [adopted, lazy" in text.stdout, text.stdout[-2000:]
+    assert f"{OP}(Tensor A, Tensor code, int blocksize) -> (Tensor, Tensor)" in text.stdout
+
+
+def test_attributed_live_to_its_distribution(bnb_site: Path, cache: Path) -> None:
+    """After the first touch, the registering code of its op's kernels is bitsandbytes' files."""
+    found = last_json(run(bnb_site, cache, f"""
+        import json, sys
+        import torch
+        from opregistry import torch_state
+        from opregistry.distfiles import owner_of
+        imported_before = "bitsandbytes" in sys.modules
+        torch.ops.bitsandbytes.quantize_blockwise
+        # torch records every Python registration at torch/library.py: the Recorder knows
+        # the registering code's file:line
+        sites = {{slot: site for (op, slot), site in torch_state.recorder().sites.items()
+                  if op == "{OP}"}}
+        owners = {{key: owner_of(site.rpartition(":")[0]).text for key, site in sites.items()}}
+        print(json.dumps({{"before": imported_before, "owners": owners}}))
+    """))
+    assert found["before"] is False
+    assert found["owners"]["CPU"] == "bitsandbytes==0.50.2"
+    assert found["owners"]["CompositeExplicitAutograd"] == "bitsandbytes==0.50.2"
+
+
+def test_locked_and_a_tampered_file_refused(bnb_site: Path, cache: Path,
+                                            tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    shutil.copytree(bnb_site, site)
+    lock = tmp_path / "opregistry.lock"
+    assert run(site, cache, f"-m opregistry lock -o {lock}").returncode == 0
+    assert json.loads(lock.read_text())["adopted"]["bitsandbytes"]["version"] == "0.50.2"
+    assert run(site, cache, f"-m opregistry verify {lock}").returncode == 0
+    touch = """
+        import json, torch, opregistry
+        try:
+            torch.ops.bitsandbytes.quantize_blockwise
+            found = True
+        except AttributeError:
+            found = False
+        problems = [p.message for p in opregistry.get_registry().problems
+                    if p.code == "lock-mismatch"]
+        import bitsandbytes.functional as F
+        q, state = F.quantize_blockwise(torch.linspace(-1, 1, 512))
+        print(json.dumps({"found": found, "problems": problems, "by_hand": list(q.shape)}))
+    """
+    ok = last_json(run(site, cache, touch, OPREGISTRY_LOCK=str(lock)))
+    assert ok == {"found": True, "problems": [], "by_hand": [512]}
+    target = site / "bitsandbytes" / "backends" / "cpu" / "ops.py"
+    target.write_text(target.read_text() + "\n# edited after the lock\n")
+    verify = run(site, cache, f"-m opregistry verify {lock}")
+    assert verify.returncode == 1 and "bitsandbytes/backends/cpu/ops.py changed" in verify.stderr
+    refused = last_json(run(site, cache, touch, OPREGISTRY_LOCK=str(lock)))
+    assert refused["found"] is False and refused["by_hand"] == [512]
+    (message,) = refused["problems"]
+    assert "bitsandbytes==0.50.2" in message and "bitsandbytes/backends/cpu/ops.py" in message
+
+
+SWITCH = f"""
+    import json, torch
+    from opregistry import torch_state
+    q, absmax = torch.ops.bitsandbytes.quantize_blockwise(
+        torch.linspace(-1, 1, 512), torch.linspace(-1, 1, 256), 256)
+    print(json.dumps({{"cpu": torch_state.has_kernel("{OP}", "CPU"),
+                       "other": torch_state.has_kernel("bitsandbytes::dequantize_blockwise", "CPU"),
+                       "default": torch_state.has_kernel("{OP}", "CompositeExplicitAutograd"),
+                       "q": q[:8].tolist()}}))
+"""
+
+
+def test_a_kernel_switched_off(bnb_site: Path, cache: Path) -> None:
+    plain = last_json(run(bnb_site, cache, SWITCH))
+    switched = last_json(run(bnb_site, cache, SWITCH,
+                             OPREGISTRY_KERNELS=f"-{OP}:CPU"))
+    assert plain["cpu"] is True and switched["cpu"] is False  # never registered
+    assert switched["other"] is True and switched["default"] is True
+    assert switched["q"] == plain["q"]  # bitsandbytes' default kernel computes the same
+    listed = run(bnb_site, cache, "-m opregistry list -n bitsandbytes",
+                 OPREGISTRY_KERNELS=f"-{OP}:CPU")
+    assert f"disabled by OPREGISTRY_KERNELS (-{OP}:CPU)" in listed.stdout
+
+
+def test_an_exported_program_reloads_in_a_fresh_process(bnb_site: Path, cache: Path,
+                                                        tmp_path: Path) -> None:
+    saved = last_json(run(bnb_site, cache, """
+        import json, torch, bitsandbytes
+
+        class Quantize(torch.nn.Module):
+            def forward(self, a, code):
+                return torch.ops.bitsandbytes.quantize_blockwise(a, code, 256)
+
+        args = (torch.linspace(-1, 1, 512), torch.linspace(-1, 1, 256))
+        program = torch.export.export(Quantize(), args)
+        torch.export.save(program, "quantize.pt2")
+        print(json.dumps({"q": program.module()(*args)[0][:16].tolist()}))
+    """, cwd=tmp_path))
+    load = """
+        import json, sys, torch
+        program = torch.export.load("quantize.pt2")
+        imported = "bitsandbytes" in sys.modules
+        args = (torch.linspace(-1, 1, 512), torch.linspace(-1, 1, 256))
+        print(json.dumps({"imported": imported, "q": program.module()(*args)[0][:16].tolist()}))
+    """
+    loaded = last_json(run(bnb_site, cache, load, cwd=tmp_path))
+    assert loaded == {"imported": True, "q": saved["q"]}  # imported by adoption, not by hand
+    without = run(bnb_site, cache, load, cwd=tmp_path, OPREGISTRY_ADOPT="0")
+    assert without.returncode != 0  # what every user sees without adoption
+
+
+WORKERS = """
+import json, sys
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Quantized(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        before = "bitsandbytes" in sys.modules
+        q, _ = torch.ops.bitsandbytes.quantize_blockwise(
+            torch.linspace(-1, 1, 256) * (i + 1) / 4, torch.linspace(-1, 1, 256), 256)
+        return before, int(q.sum())
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Quantized(), batch_size=None, num_workers=2,
+                        multiprocessing_context="spawn")
+    rows = list(loader)
+    print(json.dumps({"rows": [[bool(b), s] for b, s in rows],
+                       "main": "bitsandbytes" in sys.modules}))
+"""
+
+
+def test_a_spawn_dataloader_worker_calls_an_adopted_op(bnb_site: Path, cache: Path,
+                                                       tmp_path: Path) -> None:
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    found = last_json(subprocess.run([sys.executable, str(script)], capture_output=True,
+                                     text=True, timeout=600, cwd=tmp_path,
+                                     env=_env(bnb_site, cache)))
+    assert found["main"] is False  # the main process never touched it
+    # each of the two workers imported nothing by hand: its first item found bitsandbytes
+    # not imported, and the op worked; adoption imported it then
+    assert len(found["rows"]) == 4 and [b for b, _ in found["rows"]].count(False) == 2
+    assert all(isinstance(s, int) and s > 0 for _, s in found["rows"])
+
+
+RANKS = """
+import json, os, sys
+import torch
+q, _ = torch.ops.bitsandbytes.quantize_blockwise(
+    torch.linspace(-1, 1, 256), torch.linspace(-1, 1, 256), 256)
+print(json.dumps({"rank": int(os.environ["RANK"]), "sum": int(q.sum())}))
+"""
+
+
+def test_torchrun_ranks_call_an_adopted_op(bnb_site: Path, cache: Path, tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path, env=_env(bnb_site, cache))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    assert len({r["sum"] for r in rows}) == 1
+
+
+def test_native_library_for_bitsandbytes_is_refused_and_it_works(bnb_site: Path, cache: Path,
+                                                                 tmp_path: Path) -> None:
+    """The issue's trap: an op package declaring bitsandbytes' namespace as a native library."""
+    site = tmp_path / "ops"
+    adoption_dists.write(site, "bnb-native-wrap", {"bnb_native_wrap.py": """
+        from opregistry import NativeLibrary, OpLibrary
+
+        lib = OpLibrary("bitsandbytes", "FRAGMENT", native=NativeLibrary(module="bitsandbytes"))
+        lib.define("quantize_blockwise(Tensor A, Tensor code, int blocksize) -> (Tensor, Tensor)",
+                   native=["CPU"])
+    """}, requires=("opregistry",),
+        entry_points="[opregistry.ops]\nbnb = bnb_native_wrap:lib\n")
+    found = last_json(run(bnb_site, cache, """
+        import json, torch, opregistry
+        import bitsandbytes.functional as F
+        q, state = F.quantize_blockwise(torch.linspace(-1, 1, 512))
+        codes = [p.code for p in opregistry.get_registry().problems if p.severity == "error"]
+        print(json.dumps({"codes": codes, "q": list(q.shape)}))
+    """, PYTHONPATH=f"{site}{os.pathsep}{bnb_site}"))
+    # refused at resolve time, pointing at adoption (and, by the rules that protect packages,
+    # as a redefinition of bitsandbytes' op); bitsandbytes works
+    assert found["q"] == [512]
+    assert set(found["codes"]) == {"native-library-registers-from-python", "op-held-by-package"}

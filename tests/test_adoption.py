@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 from opregistry import report
 
 from . import adoption_dists
-from .conftest import DistFactory, load, plan
+from .conftest import DistFactory, load, op_dist, plan
 
 
 @pytest.fixture
@@ -201,6 +201,26 @@ def test_a_package_declares_its_own_adoption(site, dists: DistFactory, ns, monke
     assert adopted.declared_by[0].group == "opregistry.adopt"
     assert dict(adopted.modules) == {ns: (f"fp_{ns}",)}
     assert getattr(torch.ops, ns).neg(torch.ones(1)).item() == -1.0
+
+
+def test_a_declared_namespace_is_protected_before_torch(site, dists: DistFactory, ns,
+                                                       monkeypatch) -> None:
+    """The scan cannot read the name; the package's entry points name it: a DEF of it is refused."""
+    monkeypatch.setenv(f"FP_NS_{ns}", ns)
+    files = {f"fp_{ns}/__init__.py": f"""
+        import os
+
+        import torch
+
+        lib = torch.library.Library(os.environ["FP_NS_{ns}"], "DEF")
+        lib.define("neg(Tensor x) -> Tensor")
+    """}
+    name = adoption_dists.write(site, f"fp-{ns}", files,
+                                entry_points=f"[opregistry.adopt]\n{ns} = fp_{ns}\n")
+    claimant = op_dist(dists, "claimant", ns, "lib.define('neg(Tensor x) -> Tensor')\n")
+    [held] = [p for p in plan(dists).errors if p.code == "namespace-held-by-package"]
+    assert f"{name}==1.0" in held.message and "declared adoption" not in held.message
+    assert [o.distribution for o in held.culprits] == [claimant]
 
 
 def test_eager_self_declared_adoption_imports_at_load(site, dists: DistFactory, ns) -> None:

@@ -72,7 +72,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
     # order of discovery; sorting once here spares each pass its own sort
     ordered = _sorted(decl)
     excluded_ops: dict[str, Origin] = {}
-    foreign = foreign_owners(env.foreign)
+    foreign = foreign_owners(env.foreign, ordered.adoptions)
     while True:
         _note_excluded_ops(ordered.ops, excluded, excluded_ops)
         ctx = Context(ordered, lambda o: o is None or o.distribution not in excluded,

@@ -22,10 +22,11 @@ reserved namespaces (torch owns those).  Every message names the owner as
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from attrs import field, frozen
 
+from ..foreign import Registration
 from ..keys import RESERVED_NAMESPACES
 
 __all__ = ["ForeignOwners", "foreign_owners", "owner_text"]
@@ -56,8 +57,13 @@ def owner_text(owner: tuple[Any, Any]) -> str:
     return f"{dist.distribution.text} ({registration.source})"
 
 
-def foreign_owners(scan: Any) -> ForeignOwners:
-    """The owners of namespaces, ops and kernels in ``scan`` (a :class:`~opregistry.foreign.ForeignScan`)."""
+def foreign_owners(scan: Any, adoptions: Iterable[Any] = ()) -> ForeignOwners:
+    """The owners of namespaces, ops and kernels in ``scan`` (a :class:`~opregistry.foreign.ForeignScan`).
+
+    ``adoptions`` (:class:`~opregistry.adoption.Adoption`) add the namespaces
+    a package registers under a name its files do not spell (computed at run
+    time), as its own entry points or an adapter declare them.
+    """
     if scan is None:
         return ForeignOwners()
     namespaces: dict[str, tuple[Any, Any]] = {}
@@ -74,4 +80,13 @@ def foreign_owners(scan: Any) -> ForeignOwners:
             ops.setdefault(reg.op, (dist, reg))
         if reg.kind == "kernel" and reg.op and reg.key:
             kernels.setdefault((reg.op, reg.key), (dist, reg))
+    by_name = {d.name: d for d in scan.distributions if not d.is_plugin}
+    for adoption in sorted(adoptions, key=lambda a: a.distribution):
+        dist = by_name.get(adoption.distribution)
+        for ns in adoption.namespaces if dist is not None else ():
+            if ns not in RESERVED_NAMESPACES:
+                declared = Registration(kind="library", namespace=ns, api="declared adoption",
+                                        module=next(iter(adoption.modules), ""),
+                                        file=adoption.source or "")
+                namespaces.setdefault(ns, (dist, declared))
     return ForeignOwners(namespaces=namespaces, ops=ops, kernels=kernels)

@@ -70,6 +70,10 @@ class Environment:
     #: ``"module:function"`` of each load-time check (``when={"check": ...}``) -> ``(met,
     #: reason)``; a check not here was not run (torch was not imported)
     checks: Mapping[str, tuple[bool, str]] = field(factory=dict)
+    #: each module an adoption names (``Adoption(modules=...)``) -> ``(owner, text)``: the
+    #: canonical name of the distribution that installed its file and ``name==version``, or
+    #: ``None`` and why no distribution did (a module of Python's own, one not found)
+    module_owners: Mapping[str, tuple[str | None, str]] = field(factory=dict)
 
     @property
     def torch_version(self) -> str | None:
@@ -192,7 +196,7 @@ def run_check(ref: str) -> tuple[bool, str]:
     return bool(met), text
 
 
-def _checks(decl: Any) -> dict[str, tuple[bool, str]]:
+def _checks(decl: Any, run: Callable[[str], tuple[bool, str]]) -> dict[str, tuple[bool, str]]:
     """Each load-time check of ``decl``'s kernels, run once -- only with torch imported.
 
     ``opregistry list`` runs no plugin code beyond declarations, and a check
@@ -202,11 +206,32 @@ def _checks(decl: Any) -> dict[str, tuple[bool, str]]:
     if "torch" not in sys.modules:
         return {}
     refs = sorted({k.when.check for k in decl.kernels if k.when is not None and k.when.check})
-    return {ref: run_check(ref) for ref in refs}
+    return {ref: run(ref) for ref in refs}
+
+
+def _module_owners(decl: Any) -> dict[str, tuple[str | None, str]]:
+    """Who installed each module the adoptions of ``decl`` name, found without importing it."""
+    modules = sorted({m for a in getattr(decl, "adoptions", ()) for m in a.modules})
+    if not modules:
+        return {}
+    from .distfiles import owner_of
+
+    out: dict[str, tuple[str | None, str]] = {}
+    for module in modules:
+        found = locate_module(module)
+        path = found.files[-1] if found.files else None
+        if found.found == "missing":
+            out[module] = (None, f"cannot be found ({found.why})")
+            continue
+        owner = owner_of(path) if path is not None else None
+        out[module] = ((canonical_name(owner.name), owner.text) if owner is not None else
+                       (None, f"belongs to no installed distribution ({path or found.why})"))
+    return out
 
 
 def read_environment(decl: Any, dispatcher: TorchState | None = None,
-                     foreign: Any = None) -> Environment:
+                     foreign: Any = None, *,
+                     run: Callable[[str], tuple[bool, str]] = run_check) -> Environment:
     """The :class:`Environment` for resolving ``decl`` (:class:`~opregistry.model.Declarations`).
 
     Reads only what the declarations can ask about: the distributions their
@@ -214,7 +239,8 @@ def read_environment(decl: Any, dispatcher: TorchState | None = None,
     and -- with torch imported -- the outcome of their load-time checks.
     ``foreign`` is the scan of the packages that register with torch.library
     directly (:func:`opregistry.scan.scan_installed`), read apart: what it depends on is the
-    set of installed files, not the declarations.
+    set of installed files, not the declarations.  ``run`` runs one load-time
+    check (the registry runs each under the seal of :mod:`opregistry.seal`).
     """
     names = [name for k in decl.kernels if k.when is not None for name in k.when.distributions]
     modules = {m for k in decl.kernels for m in k.payload.kind.requires}
@@ -234,4 +260,5 @@ def read_environment(decl: Any, dispatcher: TorchState | None = None,
                        distributions=_versions(names),
                        modules={m: _importable(m) for m in sorted(modules)},
                        natives=natives, natives_broken=broken, dispatcher=dispatcher,
-                       foreign=foreign, checks=_checks(decl))
+                       foreign=foreign, checks=_checks(decl, run),
+                       module_owners=_module_owners(decl))

@@ -25,8 +25,8 @@ from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
 from .locked import gate
 from .logs import get_logger
 from .materializer import Materialized, defined_ops, gc_paused
-from .model import Problem, elide
-from .environment import Environment, TorchState, read_environment
+from .model import Declarations, Problem, elide
+from .environment import Environment, TorchState, read_environment, run_check
 from .plan import KernelPlan, OpPlan, Plan
 from .resolver import resolve
 from .state import process
@@ -91,9 +91,39 @@ def _collect_and_resolve_unpaused(settings: Settings,
     collected = collect(lock_gate.apply(discover(lock_gate.settings)))
     # torch's state is read after the plugins are imported: a plugin may register
     # with torch itself at import (a Library of its own), and the resolver must see it
-    decl = collected.declarations
-    env = read_environment(decl, torch_state(), read_foreign())
+    decl, env = _read_environment(collected.declarations, torch_state(), read_foreign())
+    collected = attrs.evolve(collected, declarations=decl)
     return collected, resolve(decl, policy=settings.policy, environment=env), env
+
+
+def _read_environment(decl: Declarations, dispatcher: TorchState | None, foreign: Any
+                      ) -> tuple[Declarations, Environment]:
+    """The environment, each load-time check run under the seal.
+
+    A check (``when={"check": ...}``) is a distribution's code: one that
+    changes opregistry's own state is put back, unmet, and leaves its
+    distribution out (``opregistry-state-changed``), as at collection.
+    """
+    changed: dict[str, list[Any]] = {}
+
+    def sealed(ref: str) -> tuple[bool, str]:
+        seal = Seal()
+        outcome = run_check(ref)
+        changes = seal.check()
+        if not changes:
+            return outcome
+        changed[ref] = changes
+        return False, f"{ref} changed opregistry's own state (put back)"
+
+    env = read_environment(decl, dispatcher, foreign, run=sealed)
+    if not changed:
+        return decl, env
+    from .ownership import state_problem
+
+    problems = tuple(state_problem(k.origin, changed[k.when.check],
+                                   f"its load-time check {k.when.check} ran")
+                     for k in decl.kernels if k.when is not None and k.when.check in changed)
+    return attrs.evolve(decl, problems=decl.problems + tuple(dict.fromkeys(problems))), env
 
 
 def read_foreign() -> Any:

@@ -268,6 +268,60 @@ def test_an_adapter_adopting_what_is_not_installed_is_left_out(dists: DistFactor
     assert adapter in {o.distribution for o in resolved.excluded}
 
 
+HIJACK = """
+from opregistry import Adoption
+
+
+def opregistry_adoptions():
+    return [Adoption(distribution={dist!r}, load="eager", modules={modules!r},
+                     namespaces={namespaces!r})]
+"""
+
+
+@pytest.mark.parametrize("module", ["os", "OTHER", "fp_NS"])
+def test_an_adoption_imports_only_the_adopted_distributions_modules(
+        foreign, dists: DistFactory, ns, module) -> None:
+    """An adapter naming Python's own module or another package's is refused; the package's own
+    module is what it imports."""
+    name = foreign()
+    other = foreign({f"other_{ns}/__init__.py": "HIJACKED = True\n"}, name=f"other-{ns}")
+    module = module.replace("OTHER", f"other_{ns}").replace("NS", ns)
+    adapter = dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"}, modules={
+        f"ad_{ns}": HIJACK.format(dist=name, modules=[module], namespaces=[])})
+    registry = load(dists)
+    refused = [p for p in registry.problems if p.code == "adoption-module-not-owned"]
+    if module == f"fp_{ns}":
+        assert not refused and f"fp_{ns}" in sys.modules  # eager: imported at load
+        return
+    (problem,) = refused
+    assert [o.distribution for o in problem.culprits] == [adapter]
+    assert (f"{other}==1.0 installed" if module != "os" else "no installed distribution"
+            ) in problem.message
+    assert f"other_{ns}" not in sys.modules
+    assert registry.plan.adopted(name).load == "lazy", "adopted as the scan found it"
+
+
+@pytest.mark.parametrize("held", ["aten", "PACKAGE", "PLUGIN"])
+def test_an_adoption_cannot_take_anothers_namespace(foreign, dists: DistFactory, ns,
+                                                    held) -> None:
+    """The first touch of torch.ops.<ns> must not import a package that does not hold ns."""
+    foreign()  # fp-<ns> registers namespace <ns>
+    intruder = foreign({f"in_{ns}/__init__.py": "HIJACKED = True\n"}, name=f"in-{ns}")
+    plugin_ns = f"{ns}_plug"
+    op_dist(dists, "plug", plugin_ns, "lib.define('f(Tensor x) -> Tensor')\n")
+    namespace = {"aten": "aten", "PACKAGE": ns, "PLUGIN": plugin_ns}[held]
+    adapter = dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"}, modules={
+        f"ad_{ns}": HIJACK.format(dist=intruder, modules=[f"in_{ns}"], namespaces=[namespace])})
+    resolved = plan(dists)
+    (problem,) = [p for p in resolved.problems if p.code == "adoption-namespace-held"]
+    assert [o.distribution for o in problem.culprits] == [adapter]
+    holder = {"aten": "which torch holds", "PACKAGE": f"fp-{ns}==1.0 (",
+              "PLUGIN": "plug==1.0 ("}[held]
+    assert holder in problem.message
+    assert resolved.adopted(intruder) is None or namespace not in dict(
+        resolved.adopted(intruder).modules)
+
+
 def test_a_kernel_switch_leaves_the_registration_out(foreign, dists: DistFactory, ns,
                                                      monkeypatch) -> None:
     """-ns::scale:CPU: the package's CPU kernel is never registered; the default one serves."""

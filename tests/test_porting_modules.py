@@ -210,6 +210,48 @@ def test_without_torch_a_check_is_not_run_and_listings_say_so(dists, ns) -> None
     assert "not run without torch; it runs when the registry loads" in avx["reason"]
 
 
+REBINDING_CHECK = """
+import opregistry
+
+def has_feature():
+    opregistry.OpLibrary = None
+    return True
+"""
+
+
+def test_a_check_that_changes_opregistry_is_put_back_and_its_distribution_left_out(
+        dists, ns) -> None:
+    """A check is the distribution's code: sealed as its declarations are."""
+    import opregistry
+
+    library = opregistry.OpLibrary
+    chk = f"rebind_{ns}"
+    name = dists.make(f"rebind-{ns}", ops={"ops": f"{chk}_ops:lib"}, modules={
+        chk: REBINDING_CHECK,
+        f"{chk}_ops": f"""
+from opregistry import OpLibrary
+lib = OpLibrary({ns!r})
+lib.define("f(Tensor x) -> Tensor", kernels={{"cpu": [
+    Candidate("{chk}_ops:k", when={{"check": "{chk}:has_feature"}})]}})
+def k(x):
+    return x
+""".replace("from opregistry import OpLibrary", "from opregistry import Candidate, OpLibrary")})
+    registry = load(dists)
+    assert opregistry.OpLibrary is library, "put back"
+    (problem,) = [p for p in registry.problems if p.code == "opregistry-state-changed"]
+    assert [o.distribution for o in problem.culprits] == [name]
+    assert "opregistry.OpLibrary" in problem.message and "load-time check" in problem.message
+    assert name in {o.distribution for o in registry.plan.excluded}
+
+
+def test_a_checks_module_is_locked(dists, ns) -> None:
+    """The check's module is code the plan runs: the lock hashes its files."""
+    from opregistry.plan_modules import modules_by_distribution
+
+    chk = _checked(dists, ns)
+    assert chk in modules_by_distribution(plan(dists))[f"chk-{ns}"]
+
+
 def test_a_check_that_is_not_a_reference_is_refused_at_declaration() -> None:
     from opregistry import Condition, DeclarationError
 

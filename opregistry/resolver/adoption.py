@@ -27,10 +27,12 @@ from typing import Iterable
 import attrs
 
 from ..adoption import Adopted, AdoptedKernel, Adoption
+from ..config import canonical_name
 from ..foreign import ForeignDistribution, ForeignScan, InstalledDistribution
 from ..keys import COMPOSITE_KEYS, DEVICE_KEYS, RESERVED_NAMESPACES
 from ..model import Origin
 from .context import Context
+from .foreign import owner_text
 
 __all__ = ["plan_adoptions"]
 
@@ -183,6 +185,49 @@ def _unknown(ctx: Context, name: str, adoption: Adoption, scan: ForeignScan | No
                f"{adoption.source}", (adoption.origin,), source=adoption.source)
 
 
+def _namespace_holder(ctx: Context, name: str, ns: str) -> str | None:
+    """Who else holds ``ns`` (torch, an opregistry plugin, another package), or ``None``."""
+    if ctx.torch_owns(ns):
+        return "torch"
+    held = ctx.foreign.namespaces.get(ns)
+    if held is not None and held[0].name != name:
+        return owner_text(held)
+    owners = sorted({n.origin for n in ctx.namespaces if n.name == ns and n.origin is not None})
+    return str(owners[0]) if owners else None
+
+
+def _declaration_refused(ctx: Context, name: str, declared: Adoption) -> bool:
+    """Refuse a declaration that would import another's code on a touch (whether it did).
+
+    Its modules must be files ``name`` installed, and its namespaces ones no
+    one else holds: the first touch of ``torch.ops.<ns>`` imports them, so
+    either would let one package's code run when another's namespace is used.
+    """
+    refused = False
+    for module in declared.modules:
+        owner, text = ctx.env.module_owners.get(module, (canonical_name(name), ""))
+        if owner != canonical_name(name):
+            ctx.refuse("adoption-module-not-owned",
+                       f"{declared.origin} adopts {name} with module {module}, which "
+                       + (f"{text} installed" if owner is not None else text)
+                       + ": an adoption imports only modules of the distribution it adopts",
+                       f"name a module {name} installs (pip show -f {name}) in the "
+                       f"Adoption declared at {declared.source}", (declared.origin,),
+                       source=declared.source)
+            refused = True
+    for ns in declared.namespaces:
+        holder = _namespace_holder(ctx, name, ns)
+        if holder is not None:
+            ctx.refuse("adoption-namespace-held",
+                       f"{declared.origin} declares that {name} registers namespace {ns!r}, "
+                       f"which {holder} holds: the first touch of torch.ops.{ns} would "
+                       f"import {name}'s code",
+                       f"remove {ns!r} from the Adoption declared at {declared.source}",
+                       (declared.origin,), source=declared.source)
+            refused = True
+    return refused
+
+
 def _one(ctx: Context, name: str, dist: ForeignDistribution | None,
          declared: Adoption | None, scan: ForeignScan | None) -> Adopted | None:
     if dist is not None and dist.is_plugin:
@@ -292,6 +337,8 @@ def plan_adoptions(ctx: Context, adoptions: Iterable[Adoption]) -> tuple[Adopted
     for name in sorted(set(by_name) | set(declared)):
         dist = by_name.get(name)
         chosen = _chosen(ctx, name, declared[name]) if name in declared else None
+        if chosen is not None and _declaration_refused(ctx, name, chosen):
+            chosen = None  # its declarer is left out; the scan's findings still hold
         if dist is None and chosen is not None and not chosen.by_itself:
             _unknown(ctx, name, chosen, scan)
             continue

@@ -487,6 +487,39 @@ def _show_live_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text
     return EXIT_OK
 
 
+def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text) -> int:
+    """``show`` of an adopted package's op: where it is defined, how it loads, its kernels."""
+    if args.json:
+        _dump({"format_version": report.FORMAT_VERSION, "ops": [], "external_kernels": [],
+               "adopted": rows}, t.out)
+        return EXIT_OK
+    first = True
+    for row in rows:
+        dist = f"{row['distribution']['name']}=={row['distribution']['version']}"
+        for op in row["ops"]:
+            if not first:
+                t.line()
+            first = False
+            ns = op["name"].split("::")[0]
+            schema = (op["name"] + op["schema"][op["schema"].index("("):]
+                      if op["schema"] and "(" in op["schema"] else op["name"])
+            t.line(schema, wrap="    ")
+            loads = (f"the first touch of torch.ops.{ns} imports "
+                     f"{', '.join(row['namespaces'].get(ns, [])) or '(nothing known)'}"
+                     if row["load"] == "lazy" else "imported when the registry loads")
+            t.table([("adopted:", f"{dist}, {row['status']} ({row['reason']})"),
+                     ("defined at:", f"{op['where']} ({op['api']})"
+                      + ("; under a condition" if op["conditional"] else "")),
+                     ("loads:", loads if row["status"] == "adopted" else "not imported"),
+                     ("declared:", "no: registered with torch.library by its package; "
+                                   "read from its files")])
+            t.line("\nKernels (read from the package's files)")
+            t.table([(k["key"], k["status"], k["where"], k["api"] + (
+                f"; {k['reason']}" if k["reason"] else "")) for k in op["kernels"]],
+                header=("KEY", "STATUS", "REGISTERED AT", "HOW"), empty="(none)")
+    return EXIT_OK
+
+
 def cmd_show(args: argparse.Namespace, t: Text) -> int:
     resolved = _live_registry(args.imports).plan if args.live else _plan()
     match = report.find_ops(resolved, args.op)
@@ -494,6 +527,10 @@ def cmd_show(args: argparse.Namespace, t: Text) -> int:
         found = report.live_ops(resolved, args.op)
         if found:  # registered with torch.library directly, by a package opregistry sees
             return _show_live_ops(found, args, t)
+    if match.kind == "unknown":
+        adopted = report.adopted_op_rows(resolved, args.op)
+        if adopted:  # registered by an adopted package at its import: what its files say
+            return _show_adopted_ops(adopted, args, t)
     if match.kind not in ("ops", "external"):
         return _explain_match("show", match)
     data = report.show_report(resolved, args.op, steps=args.steps)

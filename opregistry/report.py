@@ -46,6 +46,7 @@ __all__ = [
     "find_target",
     "list_report",
     "adopted_rows",
+    "adopted_op_rows",
     "show_report",
     "live_namespaces",
     "live_ops",
@@ -222,6 +223,20 @@ def adopted_rows(plan: Plan, namespaces: Iterable[str] = ()) -> list[dict[str, A
             if not row["ops"] and not row["namespaces"]:
                 continue
         rows.append(row)
+    return rows
+
+
+def adopted_op_rows(plan: Plan, name: str) -> list[dict[str, Any]]:
+    """The adopted distributions whose ops ``name`` designates (``ns::op``, with or without an
+    overload, or ``torch.ops.ns.op``), each with those ops only -- read without torch."""
+    qualname = name[len("torch.ops."):].replace(".", "::", 1) if name.startswith(
+        "torch.ops.") else name
+    rows = []
+    for row in adopted_rows(plan):
+        ops = [op for op in row["ops"] if op["name"] and (
+            op["name"] == qualname or op["name"].startswith(qualname + "."))]
+        if ops:
+            rows.append({**row, "ops": ops})
     return rows
 
 

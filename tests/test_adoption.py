@@ -21,6 +21,7 @@ from opregistry import report
 
 from . import adoption_dists
 from .conftest import DistFactory, load, op_dist, plan
+from .test_cli import doc_schemas, schema_errors
 
 
 @pytest.fixture
@@ -180,6 +181,32 @@ def test_an_unknown_name_in_the_block_list_is_reported(foreign, dists, monkeypat
     monkeypatch.setenv("OPREGISTRY_ADOPT_BLOCK", name + "x")
     (problem,) = [p for p in plan(dists).problems if p.code == "config-unknown-distribution"]
     assert problem.severity == "error" and f"did you mean {name!r}" in problem.message
+
+
+def test_show_of_an_adopted_op_without_torch_imported_by_show(foreign, dists: DistFactory, ns,
+                                                                capsys) -> None:
+    """``show ns::op``: the package, where the op is defined, what the touch imports, kernels."""
+    import json
+
+    from opregistry.cli import main
+
+    name = foreign()
+    assert main(["show", f"{ns}::scale"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{ns}::scale(Tensor x, float f) -> Tensor")
+    assert f"{name}==1.0, adopted" in text and f"fp_{ns}._ops:" in text
+    assert f"the first touch of torch.ops.{ns} imports fp_{ns}" in text
+    assert main(["show", f"torch.ops.{ns}.scale", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    schemas = doc_schemas()
+    assert not schema_errors(data, schemas["show"], schemas["types"])
+    [row] = data["adopted"]
+    [op] = row["ops"]
+    assert {(k["key"], k["where"].split(":")[0]) for k in op["kernels"]} == {
+        ("Meta", f"fp_{ns}._ops"), ("CompositeExplicitAutograd", f"fp_{ns}._ops"),
+        ("CPU", f"fp_{ns}.backends.cpu")}
+    assert f"fp_{ns}" not in sys.modules, "read from its files, not imported"
+    assert main(["show", f"{ns}::nosuch"]) == 2
 
 
 def test_a_package_declares_its_own_adoption(site, dists: DistFactory, ns, monkeypatch) -> None:

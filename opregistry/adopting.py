@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable
 
 from .adoption import Adopted
 from .containment import contain, describe, interrupts_watched
+from .guard import initializing as _initializing
 from .logs import get_logger
 from .model import Origin, Problem
 from .plan import Plan
@@ -92,21 +93,31 @@ class Adopter:
 
     # -- the hooks (torch_state.install_ops_hooks) ----------------------------------
 
+    # No lock is held while a package is imported: Python's own module locks order
+    # concurrent imports (a second thread touching the namespace waits for the first's
+    # import to finish), and a lock of opregistry's held across an import would deadlock
+    # with a thread that holds a module lock and touches an adopted namespace.
+
     def namespace_touched(self, namespace: str) -> None:
         """The first touch of ``torch.ops.<namespace>``: import what registers it."""
         with self._mutex:
-            entries = self.namespaces.pop(namespace, None)
-            for adopted, modules in entries or ():
-                self.adopt(adopted, modules, f"torch.ops.{namespace} was first touched")
+            entries = list(self.namespaces.get(namespace, ()))
+        for adopted, modules in entries:
+            self.adopt(adopted, modules, f"torch.ops.{namespace} was first touched")
+        with self._mutex:
+            self.namespaces.pop(namespace, None)
 
     def op_missing(self, namespace: str, name: str) -> bool:
         """``torch.ops.<namespace>.<name>`` is not in torch: import what defines it, if known."""
         with self._mutex:
-            entry = self.ops.pop(f"{namespace}::{name}", None)
-            if entry is None:
-                return False
-            adopted, module = entry
-            return self.adopt(adopted, (module,), f"torch.ops.{namespace}.{name} was looked up")
+            entry = self.ops.get(f"{namespace}::{name}")
+        if entry is None:
+            return False
+        adopted, module = entry
+        ok = self.adopt(adopted, (module,), f"torch.ops.{namespace}.{name} was looked up")
+        with self._mutex:
+            self.ops.pop(f"{namespace}::{name}", None)
+        return ok
 
     # -- importing --------------------------------------------------------------------
 
@@ -118,8 +129,10 @@ class Adopter:
         ok = True
         for module in modules:
             found = sys.modules.get(module)
-            if found is not None:
-                continue  # imported (or being imported: it registers itself as it goes)
+            if found is not None and not _initializing(found):
+                continue  # imported
+            # being imported by this thread (it registers itself as it goes): import_module
+            # returns it at once; by another thread: waits for that import to finish
             start = time.perf_counter()
             with interrupts_watched():
                 _, exc = contain(importlib.import_module, module)

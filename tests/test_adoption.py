@@ -9,6 +9,7 @@ must stop it; a failing import must be named, never raised.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -379,6 +380,54 @@ def test_a_custom_op_kernel_cannot_be_switched_off(foreign, dists: DistFactory, 
     (problem,) = [p for p in registry.problems if p.code == "kernel-switch-not-applied"]
     assert "custom_op" in problem.message and problem.op == f"{ns}::twice"
     assert getattr(torch.ops, ns).twice(torch.ones(1)).item() == 2.0
+
+
+DEADLOCK_PROBE = """
+import json, threading, time
+import torch
+
+t = threading.Thread(target=lambda: __import__("dla_NS"), daemon=True)
+t.start()
+time.sleep(0.3)          # the thread holds dla's import lock, sleeping
+torch.ops.NS_b           # imports dlb, which imports dla: waits for the thread
+t.join(60)
+print(json.dumps([not t.is_alive(), hasattr(torch.ops.NS_b, "g"), hasattr(torch.ops.NS_a, "f"),
+                  hasattr(torch.ops.NS_c, "h")]))
+"""
+
+
+def test_touches_from_two_threads_in_the_middle_of_imports_do_not_deadlock(
+        foreign, ns, site) -> None:
+    """One thread imports a package that touches an adopted namespace while the main thread's
+    touch of another imports a package importing the first: Python's module locks alone order
+    them (opregistry holds no lock of its own across an import)."""
+    import os
+    import subprocess
+
+    foreign({"dla_NS/__init__.py".replace("NS", ns): f"""
+        import time
+        import torch
+        lib = torch.library.Library("{ns}_a", "DEF")
+        lib.define("f(Tensor x) -> Tensor")
+        time.sleep(1.0)
+        torch.ops.{ns}_c.h   # another adopted namespace, touched mid-import
+    """}, name=f"dla-{ns}")
+    foreign({"dlc_NS/__init__.py".replace("NS", ns): f"""
+        import torch
+        lib = torch.library.Library("{ns}_c", "DEF")
+        lib.define("h(Tensor x) -> Tensor")
+    """}, name=f"dlc-{ns}")
+    foreign({"dlb_NS/__init__.py".replace("NS", ns): f"""
+        import torch
+        import dla_{ns}
+        lib = torch.library.Library("{ns}_b", "DEF")
+        lib.define("g(Tensor x) -> Tensor")
+    """}, name=f"dlb-{ns}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    out = subprocess.run([sys.executable, "-c", DEADLOCK_PROBE.replace("NS", ns)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == [True, True, True, True]
 
 
 def test_a_registry_unloaded_adopts_nothing_more(foreign, dists: DistFactory, ns) -> None:

@@ -49,6 +49,7 @@ KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_FUZZ_EXAMPLES",  # the test suite's fuzzers
     KERNELS_VAR,  # kernel switches: Policy.kernels
     "OPREGISTRY_KERNEL_COUNTS",  # which kernel ran: opregistry.selection, read by the materializer
+    "OPREGISTRY_CACHE", "OPREGISTRY_CACHE_DIR",  # the on-disk caches: opregistry/diskcache.py
 }
 #: count which kernel serves each op call (``opregistry.kernel_counts``)
 COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"
@@ -369,6 +370,7 @@ class Settings:
         strict = parse_flag(env.get("OPREGISTRY_STRICT"), strict_file, "OPREGISTRY_STRICT")
         parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")  # validated here too
         parse_flag(env.get(COUNTS_VAR), False, COUNTS_VAR)  # read when kernels are registered
+        parse_flag(env.get("OPREGISTRY_CACHE"), True, "OPREGISTRY_CACHE")  # read by diskcache
         unknown = tuple(sorted(
             v for v in env if v.startswith("OPREGISTRY_") and v not in KNOWN_VARIABLES
             and not v.startswith(BACKEND_VAR_PREFIX)))

@@ -11,6 +11,8 @@ kernel torch already has (aten::add.Tensor's CPU kernel; ``twice``'s).  ``IMPL``
 ``IMPL_EXTRA`` and ``FRAGMENT``: C++ kernels and ops for namespaces Python DEFs own
 (``IMPL_NS``, ``FRAG_NS``), as IMPL and FRAGMENT libraries ship them; ``IMPL_META``:
 a C++ Meta kernel for ``SOURCE``'s ``twice``, an IMPL library for a native DEF.
+``FOREIGN`` and ``FOREIGN_SINGLE``: ``TORCH_LIBRARY`` packages that do not use
+opregistry, for the static scan of installed files.
 
 Each is built in a subprocess, so that building does not load it into the
 test process (``cpp_extension.load`` loads what it builds); both build at
@@ -136,10 +138,59 @@ static at::Tensor twice_meta(const at::Tensor& x) { return at::empty_like(x); }
 TORCH_LIBRARY_IMPL(opregistry_native_test, Meta, m) { m.impl("twice", &twice_meta); }
 """
 
+#: a package that does not use opregistry (tests/test_foreign_scan.py): a DEF with two ops (one
+#: an overload), a FRAGMENT of a second namespace (its schema spelt qualified), IMPL blocks for
+#: both (the namespaces have underscores, the keys none: the scanner reads them back from the
+#: symbol names; the unqualified schema strings could belong to either namespace)
+FOREIGN = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor scale(const at::Tensor& x, double f) { return at::mul(x, f); }
+static at::Tensor twice(const at::Tensor& x) { return at::mul(x, 2); }
+
+TORCH_LIBRARY(fx_native, m) {
+  m.def("scale(Tensor x, float f) -> Tensor");
+  m.def("scale.twice(Tensor x, float f) -> Tensor");
+}
+
+TORCH_LIBRARY_FRAGMENT(fx_native_frag, m) { m.def("fx_native_frag::frag_op(Tensor x) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(fx_native, CPU, m) {
+  m.impl("scale", &scale);
+  m.impl("scale.twice", &scale);
+}
+
+TORCH_LIBRARY_IMPL(fx_native_frag, CompositeExplicitAutograd, m) { m.impl("frag_op", &twice); }
+"""
+
+#: one namespace: every schema string is its own; stripped of its symbols, one qualified
+#: schema string (``fx_single::hidden``) is all that names the namespace
+FOREIGN_SINGLE = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor twice(const at::Tensor& x) { return at::mul(x, 2); }
+
+TORCH_LIBRARY(fx_single, m) {
+  m.def("fx_single::hidden(Tensor x) -> Tensor");
+  m.def("plain(Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fx_single, CPU, m) {
+  m.impl("hidden", &twice);
+  m.impl("plain", &twice);
+}
+"""
+
 _SOURCES = {"test": (SOURCE, "native_test"), "rival": (RIVAL, "native_rival"),
             "swap_aten": (SWAP_ATEN, "native_swap_aten"), "swap_own": (SWAP_OWN, "native_swap_own"),
             "impl": (IMPL, "native_impl"), "impl_extra": (IMPL_EXTRA, "native_impl_extra"),
-            "fragment": (FRAGMENT, "native_fragment"), "impl_meta": (IMPL_META, "native_impl_meta")}
+            "fragment": (FRAGMENT, "native_fragment"), "impl_meta": (IMPL_META, "native_impl_meta"),
+            "foreign": (FOREIGN, "native_foreign"),
+            "foreign_single": (FOREIGN_SINGLE, "native_foreign_single")}
 
 _BUILD = """
 import sys

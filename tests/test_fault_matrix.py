@@ -1232,6 +1232,8 @@ SETTING_CASES: dict[str, tuple[str, Callable[..., None]]] = {
     "kernel-counts-not-a-boolean": ("config-invalid", _config_fault(
         "OPREGISTRY_KERNEL_COUNTS", "sure",
         f"OPREGISTRY_KERNEL_COUNTS='sure' is not a boolean: {ACCEPTED}")),
+    "cache-not-a-boolean": ("config-invalid", _config_fault(
+        "OPREGISTRY_CACHE", "maybe", f"OPREGISTRY_CACHE='maybe' is not a boolean: {ACCEPTED}")),
     "kernel-switch-unknown-target": ("kernel-switch-unknown", kernel_switch_unknown_target),
     "schema-of-100k-characters": ("schema-invalid", schema_of_100k_characters),
     "triton-not-installed": ("triton-missing", triton_not_installed),

@@ -1,0 +1,141 @@
+"""The static scan of packages that use torch.library directly: cold and cached, whole processes.
+
+    python benchmarks/bench_foreign_scan.py [--reps 5] [--site DIR] [--json PATH]
+
+What ``opregistry.scan.scan_installed()`` costs, without torch, for the real
+packages bitsandbytes 0.50.2 and torchao 0.18.0 (installed with
+``pip install --no-deps --target`` into ``--site``; by default the folder
+tests/test_foreign_real.py installs them in, under the system's temporary
+directory, installed here when missing) and for every distribution of this
+environment plus those two.  Each is timed as a whole process
+(``python -c "from opregistry.scan import scan_installed; scan_installed(...)"``)
+and as the call alone (the child reports it), interleaved with bare
+``import torch`` as the yardstick:
+
+* **cold**: an empty cache directory (``OPREGISTRY_CACHE_DIR``) for every run,
+  so every distribution is read and parsed (the operating system's file
+  cache is warm: the first, untimed round reads every file once);
+* **cached**: the cache filled by a previous run: each distribution's files
+  are ``stat``-ed and its entry read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import benchops  # noqa: E402
+
+PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
+DEFAULT_SITE = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
+    p.replace("==", "-") for p in PINS)
+
+CHILD = """
+import json, sys, time
+start = time.perf_counter()
+from opregistry.scan import scan_installed
+only = sys.argv[1:] or None
+found = scan_installed(only=only)
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "dists": len(found.distributions), "cached": found.cached,
+                  "skipped": found.skipped, "ops": sum(len(d.ops()) for d in found.distributions),
+                  "torch": "torch" in sys.modules}))
+"""
+
+
+def ensure_site(site: Path) -> None:
+    if (site / ".complete").exists():
+        return
+    site.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(site), *PINS], check=True)
+    (site / ".complete").touch()
+
+
+class Runner:
+    """Runs the scanning child; a fresh cache directory per cold run."""
+
+    def __init__(self, site: Path, root: Path) -> None:
+        self.site, self.root = site, root
+        self.count = 0
+        self.warm = False  # set after the untimed round: from then on "cached" must hit
+        self.inner: dict[str, list[float]] = {}
+        self.last: dict[str, dict[str, object]] = {}
+
+    def scan(self, name: str, only: list[str], cold: bool) -> float:
+        self.count += 1
+        cache = self.root / (f"cold-{self.count}" if cold else f"warm-{name}")
+        env = benchops.environ([self.site], OPREGISTRY_CACHE_DIR=str(cache))
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", CHILD, *only], env=env, check=True,
+                             capture_output=True, text=True, cwd=benchops.neutral_cwd())
+        wall = time.perf_counter() - start
+        data = json.loads(out.stdout)
+        assert data["torch"] is False, "the scan imported torch"
+        # every distribution but torch and opregistry (never scanned) from the cache
+        assert cold or not self.warm or data["cached"] == data["dists"] + data["skipped"] - (
+            0 if only else 2), data
+        self.inner.setdefault(name, []).append(data["seconds"])
+        self.last[name] = data
+        return wall
+
+
+def bare_torch() -> float:
+    env = benchops.environ([], TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], env=env, check=True,
+                   cwd=benchops.neutral_cwd())
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--site", type=Path, default=DEFAULT_SITE)
+    parser.add_argument("--json", type=Path, default=None)
+    opts = parser.parse_args()
+    ensure_site(opts.site)
+    real = ["bitsandbytes", "torchao"]
+    with tempfile.TemporaryDirectory() as tmp:
+        runner = Runner(opts.site, Path(tmp))
+        cases = {
+            "bitsandbytes + torchao, cold": lambda: runner.scan("real-cold", real, True),
+            "bitsandbytes + torchao, cached": lambda: runner.scan("real", real, False),
+            "whole environment, cold": lambda: runner.scan("all-cold", [], True),
+            "whole environment, cached": lambda: runner.scan("all", [], False),
+            "import torch (bare)": bare_torch,
+        }
+        for case in cases.values():  # fills the warm caches and the OS file cache
+            case()
+        runner.inner.clear()
+        runner.warm = True
+        samples = benchops.interleaved(cases, opts.reps)
+    res = {k: statistics.median(v) for k, v in samples.items()}
+    inner = {k: statistics.median(v) for k, v in runner.inner.items()}
+    bare = res["import torch (bare)"]
+    everything = runner.last["all"]
+    print(f"foreign scan, wall seconds of whole processes (and of the scan_installed call "
+          f"alone), median of {opts.reps} interleaved runs; torch is never imported")
+    names = dict(zip(cases, ["real-cold", "real", "all-cold", "all", None]))
+    for case, sec in res.items():
+        call = f"  (call {inner[names[case]] * 1000:7.1f} ms)" if names[case] else ""
+        print(f"  {case:34s} {sec:7.3f} s  {sec / bare:5.2f}x bare import torch{call}")
+    print(f"  whole environment: {everything['dists']} distributions use torch, "
+          f"{everything['skipped']} skipped, {everything['ops']} ops predicted")
+    if opts.json is not None:
+        opts.json.write_text(json.dumps({"seconds": res, "call_seconds": inner,
+                                         "environment": everything}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""A small on-disk cache of JSON entries: one file per key, atomic writes, never an error.
+
+Used by the scan of foreign distributions (:mod:`opregistry.scan`) and meant
+for any other result opregistry can reuse between processes.  A cache is
+named (``DiskCache.open("foreign-scan", stamp=...)``) and lives in its own
+folder of the cache directory:
+
+* ``OPREGISTRY_CACHE_DIR`` when set;
+* else the platform's convention: ``$XDG_CACHE_HOME/opregistry`` (default
+  ``~/.cache/opregistry``) on Linux and other Unixes,
+  ``~/Library/Caches/opregistry`` on macOS, ``%LOCALAPPDATA%\\opregistry\\Cache``
+  on Windows.
+
+``OPREGISTRY_CACHE=0`` (any of config's false spellings) turns every cache
+off.  An entry is a JSON document holding its key and the cache's ``stamp``
+(the caller's version: opregistry's version and a format number); a reader
+ignores -- with a debug log, never an error -- an entry that is truncated,
+not JSON, of another stamp, of another key (a hash collision), or
+unreadable.  A writer writes a temporary file in the same folder and
+renames it over the entry (``os.replace``, atomic on POSIX and Windows), so
+that a reader sees the old entry or the new one, never half of one, and
+processes writing the same entry at once each leave a whole file.  A
+missing or read-only directory means no cache: :meth:`DiskCache.store`
+returns ``False``, nothing raises.  JSON, not pickle: an entry is data, and
+loading one never runs code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Mapping
+
+from attrs import frozen
+
+from .config import parse_flag
+from .logs import get_logger
+
+__all__ = ["CACHE_VAR", "CACHE_DIR_VAR", "DiskCache", "cache_root"]
+
+#: ``OPREGISTRY_CACHE=0`` turns every on-disk cache off
+CACHE_VAR = "OPREGISTRY_CACHE"
+#: where the caches live, instead of the platform's cache directory
+CACHE_DIR_VAR = "OPREGISTRY_CACHE_DIR"
+
+log = get_logger()
+
+
+def cache_root(environ: Mapping[str, str] | None = None, platform: str | None = None
+               ) -> str | None:
+    """The cache directory, or ``None`` when caching is off or no home directory is known.
+
+    :raises ConfigError: ``OPREGISTRY_CACHE`` is set to something not a boolean.
+    """
+    env = os.environ if environ is None else environ
+    if not parse_flag(env.get(CACHE_VAR), True, CACHE_VAR):
+        return None
+    explicit = (env.get(CACHE_DIR_VAR) or "").strip()
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    platform = sys.platform if platform is None else platform
+    home = env.get("HOME") or os.path.expanduser("~")
+    if platform == "win32":
+        base = env.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
+        return os.path.join(base, "opregistry", "Cache")
+    if platform == "darwin":
+        return os.path.join(home, "Library", "Caches", "opregistry")
+    xdg = (env.get("XDG_CACHE_HOME") or "").strip()
+    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative path is to be ignored
+        return os.path.join(xdg, "opregistry")
+    if not home or home == "~":
+        return None
+    return os.path.join(home, ".cache", "opregistry")
+
+
+@frozen
+class DiskCache:
+    """One named cache: ``folder`` is ``None`` when caching is off."""
+
+    folder: str | None
+    stamp: str
+
+    @classmethod
+    def open(cls, name: str, *, stamp: str, environ: Mapping[str, str] | None = None,
+             ) -> DiskCache:
+        """The cache ``name`` (a folder of the cache directory) for entries of ``stamp``."""
+        root = cache_root(environ)
+        return cls(None if root is None else os.path.join(root, name), stamp)
+
+    @property
+    def enabled(self) -> bool:
+        return self.folder is not None
+
+    def path(self, key: str) -> str | None:
+        """The file that holds ``key``'s entry (``None`` when caching is off)."""
+        if self.folder is None:
+            return None
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        return os.path.join(self.folder, digest + ".json")
+
+    def load(self, key: str) -> Any | None:
+        """The value stored under ``key``, or ``None`` (no entry, or one to ignore)."""
+        path = self.path(key)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.debug("cache entry unreadable, ignored", path=path, error=str(exc))
+            return None
+        try:
+            entry = json.loads(data)
+        except ValueError as exc:  # truncated, or not JSON at all
+            log.debug("cache entry corrupt, ignored", path=path, error=str(exc))
+            return None
+        if not isinstance(entry, dict) or entry.get("stamp") != self.stamp:
+            log.debug("cache entry of another version, ignored", path=path,
+                      stamp=entry.get("stamp") if isinstance(entry, dict) else None)
+            return None
+        if entry.get("key") != key:
+            log.debug("cache entry of another key, ignored", path=path)
+            return None
+        return entry.get("value")
+
+    def store(self, key: str, value: Any) -> bool:
+        """Write ``value`` (JSON data) under ``key``; ``False`` when it could not be written."""
+        path = self.path(key)
+        if path is None:
+            return False
+        body = json.dumps({"stamp": self.stamp, "key": key, "value": value},
+                          separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        folder = os.path.dirname(path)
+        tmp = None
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            os.replace(tmp, path)
+            return True
+        except OSError as exc:  # read-only, full, or gone: no cache, no error
+            log.debug("cache entry not written", path=path, error=str(exc))
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            return False
+
+    def clear(self) -> int:
+        """Remove every entry of this cache; how many were removed."""
+        if self.folder is None:
+            return 0
+        removed = 0
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return 0
+        for name in names:
+            if name.endswith(".json"):
+                try:
+                    os.unlink(os.path.join(self.folder, name))
+                    removed += 1
+                except OSError:
+                    pass
+        return removed

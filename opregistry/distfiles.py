@@ -1,0 +1,317 @@
+"""The installed distributions, the files each installed, and which one owns a file.
+
+Read without importing any of them (importlib-metadata's distributions, their
+``METADATA`` header, ``RECORD`` and ``entry_points.txt``):
+
+* :func:`distributions`: every installed distribution, the first copy on
+  ``sys.path`` of each (the one Python imports from), with what its
+  metadata says about torch;
+* :func:`files_of`: the files a distribution installed: ``RECORD``'s
+  entries, or -- for an editable install (PEP 660: ``RECORD`` lists a
+  ``.pth`` file or an import finder) and for one without ``RECORD`` -- the
+  files of the top-level packages that ``top_level.txt`` and the entry
+  points name, located with :func:`importlib.util.find_spec` (which runs no
+  code of the package);
+* :func:`owner_of`: which distribution owns a file (``/.../bitsandbytes/_ops.py``,
+  ``/.../_C.so``), from the same file lists: the file itself, or else the
+  nearest folder that only one distribution installed files in (a file
+  written after install, such as a JIT-built library in the package's
+  folder).  The index is built once per process and ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import os
+import re
+import sys
+from typing import Any, Iterable
+
+from attrs import field, frozen
+
+from .config import canonical_name
+from .foreign import InstalledDistribution
+
+__all__ = ["DistInfo", "distributions", "files_of", "module_name", "owner_of", "Owners",
+           "owners"]
+
+_REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_GROUP = re.compile(r"^\s*\[([^\]]+)\]\s*$", re.M)
+_IDENT = re.compile(r"[A-Za-z_]\w*\Z")
+#: a Python extension module's file name: ``_C.cpython-311-x86_64-linux-gnu.so``, ``_C.abi3.so``,
+#: ``_C.pyd``, ``_C.cp311-win_amd64.pyd``
+_EXTENSION = re.compile(r"([A-Za-z_]\w*)(\.[\w-]+)*\.(so|pyd)\Z")
+
+
+@frozen
+class DistInfo:
+    """One installed distribution as its metadata describes it."""
+
+    installed: InstalledDistribution
+    #: ``Requires-Dist`` values, markers included
+    requires: tuple[str, ...]
+    #: the groups of its entry points
+    groups: tuple[str, ...]
+    #: importlib-metadata's distribution object
+    dist: Any = field(eq=False, repr=False)
+
+    def requires_any(self, names: Iterable[str]) -> bool:
+        """Whether ``Requires-Dist`` names one of ``names`` (canonical), under any marker."""
+        wanted = set(names)
+        for req in self.requires:
+            m = _REQUIREMENT_NAME.match(req)
+            if m and canonical_name(m.group(1)) in wanted:
+                return True
+        return False
+
+
+def _folder(dist: Any) -> str | None:
+    path = getattr(dist, "_path", None)
+    return None if path is None else str(path)
+
+
+def _read(dist: Any, name: str) -> str | None:
+    folder = _folder(dist)
+    if folder is None:
+        try:
+            return dist.read_text(name)
+        except Exception:  # noqa: BLE001 - a custom provider's failure is "no such file"
+            return None
+    try:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _header(dist: Any) -> tuple[str, str, tuple[str, ...]] | None:
+    """``(Name, Version, Requires-Dist values)`` from METADATA's header, without the email parser.
+
+    ``None`` when the header has a folded line or lacks a field: the caller
+    then asks ``dist.metadata``.
+    """
+    text = _read(dist, "METADATA") or _read(dist, "PKG-INFO")
+    if not text:
+        return None
+    found: dict[str, str] = {}
+    requires: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        if line[0] in " \t":
+            return None
+        key, sep, value = line.partition(":")
+        key = key.lower()
+        if not sep:
+            continue
+        if key == "requires-dist":
+            requires.append(value.strip())
+        elif key in ("name", "version") and key not in found:
+            found[key] = value.strip()
+    if "name" not in found or "version" not in found:
+        return None
+    return found["name"], found["version"], tuple(requires)
+
+
+def _info(dist: Any) -> DistInfo | None:
+    head = _header(dist)
+    if head is None:
+        try:
+            meta = dist.metadata
+            head = (meta["Name"], meta["Version"], tuple(meta.get_all("Requires-Dist") or ()))
+        except Exception:  # noqa: BLE001 - unreadable metadata: not a distribution we can scan
+            return None
+        if not head[0] or not head[1]:
+            return None
+    groups = tuple(sorted(set(_GROUP.findall(_read(dist, "entry_points.txt") or ""))))
+    installed = InstalledDistribution(name=canonical_name(head[0]), version=head[1],
+                                      location=_folder(dist) or "")
+    return DistInfo(installed, head[2], groups, dist)
+
+
+def distributions() -> list[DistInfo]:
+    """Every installed distribution, once (the first copy on ``sys.path``), in ``sys.path`` order."""
+    import importlib_metadata
+
+    seen: set[str] = set()
+    out = []
+    for dist in importlib_metadata.distributions():
+        info = _info(dist)
+        if info is None or info.installed.name in seen:
+            continue
+        seen.add(info.installed.name)
+        out.append(info)
+    return out
+
+
+def _editable(dist: Any) -> bool:
+    text = _read(dist, "direct_url.json")
+    if not text:
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool((data.get("dir_info") or {}).get("editable"))
+
+
+def _record(dist: Any, site: str) -> list[tuple[str, str]]:
+    text = _read(dist, "RECORD") or ""
+    out = []
+    for row in csv.reader(text.splitlines()):
+        if row and row[0]:
+            rel = row[0].replace("\\", "/")
+            path = os.path.join(site, rel)
+            out.append((os.path.normpath(path) if ".." in rel or "/./" in rel else path, rel))
+    return out
+
+
+def _top_levels(info: DistInfo) -> list[str]:
+    names = {line.strip() for line in (_read(info.dist, "top_level.txt") or "").splitlines()
+             if line.strip()}
+    try:
+        for ep in info.dist.entry_points:
+            names.add(ep.value.partition(":")[0].strip().split(".")[0])
+    except Exception:  # noqa: BLE001 - malformed entry_points.txt: the other names still count
+        pass
+    return sorted(n for n in names if _IDENT.match(n))
+
+
+def _locate(name: str) -> list[tuple[str, str]]:
+    """``(path, base)`` of top-level module or package ``name``; nothing of it runs."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return []
+    if spec is None:
+        return []
+    if spec.origin not in (None, "namespace") and spec.has_location:
+        if spec.submodule_search_locations:  # a regular package: its folder
+            folder = os.path.dirname(spec.origin)
+            return [(folder, os.path.dirname(folder))]
+        return [(spec.origin, os.path.dirname(spec.origin))]
+    return [(loc, os.path.dirname(loc)) for loc in spec.submodule_search_locations or ()]
+
+
+def _walk(path: str, base: str) -> Iterable[tuple[str, str]]:
+    if os.path.isfile(path):
+        yield os.path.normpath(path), os.path.relpath(path, base).replace(os.sep, "/")
+        return
+    for folder, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(names):
+            full = os.path.join(folder, name)
+            yield os.path.normpath(full), os.path.relpath(full, base).replace(os.sep, "/")
+
+
+def files_of(info: DistInfo) -> list[tuple[str, str]]:
+    """``(absolute path, name relative to its import root)`` of every file ``info`` installed.
+
+    The relative name is what :func:`module_name` reads a module name from
+    (``bitsandbytes/_ops.py``); for ``RECORD`` entries it is ``RECORD``'s
+    own (relative to ``site-packages``, possibly ``../../bin/tool``).
+    """
+    folder = _folder(info.dist)
+    if folder is None:
+        return []
+    site = os.path.dirname(folder)
+    files = _record(info.dist, site)
+    if files and not _editable(info.dist):
+        return files
+    seen = {path for path, _ in files}
+    for top in _top_levels(info):
+        for path, base in _locate(top):
+            for full, rel in _walk(path, base):
+                if full not in seen:
+                    seen.add(full)
+                    files.append((full, rel))
+    return files
+
+
+def module_name(rel: str) -> str | None:
+    """The dotted module a file's relative name imports as, or ``None`` (not importable).
+
+    ``pkg/sub/mod.py`` -> ``pkg.sub.mod``; ``pkg/__init__.py`` -> ``pkg``;
+    ``pkg/_C.cpython-311-x86_64-linux-gnu.so`` -> ``pkg._C``.
+    """
+    parts = rel.split("/")
+    last = parts[-1]
+    if last.endswith(".py"):
+        stem = last[:-3]
+    else:
+        m = _EXTENSION.match(last)
+        if m is None:
+            return None
+        stem = m.group(1)
+    parts = parts[:-1] + ([] if stem == "__init__" else [stem])
+    if not parts or not all(_IDENT.match(p) for p in parts):
+        return None
+    return ".".join(parts)
+
+
+class Owners:
+    """Which installed distribution owns each file: exact files, then unshared folders."""
+
+    def __init__(self, infos: Iterable[DistInfo]) -> None:
+        self.files: dict[str, InstalledDistribution] = {}
+        #: folder -> its one distribution, or ``None`` when several installed files in it
+        self.folders: dict[str, InstalledDistribution | None] = {}
+        for info in infos:
+            for path, rel in files_of(info):
+                self.files.setdefault(path, info.installed)
+                if not rel.startswith("../"):
+                    self._claim(path, rel.count("/"), info.installed)
+
+    def _claim(self, path: str, depth: int, owner: InstalledDistribution) -> None:
+        folder = path
+        for _ in range(depth):  # the folders between the file and its import root
+            folder = os.path.dirname(folder)
+            if folder not in self.folders:
+                self.folders[folder] = owner
+                continue
+            held = self.folders[folder]
+            if held is None or held == owner:
+                return  # its parents were marked with it
+            self.folders[folder] = None  # shared from here up
+
+    def owner_of(self, path: str) -> InstalledDistribution | None:
+        """The distribution that installed ``path`` (or the folder holding it), or ``None``."""
+        for candidate in dict.fromkeys((os.path.normpath(os.path.abspath(path)),
+                                        os.path.realpath(path))):
+            found = self.files.get(candidate)
+            if found is not None:
+                return found
+            folder = os.path.dirname(candidate)
+            while folder and folder != os.path.dirname(folder):
+                if folder in self.folders:
+                    held = self.folders[folder]
+                    if held is not None:
+                        return held
+                    break
+                folder = os.path.dirname(folder)
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _owners(path: tuple[str, ...]) -> Owners:
+    return Owners(distributions())
+
+
+def owners() -> Owners:
+    """The file index of the installed distributions, built once per process and ``sys.path``.
+
+    ``owners.cache_clear()`` forgets it (after installing into this process' ``sys.path``).
+    """
+    return _owners(tuple(sys.path))
+
+
+owners.cache_clear = _owners.cache_clear  # type: ignore[attr-defined]
+
+
+def owner_of(path: str) -> InstalledDistribution | None:
+    """Which installed distribution owns the file ``path`` (see :class:`Owners`)."""
+    return owners().owner_of(path)

@@ -1,0 +1,258 @@
+"""What installed distributions that do not use opregistry register with torch, known without torch.
+
+:func:`scan_installed` reads every installed distribution that uses torch
+-- its metadata requires torch (or opregistry), or one of its Python files
+mentions torch -- and returns a :class:`~opregistry.foreign.ForeignScan`:
+per distribution, every ``Library``, op, kernel and C++ ``TORCH_LIBRARY``
+block its files register, the module whose import registers each, and
+``file:line``.  Nothing is imported: Python files are read by their syntax
+trees (:mod:`opregistry.scan.pysource`), shared libraries by their symbol
+tables (:mod:`opregistry.scan.native`).  torch itself (the owner of the
+namespaces in :data:`opregistry.keys.RESERVED_NAMESPACES`) and opregistry's
+core are not scanned; opregistry's plugins are, and are marked as such.
+
+Which files: a distribution's ``RECORD``, or the files of its top-level
+packages for an editable install (:func:`opregistry.distfiles.files_of`);
+of those, the importable ``.py`` modules and the shared libraries.
+
+The result is cached on disk (:mod:`opregistry.diskcache`, cache
+``foreign-scan``) per distribution, keyed by its name, version and
+location and checked against a digest of the files it read: their size
+and modification time by default, their sha256 in locked mode
+(``OPREGISTRY_LOCK``) or with ``content_digests=True``.  A changed file, a
+reinstall or an upgrade means a new scan of that distribution only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Iterable, Mapping
+
+import attrs
+
+from ..config import canonical_name
+from ..diskcache import DiskCache
+from ..distfiles import DistInfo, distributions, files_of, module_name
+from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
+from ..logs import get_logger
+from .native import NATIVE_SUFFIXES, is_extension_module, scan_library
+from .pysource import importers, scan_modules
+from .pyvalues import ModuleSource
+
+__all__ = ["scan_installed", "scan_distribution", "NOT_SCANNED", "PLUGIN_GROUPS", "CACHE_NAME"]
+
+#: distributions never scanned: torch owns its namespaces, opregistry's core is the registry
+NOT_SCANNED = frozenset({"torch", "opregistry"})
+#: entry-point groups that make a distribution an opregistry plugin
+PLUGIN_GROUPS = ("opregistry.backends", "opregistry.ops")
+#: the name of the disk cache
+CACHE_NAME = "foreign-scan"
+
+log = get_logger()
+
+
+def _is_native(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.endswith(NATIVE_SUFFIXES) or ".so." in name
+
+
+def _scanned_files(info: DistInfo) -> list[tuple[str, str]]:
+    """``(path, relative name)`` of the Python files and shared libraries ``info`` installed."""
+    return [(path, rel) for path, rel in files_of(info)
+            if rel.endswith(".py") or (_is_native(path) and not rel.startswith("../"))]
+
+
+def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], list[str]]:
+    """``({module: .py path}, [shared library paths])``; files that are no module are left out."""
+    modules: dict[str, str] = {}
+    natives: list[str] = []
+    for path, rel in files:
+        if rel.endswith(".py"):
+            name = module_name(rel)
+            if name is not None:
+                modules.setdefault(name, path)
+        else:
+            natives.append(path)
+    return modules, sorted(natives)
+
+
+def _digest(info: DistInfo, paths: Iterable[str], content: bool) -> str:
+    """A digest of the files a scan reads: size and mtime of each, or its sha256."""
+    h = hashlib.sha256()
+    meta = [os.path.join(info.installed.location, n) for n in ("METADATA", "RECORD")]
+    for path in [*meta, *sorted(paths)]:
+        h.update(path.encode("utf-8", "surrogateescape") + b"\0")
+        if content:
+            h.update(_sha256(path).encode())
+            continue
+        try:
+            st = os.stat(path)
+            h.update(f"{st.st_size} {st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(b"missing\n")
+    return ("sha256:" if content else "stat:") + h.hexdigest()
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return "missing"
+    return h.hexdigest()
+
+
+def _mentions_torch(paths: Iterable[str]) -> tuple[bool, dict[str, bytes]]:
+    """Whether a file mentions torch, and each file's bytes (read once, for the filter)."""
+    texts: dict[str, bytes] = {}
+    mentions = False
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                texts[path] = data = f.read()
+        except OSError:
+            continue
+        mentions = mentions or b"torch" in data
+    return mentions, texts
+
+
+def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
+             texts: Mapping[str, bytes], natives: list[str],
+             modules: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """``{library path: (module, how it was found)}`` for each registering library."""
+    by_path = {os.path.normpath(r.how): r for r in found
+               if r.kind == "load_library" and r.how and not r.unresolved}
+    computed = sorted((r for r in found if r.kind == "load_library" and r.unresolved),
+                      key=lambda r: (r.module, r.line or 0))
+    out = {}
+    for path in natives:
+        load = by_path.get(os.path.normpath(path))
+        rel_module = _library_module(path, modules)
+        if load is not None:
+            out[path] = (load.module, f"loaded by {load.api} at {load.source}")
+        elif rel_module and is_extension_module(path):
+            by = importers(sources, texts, rel_module)
+            out[path] = ((by[0], f"imports the extension module {rel_module}")
+                         if by else (rel_module, "a Python extension module"))
+        elif computed:
+            load = computed[0]
+            out[path] = (load.module, f"the {load.api} call at {load.source}, whose path is "
+                                      f"computed, is the first in the distribution")
+        else:
+            top = (rel_module or "").split(".")[0]
+            out[path] = (top, "the top-level package holding the library")
+    return out
+
+
+def _library_module(path: str, modules: Mapping[str, str]) -> str | None:
+    """The dotted name of a library beside the distribution's modules (``pkg._C``)."""
+    folder = os.path.dirname(path)
+    for name, file in modules.items():
+        if os.path.dirname(file) == folder:
+            package = name if file.endswith("__init__.py") else name.rpartition(".")[0]
+            stem = os.path.basename(path).split(".")[0]
+            return f"{package}.{stem}" if package else stem
+    return None
+
+
+def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
+                      ) -> tuple[ForeignDistribution, bool]:
+    """Scan one distribution (no cache): its record, and whether it uses torch at all.
+
+    ``files``: what :func:`_scanned_files` gives, when the caller has it.
+    """
+    modules, natives = _split(_scanned_files(info) if files is None else files)
+    requires = info.requires_any(("torch", "opregistry"))
+    mentions, texts = _mentions_torch(modules.values())
+    record = ForeignDistribution(
+        distribution=info.installed, requires_torch=requires,
+        plugin_groups=tuple(g for g in PLUGIN_GROUPS if g in info.groups),
+        files=len(modules) + len(natives))
+    if not (requires or mentions):
+        return record, False
+    sources = {name: ModuleSource(name, path, path.endswith("__init__.py"))
+               for name, path in modules.items()}
+    found = scan_modules(sources, texts)
+    native = {path: regs for path in natives if (regs := scan_library(path))}
+    loaders = _loaders(found, sources, texts, sorted(native), modules)
+    for path, regs in sorted(native.items()):
+        module, how = loaders[path]
+        found += [attrs.evolve(reg, module=module, how=how) for reg in regs]
+    return attrs.evolve(record, registrations=tuple(found)), True
+
+
+def _stamp(infos: list[DistInfo]) -> str:
+    """The cache's version: opregistry's version, the scan format, and the scanner's own files."""
+    version = next((i.installed.version for i in infos if i.installed.name == "opregistry"), "?")
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = [os.path.join(here, n) for n in sorted(os.listdir(here)) if n.endswith(".py")]
+    code += [os.path.join(os.path.dirname(here), n) for n in ("foreign.py", "distfiles.py")]
+    h = hashlib.sha256()
+    for path in code:
+        try:
+            st = os.stat(path)
+            h.update(f"{path} {st.st_size} {st.st_mtime_ns}\n".encode())
+        except OSError:
+            pass
+    return f"opregistry {version} scan-format {SCAN_FORMAT} code {h.hexdigest()[:16]}"
+
+
+def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
+        ForeignDistribution | None, bool, bool]:
+    """``(record or None, uses torch, from the cache)`` of one distribution."""
+    files = _scanned_files(info)
+    digest = _digest(info, [path for path, _ in files], content)
+    key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
+    entry = cache.load(key)
+    if isinstance(entry, dict) and entry.get("digest") == digest:
+        try:
+            dist = entry.get("dist")
+            return (ForeignDistribution.from_dict(dist) if dist else None,
+                    bool(entry.get("uses_torch")), True)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.debug("cached scan malformed, scanning again", key=key, error=str(exc))
+    record, uses = scan_distribution(info, files)
+    record = attrs.evolve(record, digest=digest)
+    cache.store(key, {"digest": digest, "uses_torch": uses,
+                      "dist": record.to_dict() if uses else None})
+    return (record if uses else None), uses, False
+
+
+def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
+                   content_digests: bool | None = None,
+                   environ: Mapping[str, str] | None = None) -> ForeignScan:
+    """Every installed distribution that uses torch, and what it registers; torch is not imported.
+
+    ``only``: scan these distributions (names as pip spells them) and count
+    no other; ``cache=False`` scans every distribution again (and stores nothing);
+    ``content_digests``: check cached scans against the sha256 of every file
+    read, not their size and mtime (default: in locked mode, when
+    ``OPREGISTRY_LOCK`` is set).  ``environ`` (default ``os.environ``) is
+    where ``OPREGISTRY_CACHE`` / ``OPREGISTRY_CACHE_DIR`` / ``OPREGISTRY_LOCK``
+    are read.
+    """
+    env: Mapping[str, Any] = os.environ if environ is None else environ
+    content = bool((env.get("OPREGISTRY_LOCK") or "").strip()) if content_digests is None \
+        else content_digests
+    infos = distributions()
+    wanted = None if only is None else {canonical_name(n) for n in only}
+    store = DiskCache.open(CACHE_NAME, stamp=_stamp(infos), environ=env) if cache \
+        else DiskCache(None, "")
+    found, skipped, hits = [], 0, 0
+    for info in infos:
+        if wanted is not None and info.installed.name not in wanted:
+            continue
+        if info.installed.name in NOT_SCANNED or not info.installed.location:
+            skipped += 1
+            continue
+        record, uses, hit = _cached(store, info, content)
+        hits += hit
+        if record is None or not uses:
+            skipped += 1
+            continue
+        found.append(record)
+    found.sort(key=lambda d: d.name)
+    return ForeignScan(distributions=tuple(found), skipped=skipped, cached=hits)

@@ -1,0 +1,181 @@
+"""The registrations a shared library (.so, .pyd, .dylib) makes when it is loaded, from its symbols.
+
+``TORCH_LIBRARY(ns, m)``, ``TORCH_LIBRARY_FRAGMENT(ns, m)`` and
+``TORCH_LIBRARY_IMPL(ns, key, m)`` -- and the ``STABLE_`` forms of torch's
+stable ABI -- each define a static initializer whose name spells the
+macro's arguments: ``TORCH_LIBRARY_init_<ns>``,
+``TORCH_LIBRARY_FRAGMENT_init_<ns>_<uid>``,
+``TORCH_LIBRARY_IMPL_init_<ns>_<key>_<uid>`` (and ``..._static_init_...``
+for the object that runs it).  These are local symbols: an ELF library
+keeps them in ``.symtab`` unless it was stripped.  They are read with
+:mod:`opregistry.scan.elf`; a library in another format (Mach-O, PE) is
+searched for the same names byte by byte.
+
+Op schemas are string literals (``m.def("name(Tensor x) -> Tensor")``):
+read from ``.rodata``, and kept only for the namespaces the library DEFs or
+FRAGMENTs (a schema elsewhere in the binary says nothing).  An op defined
+without a schema string (``m.def("name", &fn)``) is not seen.  A library
+whose symbols were stripped but that calls torch's ``Library`` (its
+imported symbols say so) is reported with its namespaces ``unresolved``,
+plus the qualified schemas its strings hold.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..foreign import Registration
+from .elf import open_elf
+
+__all__ = ["scan_library", "is_extension_module", "NATIVE_SUFFIXES"]
+
+#: file names the native scan reads
+NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
+#: ``<length><identifier>`` in a mangled name, or the identifier alone
+_MACRO = re.compile(rb"(\d*)((?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?_(?:static_)?init_\w+)")
+_PARTS = re.compile(r"(STABLE_)?TORCH_LIBRARY(_FRAGMENT|_IMPL)?_(?:static_)?init_(\w+)\Z")
+_UID = re.compile(r"_\d+\Z")
+#: imported symbols that mean "this library registers with torch's dispatcher"
+_REGISTERS = (b"5torch7Library", b"TorchLibraryInit", b"aoti_torch_library_init_",
+              b"torch_library_impl", b"TORCH_LIBRARY")
+_SCHEMA = re.compile(r"(?:([A-Za-z_]\w*)::)?([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?(\(.*\)\s*->\s*.+)\Z")
+
+
+def _registers(blob: bytes) -> bool:
+    """Whether the names in ``blob`` include one of torch's registration API (``in``: fast)."""
+    return any(word in blob for word in _REGISTERS)
+
+
+def _identifiers(blob: bytes) -> set[str]:
+    """The macro identifiers in a blob of symbol names (mangled or not)."""
+    out = set()
+    for m in _MACRO.finditer(blob):
+        digits, rest = m.group(1), m.group(2)
+        ident = rest
+        while digits:  # a mangled name: the length prefix says where the identifier ends
+            length = int(digits)
+            if 0 < length <= len(rest):
+                ident = rest[:length]
+                break
+            digits = digits[1:]
+        out.add(ident.decode("ascii", "replace"))
+    return out
+
+
+def _blocks(identifiers: set[str]) -> set[tuple[str, str, str | None, str]]:
+    """``(kind, namespace, key, macro)`` of each macro block the identifiers name."""
+    out = set()
+    for ident in identifiers:
+        m = _PARTS.match(ident)
+        if m is None:
+            continue
+        stable, variant, rest = m.group(1) or "", m.group(2) or "", m.group(3)
+        macro = f"{stable}TORCH_LIBRARY{variant}"
+        if not variant:
+            out.add(("DEF", rest, None, macro))
+            continue
+        rest = _UID.sub("", rest)  # the C10_UID counter
+        if variant == "_FRAGMENT":
+            out.add(("FRAGMENT", rest, None, macro))
+        elif "_" in rest:  # dispatch keys have no underscore; namespaces may
+            ns, _, key = rest.rpartition("_")
+            out.add(("IMPL", ns, key, macro))
+    return out
+
+
+def _read(path: str) -> tuple[set[str], bool, bytes, bool]:
+    """``(identifiers, registers with torch, strings to search for schemas, stripped)``."""
+    elf = open_elf(path)
+    if elf is None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return set(), False, b"", False
+        idents = _identifiers(data)
+        return idents, bool(idents) or _registers(data), data, not idents
+    with elf:
+        dynamic = elf.symbol_names(dynamic=True)
+        if not _registers(dynamic):
+            return set(), False, b"", False  # it imports nothing of torch's Library
+        static = elf.symbol_names(dynamic=False)
+        idents = _identifiers(static) | _identifiers(dynamic)
+        rodata = b"".join(elf.data(s) for s in elf.sections if s.name.startswith(".rodata"))
+        return idents, True, rodata, not static
+
+
+def is_extension_module(path: str) -> bool:
+    """Whether the library is a Python extension module (it exports ``PyInit_<name>``)."""
+    elf = open_elf(path)
+    if elf is None:
+        return path.endswith(".pyd")
+    with elf:
+        return b"\0PyInit_" in b"\0" + elf.symbol_names(dynamic=True)
+
+
+def _schemas(strings: bytes) -> list[tuple[str | None, str, str, str]]:
+    """``(namespace or None, name, overload, "(args) -> returns")`` of every schema string."""
+    out = []
+    start = strings.find(b"->")
+    seen = -1
+    while start >= 0:  # each "->", widened to the NUL-terminated string holding it
+        begin = strings.rfind(b"\0", 0, start) + 1
+        end = strings.find(b"\0", start)
+        end = len(strings) if end < 0 else end
+        if begin > seen:
+            seen = begin
+            text = strings[begin:end]
+            m = _SCHEMA.match(text.decode("ascii", "replace").strip()) if text.isascii() else None
+            if m:
+                out.append((m.group(1), m.group(2), m.group(3) or "", m.group(4)))
+        start = strings.find(b"->", end)
+    return out
+
+
+def scan_library(path: str) -> list[Registration]:
+    """What the library at ``path`` registers when it is loaded (``module`` left for the caller)."""
+    idents, registers, strings, stripped = _read(path)
+    if not registers:
+        return []
+    found = []
+    owned = set()
+    for kind, ns, key, macro in sorted(_blocks(idents), key=lambda b: (b[0], b[1], b[2] or "")):
+        found.append(Registration(kind=kind, namespace=ns, key=key, api=macro, file=path,
+                                  line=None))
+        if kind in ("DEF", "FRAGMENT"):
+            owned.add(ns)
+    if not found:
+        why = ("the library calls torch's Library but its symbols are stripped: its "
+               "TORCH_LIBRARY namespaces cannot be read" if stripped else
+               "the library calls torch's Library, but no TORCH_LIBRARY block was found")
+        found.append(Registration(kind="library", api="TORCH_LIBRARY", file=path, line=None,
+                                  unresolved=why))
+    return found + _ops(path, _schemas(strings), owned)
+
+
+def _ops(path: str, schemas: list[tuple[str | None, str, str, str]], owned: set[str]
+         ) -> list[Registration]:
+    """The op definitions of the schema strings, for the namespaces the library DEFs/FRAGMENTs.
+
+    An unqualified schema belongs to the library's one namespace; with
+    several, it is reported with its namespace unresolved (the string does
+    not say which).  In a stripped library only qualified schemas count.
+    """
+    out = []
+    seen = set()
+    for ns, name, overload, schema in schemas:
+        if (ns, name, overload) in seen:
+            continue
+        seen.add((ns, name, overload))
+        unresolved = "" if owned else "read from the strings of a stripped library"
+        if ns is None and len(owned) == 1:
+            ns = next(iter(owned))
+        elif ns is None and owned:
+            unresolved = (f"the schema string does not say which of the library's namespaces "
+                          f"({', '.join(sorted(owned))}) it belongs to")
+        elif ns is None or (owned and ns not in owned):
+            continue  # a schema of another library, or no namespace to give it
+        out.append(Registration(kind="op", namespace=ns, name=name, overload=overload,
+                                schema=schema, api="m.def", file=path, line=None,
+                                unresolved=unresolved))
+    return out

@@ -1,0 +1,148 @@
+"""The on-disk cache: where it lives, the switch, atomic writes, and every bad entry ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from opregistry import ConfigError
+from opregistry.config import Settings
+from opregistry.diskcache import DiskCache, cache_root
+
+
+def _cache(tmp_path: Path, stamp: str = "v1") -> DiskCache:
+    return DiskCache.open("things", stamp=stamp, environ={"OPREGISTRY_CACHE_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("platform,environ,expected", [
+    ("linux", {"HOME": "/home/u"}, "/home/u/.cache/opregistry"),
+    ("linux", {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"}, "/xdg/opregistry"),
+    ("linux", {"HOME": "/home/u", "XDG_CACHE_HOME": "relative"}, "/home/u/.cache/opregistry"),
+    ("darwin", {"HOME": "/Users/u"}, "/Users/u/Library/Caches/opregistry"),
+    ("win32", {"HOME": "C:/Users/u", "LOCALAPPDATA": "C:/Users/u/AppData/Local"},
+     os.path.join("C:/Users/u/AppData/Local", "opregistry", "Cache")),
+    ("linux", {"HOME": "/home/u", "OPREGISTRY_CACHE_DIR": "/elsewhere"}, "/elsewhere"),
+    ("linux", {"HOME": "/home/u", "OPREGISTRY_CACHE": "0"}, None),
+    ("darwin", {"HOME": "/Users/u", "OPREGISTRY_CACHE": "off",
+                "OPREGISTRY_CACHE_DIR": "/elsewhere"}, None),
+])
+def test_where_the_cache_lives(platform: str, environ: dict[str, str],
+                               expected: str | None) -> None:
+    """The platform's cache directory, OPREGISTRY_CACHE_DIR over it, OPREGISTRY_CACHE=0 off."""
+    assert cache_root(environ, platform) == expected
+
+
+def test_a_switch_that_is_not_a_boolean() -> None:
+    with pytest.raises(ConfigError, match="OPREGISTRY_CACHE='maybe' is not a boolean"):
+        cache_root({"OPREGISTRY_CACHE": "maybe"})
+    with pytest.raises(ConfigError, match="OPREGISTRY_CACHE"):
+        Settings.from_env({"OPREGISTRY_CACHE": "maybe"})
+    # both variables are known: no "opregistry reads no such variable" warning
+    settings = Settings.from_env({"OPREGISTRY_CACHE": "1", "OPREGISTRY_CACHE_DIR": "/x"})
+    assert settings.unknown_variables == ()
+
+
+def test_round_trip_and_keys(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    assert cache.load("a") is None
+    assert cache.store("a", {"x": [1, 2]}) and cache.store("b", "text")
+    assert cache.load("a") == {"x": [1, 2]} and cache.load("b") == "text"
+    assert cache.store("a", {"x": 3}) and cache.load("a") == {"x": 3}
+    assert not [p for p in (tmp_path / "things").iterdir() if p.name.startswith(".tmp-")]
+    assert cache.clear() == 2 and cache.load("a") is None
+
+
+def _broken(tmp_path: Path, how: str) -> DiskCache:
+    cache = _cache(tmp_path)
+    cache.store("k", {"value": 1})
+    path = Path(cache.path("k") or "")
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[:-7])
+    elif how == "not json":
+        path.write_bytes(b"\x00\xff garbage")
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "other version":
+        return _cache(tmp_path, stamp="v2")
+    elif how == "other key":  # a hash collision: the file names another key
+        path.write_text(json.dumps({"stamp": "v1", "key": "not-k", "value": 2}))
+    elif how == "not a dict":
+        path.write_text("[1, 2, 3]")
+    elif how == "unreadable":  # a directory where the file should be: open() fails even as root
+        path.unlink()
+        path.mkdir()
+    return cache
+
+
+@pytest.mark.parametrize("how", ["truncated", "not json", "empty", "other version", "other key",
+                                 "not a dict", "unreadable"])
+def test_a_bad_entry_is_ignored(tmp_path: Path, how: str) -> None:
+    """Never an error: the entry reads as missing, with a debug log saying why."""
+    cache = _broken(tmp_path, how)
+    with capture_logs() as logs:
+        assert cache.load("k") is None
+    assert logs and logs[0]["log_level"] == "debug" and "ignored" in logs[0]["event"]
+    if how != "unreadable":
+        assert cache.store("k", {"value": 3}) and cache.load("k") == {"value": 3}
+
+
+def _read_only_folder(tmp_path: Path) -> Path:
+    """A folder nobody can create files in: ``/proc`` for root (who ignores permissions)."""
+    if os.geteuid() == 0:
+        return Path(f"/proc/{os.getpid()}/opregistry-cache")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+def test_read_only_or_missing_directory_means_no_cache(tmp_path: Path) -> None:
+    for folder in (_read_only_folder(tmp_path), tmp_path / "a-file" / "below"):
+        (tmp_path / "a-file").touch()
+        cache = DiskCache.open("things", stamp="v1", environ={"OPREGISTRY_CACHE_DIR": str(folder)})
+        with capture_logs() as logs:
+            assert cache.store("k", 1) is False
+        assert cache.load("k") is None and cache.clear() == 0
+        assert logs[0]["event"] == "cache entry not written"
+
+
+def test_off_means_nothing_written(tmp_path: Path) -> None:
+    cache = DiskCache.open("things", stamp="v1", environ={"OPREGISTRY_CACHE": "0",
+                                                          "OPREGISTRY_CACHE_DIR": str(tmp_path)})
+    assert not cache.enabled and cache.store("k", 1) is False and cache.load("k") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+WRITER = """
+import sys
+from opregistry.diskcache import DiskCache
+cache = DiskCache.open("things", stamp="v1", environ={"OPREGISTRY_CACHE_DIR": sys.argv[1]})
+me = int(sys.argv[2])
+payload = {"blob": "x" * 20000}
+seen_bad = 0
+for round in range(40):
+    for key in range(10):
+        cache.store(f"key{key}", {"key": key, **payload})
+        found = cache.load(f"key{(key + me) % 10}")
+        if found is not None and (found["key"] != (key + me) % 10 or found["blob"] != payload["blob"]):
+            seen_bad += 1
+print(seen_bad)
+"""
+
+
+def test_concurrent_writers_never_corrupt(tmp_path: Path) -> None:
+    """Eight processes write and read the same ten entries at once: every read is whole."""
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(i)],
+                              stdout=subprocess.PIPE, text=True) for i in range(8)]
+    results = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8
+    assert results == ["0"] * 8
+    cache = _cache(tmp_path)
+    assert all(cache.load(f"key{k}")["key"] == k for k in range(10))  # type: ignore[index]
+    assert sorted(p.name for p in (tmp_path / "things").iterdir() if p.name.startswith(".tmp-")) == []

@@ -1,0 +1,172 @@
+"""The scan of foreign distributions is cached per version and file digest, and never stale.
+
+A wheel-style distribution (``*.dist-info`` with a ``RECORD``, as pip writes
+it) in a temporary folder on ``sys.path``; each test edits it the way an
+upgrade, a hand edit or a reinstall would, and checks the next scan sees it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opregistry.foreign import ForeignScan
+from opregistry.scan import CACHE_NAME, scan_installed
+
+NAME = "fx-cached"
+SOURCE = 'import torch\nlib = torch.library.Library("fx_aa", "FRAGMENT")\n'
+
+
+class Site:
+    """One wheel-style install of ``fx-cached`` whose package source the test rewrites."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        self.cache = root.parent / "cache"
+        self.module = root / "fx_cached" / "__init__.py"
+        self.module.parent.mkdir(parents=True)
+        self.module.write_text(SOURCE)
+        self.install("1.0")
+        monkeypatch.syspath_prepend(str(root))
+
+    def install(self, version: str) -> None:
+        for old in self.root.glob("fx_cached-*.dist-info"):
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+        info = self.root / f"fx_cached-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {version}\nRequires-Dist: torch\n")
+        (info / "RECORD").write_text(f"fx_cached/__init__.py,,\n{info.name}/METADATA,,\n"
+                                     f"{info.name}/RECORD,,\n")
+        importlib.invalidate_caches()
+
+    def scan(self, **kwargs: object) -> ForeignScan:
+        env = {"OPREGISTRY_CACHE_DIR": str(self.cache), **kwargs.pop("environ", {})}  # type: ignore[dict-item]
+        return scan_installed(only=[NAME], environ=env, **kwargs)  # type: ignore[arg-type]
+
+    def namespaces(self, **kwargs: object) -> tuple[set[str], int]:
+        found = self.scan(**kwargs)
+        [dist] = found.distributions
+        return set(dist.namespaces()), found.cached
+
+    def rewrite(self, text: str, *, keep_mtime: bool = False, bump: bool = True) -> None:
+        st = self.module.stat()
+        self.module.write_text(text)
+        if keep_mtime:
+            os.utime(self.module, ns=(st.st_atime_ns, st.st_mtime_ns))
+        elif bump:  # a later mtime, even on a file system with a coarse clock
+            os.utime(self.module, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Site:
+    return Site(tmp_path / "site", monkeypatch)
+
+
+def test_second_scan_is_a_cache_hit(site: Site) -> None:
+    first = site.scan()
+    second = site.scan()
+    assert (first.cached, second.cached) == (0, 1)
+    assert first.distributions == second.distributions
+    assert second.distributions[0].namespaces() == {"fx_aa"}
+    assert second.distributions[0].digest.startswith("stat:")
+
+
+def test_same_size_edit_is_seen(site: Site) -> None:
+    """``fx_aa`` -> ``fx_bb``: same size, a new mtime."""
+    site.scan()
+    site.rewrite(SOURCE.replace("fx_aa", "fx_bb"))
+    assert site.namespaces() == ({"fx_bb"}, 0)
+
+
+def test_edit_that_keeps_the_mtime_but_not_the_size_is_seen(site: Site) -> None:
+    site.scan()
+    site.rewrite(SOURCE.replace("fx_aa", "fx_aaa"), keep_mtime=True)
+    assert site.namespaces() == ({"fx_aaa"}, 0)
+
+
+def test_content_digests_see_an_edit_that_keeps_size_and_mtime(site: Site) -> None:
+    """What size+mtime cannot see (PEP 552's trade-off), the locked mode's sha256 does."""
+    site.scan()
+    site.rewrite(SOURCE.replace("fx_aa", "fx_zz"), keep_mtime=True)
+    assert site.namespaces() == ({"fx_aa"}, 1)  # size and mtime unchanged: the stale entry
+    assert site.namespaces(content_digests=True) == ({"fx_zz"}, 0)
+    found = site.scan(environ={"OPREGISTRY_LOCK": "/some/opregistry.lock"})
+    assert found.cached == 1 and found.distributions[0].digest.startswith("sha256:")
+
+
+def test_upgrade_is_seen(site: Site) -> None:
+    site.scan()
+    site.rewrite(SOURCE.replace("fx_aa", "fx_up"), bump=False)
+    site.install("2.0")
+    found = site.scan()
+    assert found.cached == 0 and found.distributions[0].version == "2.0"
+    assert found.distributions[0].namespaces() == {"fx_up"}
+
+
+def _entry(site: Site) -> Path:
+    [entry] = (site.cache / CACHE_NAME).glob("*.json")
+    return entry
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other stamp"])
+def test_a_damaged_entry_means_a_new_scan(site: Site, damage: str) -> None:
+    site.scan()
+    entry = _entry(site)
+    if damage == "truncate":
+        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+    elif damage == "garbage":
+        entry.write_bytes(b"\x00" * 64)
+    else:
+        data = json.loads(entry.read_text())
+        entry.write_text(json.dumps({**data, "stamp": "opregistry 0.0.1 scan-format 0"}))
+    assert site.namespaces() == ({"fx_aa"}, 0)
+    assert site.namespaces() == ({"fx_aa"}, 1)  # rewritten whole
+
+
+def test_no_cache_when_off_or_read_only(site: Site, tmp_path: Path) -> None:
+    assert site.namespaces(environ={"OPREGISTRY_CACHE": "0"}) == ({"fx_aa"}, 0)
+    assert site.namespaces(environ={"OPREGISTRY_CACHE": "0"}) == ({"fx_aa"}, 0)
+    assert not site.cache.exists()
+    site.cache.parent.joinpath("file").touch()
+    unusable = {"OPREGISTRY_CACHE_DIR": str(site.cache.parent / "file" / "cache")}
+    assert site.namespaces(environ=unusable) == ({"fx_aa"}, 0)
+    assert site.namespaces(environ=unusable) == ({"fx_aa"}, 0)
+    assert site.namespaces(cache=False) == ({"fx_aa"}, 0)
+
+
+def test_cache_dir_variable(site: Site, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    site.scan(environ={"OPREGISTRY_CACHE_DIR": str(elsewhere)})
+    assert len(list((elsewhere / CACHE_NAME).glob("*.json"))) == 1
+    assert not site.cache.exists()
+
+
+SCANNER = """
+import json, sys
+from opregistry.scan import scan_installed
+found = scan_installed(only=["fx-cached"], environ={"OPREGISTRY_CACHE_DIR": sys.argv[1]})
+print(json.dumps(found.to_dict()["distributions"]))
+"""
+
+
+def test_processes_scanning_at_once_share_the_cache(site: Site) -> None:
+    """Eight cold processes at once (DataLoader workers, ranks): same answer, a whole entry."""
+    env = {**os.environ, "PYTHONPATH": str(site.root), "OPREGISTRY_AUTOLOAD": "0"}
+    procs = [subprocess.Popen([sys.executable, "-c", SCANNER, str(site.cache)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(8)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [e for _, e in outs]
+    results = {out for out, _ in outs}
+    assert len(results) == 1
+    json.loads(_entry(site).read_text())
+    assert site.namespaces() == ({"fx_aa"}, 1)

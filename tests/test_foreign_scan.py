@@ -1,0 +1,412 @@
+"""The static scan of packages that register with torch by themselves, against torch's dispatcher.
+
+The distributions of tests/foreign_dists.py (one per registration style,
+pip-installed into a folder of their own) are scanned without importing
+them, then imported in a fresh interpreter: what the scan predicts must be
+what torch's dispatcher holds afterwards, and what it cannot read must say
+so, with file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from opregistry.foreign import ForeignDistribution, ForeignScan, Registration
+from opregistry.keys import RESERVED_NAMESPACES
+from opregistry.scan.elf import open_elf
+from opregistry.scan.native import scan_library
+from opregistry.scan.pysource import scan_modules
+from opregistry.scan.pyvalues import ModuleSource
+
+from . import foreign_dists
+
+NAMES = sorted(foreign_dists.DISTRIBUTIONS)
+
+#: imports each module named in argv in turn, in one interpreter, and reports the ops each
+#: added to torch's dispatcher with the keys that have a kernel
+GROUND_TRUTH = """
+import json, sys, importlib
+import torch
+keys = ("CPU", "CUDA", "Meta", "Autograd", "FuncTorchBatched", "AutocastCPU",
+        "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+has = torch._C._dispatch_has_kernel_for_dispatch_key
+out = {}
+for name in sys.argv[1:]:
+    before = set(torch._C._dispatch_get_all_op_names())
+    importlib.import_module(name)
+    new = sorted(set(torch._C._dispatch_get_all_op_names()) - before)
+    out[name] = {op: [k for k in keys if has(op, k)] for op in new}
+print(json.dumps(out))
+"""
+
+SCAN = """
+import json, sys
+from opregistry.scan import scan_installed
+print(json.dumps(scan_installed(only=sys.argv[1:]).to_dict()))
+"""
+
+
+def _env(site: Path, cache: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(site), "OPREGISTRY_AUTOLOAD": "0"}
+    if cache is None:
+        env["OPREGISTRY_CACHE"] = "0"
+    else:
+        env["OPREGISTRY_CACHE_DIR"] = str(cache)
+    return env
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, native_libraries: dict[str, Path]) -> Path:
+    """The synthetic foreign distributions, pip-installed into a folder of their own."""
+    root = tmp_path_factory.mktemp("foreign")
+    foreign_dists.install(root / "site", root / "work", native_libraries)
+    return root / "site"
+
+
+@pytest.fixture(scope="module")
+def scan(site: Path) -> ForeignScan:
+    out = subprocess.run([sys.executable, "-c", SCAN, *NAMES], capture_output=True, text=True,
+                         env=_env(site), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return ForeignScan.from_dict(json.loads(out.stdout))
+
+
+@pytest.fixture(scope="module")
+def real(site: Path) -> dict[str, dict[str, list[str]]]:
+    """package -> {op: [keys with a kernel]} of what importing it registers (torch's own
+    namespaces, which importing torch's submodules fills, left out)."""
+    out = subprocess.run([sys.executable, "-c", GROUND_TRUTH, *foreign_dists.EXPECTED_OPS],
+                         capture_output=True, text=True, env=_env(site), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout)
+    return {pkg: {op: keys for op, keys in ops.items()
+                  if op.split("::")[0] not in RESERVED_NAMESPACES} for pkg, ops in found.items()}
+
+
+def _dist(scan: ForeignScan, name: str) -> ForeignDistribution:
+    found = scan.get(name)
+    assert found is not None, f"{name} not scanned: {[d.name for d in scan.distributions]}"
+    return found
+
+
+def _kernels(dist: ForeignDistribution) -> set[tuple[str, str]]:
+    return {(r.op, r.key) for r in dist.registrations if r.kind == "kernel" and r.op and r.key}
+
+
+def test_the_fixtures_register_what_they_say(real: dict[str, dict[str, list[str]]]) -> None:
+    """Imported for real, each synthetic package registers exactly its expected ops."""
+    for package, ops in foreign_dists.EXPECTED_OPS.items():
+        assert set(real[package]) == ops, package
+
+
+@pytest.mark.parametrize("dist,package", [("fx-pylib", "fx_pylib"),
+                                          ("fx-customop", "fx_customop"),
+                                          ("fx-aliases", "fx_aliases"),
+                                          ("fx-native-single", "fx_native_single"),
+                                          ("fx-undeclared", "fx_undeclared")])
+def test_predicted_ops_are_the_real_ones(scan: ForeignScan, real: dict[str, dict[str, list[str]]],
+                                         dist: str, package: str) -> None:
+    """Python ``Library`` / ``custom_op`` / aliases / a one-namespace C++ library: same ops."""
+    found = _dist(scan, dist)
+    assert found.ops() == set(real[package])
+    assert found.namespaces("DEF", "FRAGMENT", "op") == {o.split("::")[0] for o in real[package]}
+    assert not [r for r in found.registrations if r.unresolved and r.at_import
+                and r.kind != "load_library"]
+
+
+@pytest.mark.parametrize("dist,package", [("fx-native", "fx_native"),
+                                          ("fx-native-single", "fx_native_single")])
+def test_cpp_impl_blocks_are_in_the_dispatcher(scan: ForeignScan,
+                                               real: dict[str, dict[str, list[str]]],
+                                               dist: str, package: str) -> None:
+    """Each ``TORCH_LIBRARY_IMPL(ns, key)`` block found gives kernels for ``key`` in ``ns``."""
+    blocks = {(r.namespace, r.key) for r in _dist(scan, dist).registrations if r.kind == "IMPL"}
+    assert blocks
+    for ns, key in blocks:
+        assert any(op.split("::")[0] == ns and key in keys
+                   for op, keys in real[package].items()), (ns, key)
+
+
+@pytest.mark.parametrize("dist,package", [("fx-pylib", "fx_pylib"),
+                                          ("fx-customop", "fx_customop"),
+                                          ("fx-aliases", "fx_aliases")])
+def test_predicted_kernels_are_in_the_dispatcher(scan: ForeignScan,
+                                                 real: dict[str, dict[str, list[str]]],
+                                                 dist: str, package: str) -> None:
+    """Every kernel the scan predicts is registered, for the key it names."""
+    kernels = _kernels(_dist(scan, dist))
+    assert kernels
+    missing = sorted(k for k in kernels if k[1] not in real[package].get(k[0], []))
+    assert not missing
+
+
+def test_decorator_stacks_and_custom_op_methods(scan: ForeignScan) -> None:
+    """``@register_fake`` over ``@register_kernel``, ``@op.register_fake``, ``op.register_autograd``."""
+    kernels = _kernels(_dist(scan, "fx-customop"))
+    assert {("fx_custom::triple", "Meta"), ("fx_custom::triple", "CPU"),
+            ("fx_custom::triple", "CUDA"), ("fx_custom::triple", "FuncTorchBatched"),
+            ("fx_custom::triple", "AutocastCPU"), ("fx_custom::double", "Meta"),
+            ("fx_custom::double", "Autograd"), ("fx_custom::quad", "Meta"),
+            ("fx_custom::quad", "CompositeExplicitAutograd"),
+            ("fx_custom::tri", "CompositeExplicitAutograd")} <= kernels
+
+
+def test_library_kinds_and_lines(scan: ForeignScan, site: Path) -> None:
+    """DEF, FRAGMENT and IMPL libraries, each at the line of its call, in the module imported."""
+    regs = _dist(scan, "fx-pylib").registrations
+    libs = {(r.kind, r.namespace, r.key) for r in regs if r.kind in ("DEF", "FRAGMENT", "IMPL")}
+    assert libs == {("DEF", "fx_pylib", None), ("FRAGMENT", "fx_pylib_frag", None),
+                    ("IMPL", "fx_pylib_frag", "Meta")}
+    source = (site / "fx_pylib" / "__init__.py").read_text().splitlines()
+    for reg in regs:
+        assert reg.module == "fx_pylib" and reg.file == str(site / "fx_pylib" / "__init__.py")
+        assert reg.line is not None and reg.at_import
+        text = source[reg.line - 1]
+        assert ("Library(" in text) if reg.kind in ("DEF", "FRAGMENT", "IMPL") else (
+            ".define(" in text or "impl(" in text), (reg, text)
+
+
+def test_aliases_across_modules_and_helpers(scan: ForeignScan, site: Path) -> None:
+    """bitsandbytes' layout: the alias bound in ``_ops`` registers from ``backends/cpu.py``;
+    a helper's op is attributed to the line that calls it."""
+    regs = _dist(scan, "fx-aliases").registrations
+    gemm = [r for r in regs if r.op == "fx_alias::gemm" and r.kind == "kernel"]
+    assert [(r.module, r.key, r.api) for r in gemm] == [
+        ("fx_aliases.backends.cpu", "CPU", "torch.library.register_kernel")]
+    named = [(r.kind, r.key, r.line) for r in regs if r.op == "fx_alias::from_name"]
+    decorated = _line(site / "fx_aliases" / "_ops.py", "@register_named")
+    assert named == [("op", None, decorated), ("kernel", "CompositeExplicitAutograd", decorated)]
+    helper = [r for r in regs if r.op == "fx_alias::helper_op" and r.kind == "op"]
+    assert [r.line for r in helper] == [_line(site / "fx_aliases" / "_ops.py",
+                                              '_define("helper_op"')]
+    assert "through fx_aliases._ops._define" in helper[0].how
+    # the helper's own body, seen alone, names its op by a parameter: said, not guessed
+    inside = [r for r in regs if r.kind == "op" and not r.at_import and r.api.endswith("define")]
+    assert inside and all(r.op is None and "parameter" in r.unresolved for r in inside)
+
+
+def _line(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_a_dynamic_namespace_is_unresolved_with_its_line(scan: ForeignScan, site: Path,
+                                                         real: dict[str, dict[str, list[str]]]
+                                                         ) -> None:
+    """A namespace read from the environment: no namespace predicted, the call named."""
+    found = _dist(scan, "fx-dynamic")
+    assert set(real["fx_dynamic"]) == {"fx_dyn::op"}  # what the scan could not know
+    assert found.namespaces() == frozenset() and found.ops() == frozenset()
+    [lib] = [r for r in found.registrations if r.kind == "FRAGMENT"]
+    assert lib.source == f"{site / 'fx_dynamic' / '__init__.py'}:{_line(site / 'fx_dynamic' / '__init__.py', 'Library(')}"
+    assert "os.environ.get" in lib.unresolved and lib.namespace is None
+
+
+def test_cpp_library_namespaces_keys_and_loader(scan: ForeignScan, site: Path,
+                                                real: dict[str, dict[str, list[str]]]) -> None:
+    """TORCH_LIBRARY / _FRAGMENT / _IMPL from the symbols; the module that loads the library."""
+    found = _dist(scan, "fx-native")
+    blocks = {(r.kind, r.namespace, r.key) for r in found.registrations
+              if r.kind in ("DEF", "FRAGMENT", "IMPL")}
+    assert blocks == {("DEF", "fx_native", None), ("FRAGMENT", "fx_native_frag", None),
+                      ("IMPL", "fx_native", "CPU"),
+                      ("IMPL", "fx_native_frag", "CompositeExplicitAutograd")}
+    library = str(site / "fx_native" / "_C.so")
+    for reg in found.registrations:
+        if reg.kind != "load_library":
+            assert (reg.file, reg.module, reg.line) == (library, "fx_native", None)
+            assert reg.how.startswith("loaded by torch.ops.load_library at ")
+    ops = {r.op for r in found.registrations if r.kind == "op"}
+    assert ops == {"fx_native_frag::frag_op", None}
+    # the unqualified schema strings could be either namespace's: both named, none chosen
+    vague = [r for r in found.registrations if r.kind == "op" and r.op is None]
+    assert sorted(r.name for r in vague) == ["scale", "scale"]
+    assert all("fx_native, fx_native_frag" in r.unresolved for r in vague)
+    assert {f"fx_native::{r.name}" + (f".{r.overload}" if r.overload else "")
+            for r in vague} | {"fx_native_frag::frag_op"} == set(real["fx_native"])
+
+
+def test_stripped_library_is_unresolved(scan: ForeignScan) -> None:
+    """Without ``.symtab`` the namespace is unknown: said, plus the one qualified schema string."""
+    found = _dist(scan, "fx-native-stripped")
+    kinds = {(r.kind, r.namespace, r.op) for r in found.registrations if r.kind != "load_library"}
+    assert kinds == {("library", None, None), ("op", "fx_single", "fx_single::hidden")}
+    assert all(r.unresolved for r in found.registrations if r.kind != "load_library")
+
+
+def test_plugins_are_scanned_and_marked(scan: ForeignScan) -> None:
+    """An opregistry op package that also makes a raw ``Library(..., "DEF")`` is seen, marked."""
+    found = _dist(scan, "fx-plugin")
+    assert found.plugin_groups == ("opregistry.ops",) and found.requires_torch
+    assert {(r.kind, r.namespace, r.module) for r in found.registrations} == {
+        ("DEF", "fx_plugin8", "fx_plugin.ops"), ("op", "fx_plugin8", "fx_plugin.ops")}
+
+
+def test_which_distributions_are_scanned(scan: ForeignScan) -> None:
+    """Torch users are scanned (by metadata, or because their files mention torch); others not."""
+    names = {d.name for d in scan.distributions}
+    assert "fx-notorch" not in names and scan.skipped == 1
+    assert names == set(NAMES) - {"fx-notorch"}
+    undeclared = _dist(scan, "fx-undeclared")
+    assert not undeclared.requires_torch and undeclared.ops() == {"fx_undeclared::quiet"}
+
+
+def test_records_round_trip_through_json(scan: ForeignScan) -> None:
+    assert ForeignScan.from_dict(json.loads(json.dumps(scan.to_dict()))) == scan
+
+
+def test_registration_kind_is_checked() -> None:
+    with pytest.raises(ValueError, match="kind='impl'"):
+        Registration(kind="impl")
+
+
+# -- the evaluator, one construct at a time ---------------------------------------
+
+
+def _scan_sources(tmp_path: Path, files: dict[str, str]) -> list[Registration]:
+    modules = {}
+    texts = {}
+    for rel, source in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+        name = rel[:-3].replace("/", ".").removesuffix(".__init__")
+        modules[name] = ModuleSource(name, str(path), rel.endswith("__init__.py"))
+        texts[str(path)] = path.read_bytes()
+    return scan_modules(modules, texts)
+
+
+@pytest.mark.parametrize("expr,op", [
+    ('f"{NS}::a"', "ns1::a"),
+    ('NS + "::b.out"', "ns1::b.out"),
+    ('"%s::c" % NS', "ns1::c"),
+    ('"{}::{}".format(NS, "d")', "ns1::d"),
+    ('"{ns}::e".format(ns=NS)', "ns1::e"),
+    ("PREFIX[1:] + '::f'", "ns1::f"),
+    ("OPS[1]", "ns1::g"),
+    ("consts.QUALIFIED", "ns1::h"),
+])
+def test_constant_propagation(tmp_path: Path, expr: str, op: str) -> None:
+    found = _scan_sources(tmp_path, {
+        "pkg/consts.py": 'NS = "ns1"\nQUALIFIED = f"{NS}::h"\n',
+        "pkg/__init__.py": f"""
+            import torch
+            from . import consts
+            from .consts import NS
+            PREFIX = "_" + NS
+            OPS = (f"{{NS}}::x", f"{{NS}}::g")
+            torch.library.define({expr}, "(Tensor x) -> Tensor")
+        """})
+    assert [r.op for r in found] == [op]
+
+
+@pytest.mark.parametrize("source,why", [
+    ('torch.library.define(name_from_somewhere(), "(Tensor x) -> Tensor")',
+     "name_from_somewhere is not assigned"),
+    ('for n in read(): torch.library.define(n, "(Tensor x) -> Tensor")', "a loop variable"),
+    ('X = "a"\nX = "b"\ntorch.library.define(f"ns::{X}", "(Tensor x) -> Tensor")',
+     "X is assigned different values"),
+    ('torch.library.define("ns::op", SCHEMA)', "the schema: SCHEMA is not assigned"),
+])
+def test_what_cannot_be_read_is_said(tmp_path: Path, source: str, why: str) -> None:
+    found = _scan_sources(tmp_path, {"pkg/__init__.py": "import torch\n" + source + "\n"})
+    assert len(found) == 1 and why in found[0].unresolved, found
+
+
+def test_library_kind_that_is_not_a_constant(tmp_path: Path) -> None:
+    found = _scan_sources(tmp_path, {"pkg/__init__.py": """
+        import torch, os
+        lib = torch.library.Library("nsk", os.environ["KIND"])
+    """})
+    assert [(r.kind, r.namespace) for r in found] == [("library", "nsk")]
+    assert "the kind" in found[0].unresolved
+
+
+def test_fallback_aliases_and_scoped_library(tmp_path: Path) -> None:
+    """``impl_abstract`` as a fallback for ``register_fake``; ``_scoped_library``; conditions."""
+    found = _scan_sources(tmp_path, {"pkg/__init__.py": """
+        import torch
+        try:
+            from torch.library import register_fake
+        except ImportError:
+            from torch.library import impl_abstract as register_fake
+        with torch.library._scoped_library("nss", "FRAGMENT") as lib:
+            lib.define("s(Tensor x) -> Tensor")
+        if torch.cuda.is_available():
+            register_fake("nss::s")(lambda x: x)
+    """})
+    assert [(r.kind, r.op, r.key, r.conditional) for r in found] == [
+        ("FRAGMENT", None, None, False), ("op", "nss::s", None, False),
+        ("kernel", "nss::s", "Meta", True)]
+
+
+def test_calls_inside_functions_are_not_at_import(tmp_path: Path) -> None:
+    found = _scan_sources(tmp_path, {"pkg/__init__.py": """
+        import torch
+        def later():
+            torch.library.define("nsf::late", "(Tensor x) -> Tensor")
+        class Holder:
+            lib = torch.library.Library("nsf", "FRAGMENT")
+    """})
+    assert [(r.kind, r.op, r.at_import) for r in found] == [
+        ("op", "nsf::late", False), ("FRAGMENT", None, True)]
+
+
+def test_not_torch_is_not_a_registration(tmp_path: Path) -> None:
+    """A ``define`` / ``impl`` / ``Library`` that is not torch's registers nothing."""
+    found = _scan_sources(tmp_path, {"pkg/__init__.py": """
+        import torch
+        from mylib import Library, define
+        Library("x", "DEF")
+        define("x::y", "(Tensor x) -> Tensor")
+        class Lib:
+            def define(self, s): ...
+        Lib().define("z(Tensor x) -> Tensor")
+    """})
+    assert found == []
+
+
+# -- shared libraries -------------------------------------------------------------
+
+
+def test_elf_reader_agrees_with_nm(native_libraries: dict[str, Path]) -> None:
+    """The pure-Python reader lists the symbol names binutils' nm lists."""
+    library = native_libraries["foreign"]
+    out = subprocess.run(["nm", "--defined-only", "-a", str(library)], capture_output=True,
+                         text=True, check=True)
+    expected = {line.split()[-1] for line in out.stdout.splitlines()
+                if len(line.split()) == 3 and line.split()[1] not in "aNn"}
+    elf = open_elf(str(library))
+    assert elf is not None
+    with elf:
+        ours = {s.name for s in elf.symbols() if s.defined}
+        assert not elf.symbol_names(dynamic=False) == b""
+    assert expected - ours == set()
+
+
+def test_elf_reader_refuses_what_is_not_elf(tmp_path: Path, native_libraries: dict[str, Path]
+                                            ) -> None:
+    (tmp_path / "text.so").write_text("not a library")
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes(native_libraries["foreign"].read_bytes()[:100])
+    assert open_elf(str(tmp_path / "text.so")) is None
+    assert open_elf(str(truncated)) is None
+    assert scan_library(str(truncated)) == []
+
+
+def test_non_elf_libraries_are_searched_byte_by_byte(tmp_path: Path) -> None:
+    """A Mach-O or PE file: the initializer names are found in its bytes."""
+    blob = (b"\xcf\xfa\xed\xfe" + b"\0" * 60 + b"__ZL25TORCH_LIBRARY_init_fx_macRN5torch7LibraryE\0"
+            + b"__ZL37TORCH_LIBRARY_IMPL_init_fx_mac_CUDA_0RN5torch7LibraryE\0"
+            + b"mac_op(Tensor x) -> Tensor\0")
+    (tmp_path / "libmac.dylib").write_bytes(blob)
+    found = scan_library(str(tmp_path / "libmac.dylib"))
+    assert {(r.kind, r.namespace, r.key, r.op) for r in found} == {
+        ("DEF", "fx_mac", None, None), ("IMPL", "fx_mac", "CUDA", None),
+        ("op", "fx_mac", None, "fx_mac::mac_op")}

@@ -21,7 +21,8 @@ from .config import canonical_name
 from .keys import KNOWN_TAGS, TorchFacts, installed_torch, installed_torch_build
 from .references import NativeLibrary
 
-__all__ = ["TorchState", "Environment", "read_environment", "native_missing"]
+__all__ = ["TorchState", "Environment", "EnvironmentQuery", "environment_query", "read_query",
+           "read_environment", "native_missing"]
 
 
 @frozen(kw_only=True)
@@ -106,23 +107,49 @@ def _versions(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
+@frozen(kw_only=True)
+class EnvironmentQuery:
+    """What a set of declarations asks of the machine: the part of it :func:`read_query` reads.
+
+    The distributions their conditions name, the top-level modules their
+    kinds require, their native libraries.  The plan cache keeps it beside a
+    cached plan, so that a later load reads the same facts without the
+    declarations.
+    """
+
+    distributions: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    libraries: tuple[NativeLibrary, ...] = ()
+
+
+def environment_query(decl: Any) -> EnvironmentQuery:
+    """The :class:`EnvironmentQuery` of ``decl`` (:class:`~opregistry.model.Declarations`)."""
+    names = {name for k in decl.kernels if k.when is not None for name in k.when.distributions}
+    modules = {m for k in decl.kernels for m in k.payload.kind.requires}
+    libraries = [ns.native for ns in decl.namespaces if ns.native is not None]
+    libraries += [k.payload.library for k in decl.kernels
+                  if getattr(k.payload, "library", None) is not None]
+    return EnvironmentQuery(distributions=tuple(sorted(names)), modules=tuple(sorted(modules)),
+                            libraries=tuple(dict.fromkeys(libraries)))
+
+
+def read_query(query: EnvironmentQuery, dispatcher: TorchState | None = None) -> Environment:
+    """The :class:`Environment` that answers ``query`` on this machine (the only I/O)."""
+    natives = {}
+    for library in query.libraries:
+        why = native_missing(library)
+        if why is not None:
+            natives[library.target] = why
+    return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
+                       distributions=_versions(query.distributions),
+                       modules={m: _importable(m) for m in query.modules},
+                       natives=natives, dispatcher=dispatcher)
+
+
 def read_environment(decl: Any, dispatcher: TorchState | None = None) -> Environment:
     """The :class:`Environment` for resolving ``decl`` (:class:`~opregistry.model.Declarations`).
 
     Reads only what the declarations can ask about: the distributions their
     conditions name, the modules their kinds require, their native libraries.
     """
-    names = [name for k in decl.kernels if k.when is not None for name in k.when.distributions]
-    modules = {m for k in decl.kernels for m in k.payload.kind.requires}
-    libraries = [ns.native for ns in decl.namespaces if ns.native is not None]
-    libraries += [k.payload.library for k in decl.kernels
-                  if getattr(k.payload, "library", None) is not None]
-    natives = {}
-    for library in libraries:
-        why = native_missing(library)
-        if why is not None:
-            natives[library.target] = why
-    return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
-                       distributions=_versions(names),
-                       modules={m: _importable(m) for m in sorted(modules)},
-                       natives=natives, dispatcher=dispatcher)
+    return read_query(environment_query(decl), dispatcher)

@@ -1,0 +1,445 @@
+"""Declarations, the environment they were resolved in, and the plan, as JSON data and back.
+
+The plan cache (:mod:`opregistry.plancache`) keeps these three on disk; an
+entry is JSON, so reading one never runs code.  The encoding is positional
+and compact (a plan of 10,000 ops is read at every ``import torch``), and
+the round trip is faithful: ``decode_plan(encode_plan(p)).to_dict() ==
+p.to_dict()`` for every record, and the records decoded compare equal to
+the originals.
+
+* Records are lists of their fields; every :class:`~opregistry.model.Origin`
+  is written once, in a table, and named by its index.
+* A kernel's payload is written as its kind and its attrs fields: a
+  built-in kind by name (``"device"``), a kind defined outside the core by
+  its payload class, ``"module:Class"`` -- importing that module on read is
+  the one import decoding can make, and the module is the backend
+  distribution's that materialization imports anyway.
+* The plan names the declaration records it holds by their index.
+
+What cannot be data is refused with :class:`Uncacheable`, naming the
+distribution: a callable where a ``"module:function"`` reference goes (the
+decorator style), a problem that carries an exception (its traceback is the
+user's context), a distribution deferred at ``import torch``.
+
+Decoding trusts its input's shape only as far as Python does: a malformed
+entry raises (``ValueError``, ``TypeError``, ``KeyError``, ``IndexError``),
+and the cache treats any exception as a miss.  The records are rebuilt
+without running their validators again: they were checked when declared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from typing import Any, Callable, Iterable, Mapping
+
+import attrs
+
+from .conditions import Condition
+from .environment import Environment, EnvironmentQuery
+from .kinds import BUILTIN_KINDS, Kind
+from .model import (Backend, Declarations, Kernel, Namespace, NativeLibrary, OpDef, Origin,
+                    Problem, Skipped)
+from .plan import BackendPlan, KernelPlan, NamespacePlan, NativePlan, OpPlan, Plan
+from .schema import parse_signature
+
+__all__ = ["FORMAT", "Uncacheable", "Encoder", "Decoder", "encode_query", "decode_query",
+           "encode_environment", "dispatcher_digest"]
+
+#: the encoding's version: an entry of another format is ignored
+FORMAT = 1
+
+def _payload_classes() -> dict[str, type]:
+    from . import kinds
+
+    return {cls.kind.name: cls for cls in (
+        kinds.DeviceKernel, kinds.FakeKernel, kinds.AutogradFormula, kinds.VmapRule,
+        kinds.AutocastRule, kinds.TritonKernel, kinds.DispatchRule, kinds.NativeKernel)}
+
+
+#: the payload class of each built-in kind, by the kind's name
+_PAYLOADS: dict[str, type] = _payload_classes()
+
+
+class Uncacheable(Exception):
+    """Declarations that cannot be written as data, and why (naming the distribution)."""
+
+
+def _setters(cls: type, names: Iterable[str]) -> tuple[Callable[[Any, Any], None], ...]:
+    """The slot setters of an attrs class's fields: set without its frozen ``__setattr__``."""
+    found = []
+    for name in names:
+        for klass in cls.__mro__:
+            slot = klass.__dict__.get(name)
+            if slot is not None and hasattr(slot, "__set__"):
+                found.append(slot.__set__)
+                break
+        else:
+            raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    return tuple(found)
+
+
+class _Maker:
+    """Builds records of one attrs class from positional values, without its validators."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.names = tuple(a.name for a in attrs.fields(cls))
+        self.setters = _setters(cls, self.names)
+
+    def __call__(self, values: Iterable[Any]) -> Any:
+        obj = object.__new__(self.cls)
+        for setter, value in zip(self.setters, values, strict=True):
+            setter(obj, value)
+        return obj
+
+
+_MAKERS: dict[type, _Maker] = {}
+
+
+def _maker(cls: type) -> _Maker:
+    found = _MAKERS.get(cls)
+    if found is None:
+        found = _MAKERS[cls] = _Maker(cls)
+    return found
+
+
+def _native(lib: NativeLibrary | None) -> list[Any] | None:
+    if lib is None:
+        return None
+    return [lib.module, lib.path, lib.torch, lib.cxx11_abi, lib.cuda]
+
+
+def _unnative(data: list[Any] | None) -> NativeLibrary | None:
+    return None if data is None else _maker(NativeLibrary)(data)
+
+
+def _ref(value: Any, what: str, origin: Origin | None) -> Any:
+    """A ``"module:function"`` reference as it is; anything else cannot be data."""
+    if value is None or isinstance(value, str):
+        return value
+    raise Uncacheable(f"{origin.dist if origin else 'a declaration'}: {what} is the object "
+                      f"{value!r}, not a 'module:function' reference")
+
+
+def _value(value: Any, where: str) -> Any:
+    """A payload field of a kind defined outside the core, as JSON data."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, NativeLibrary):
+        return {"native": _native(value)}
+    if isinstance(value, tuple):
+        return {"tuple": [_value(v, where) for v in value]}
+    if isinstance(value, list):
+        return {"list": [_value(v, where) for v in value]}
+    raise Uncacheable(f"{where}: the payload field value {value!r} is not data")
+
+
+def _field(value: Any, where: str, origin: Origin | None) -> Any:
+    """A payload field as data: a callable where a reference goes cannot be."""
+    if callable(value) and not isinstance(value, NativeLibrary):
+        _ref(value, where, origin)
+    return _value(value, where)
+
+
+def _unvalue(data: Any) -> Any:
+    if isinstance(data, dict):
+        if "native" in data:
+            return _unnative(data["native"])
+        if "tuple" in data:
+            return tuple(_unvalue(v) for v in data["tuple"])
+        return [_unvalue(v) for v in data["list"]]
+    return data
+
+
+def _condition(when: Condition | None) -> list[Any] | None:
+    if when is None:
+        return None
+    return [when.torch, list(when.requires), when.capability, list(when.platform)]
+
+
+def _uncondition(data: list[Any] | None) -> Condition | None:
+    if data is None:
+        return None
+    torch, requires, capability, platform = data
+    return _maker(Condition)((torch, tuple(requires), capability, tuple(platform)))
+
+
+def _kind_class(kind: Kind) -> str:
+    cls = type(kind)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import(reference: str) -> Any:
+    module, _, name = reference.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
+
+
+class Encoder:
+    """Writes records as JSON data; :meth:`table` is the origins they name, by index."""
+
+    def __init__(self) -> None:
+        self.origins: list[list[str]] = []
+        self._origin_at: dict[Origin, int] = {}
+        self._op_at: dict[int, int] = {}
+        self._kernel_at: dict[int, int] = {}
+
+    def origin(self, o: Origin | None) -> int | None:
+        if o is None:
+            return None
+        found = self._origin_at.get(o)
+        if found is None:
+            found = self._origin_at[o] = len(self.origins)
+            self.origins.append([o.distribution, o.version, o.group, o.entry_point, o.value])
+        return found
+
+    def payload(self, payload: Any, where: str, origin: Origin | None) -> list[Any]:
+        cls = type(payload)
+        fields = attrs.fields(cls)
+        values = [_field(getattr(payload, a.name), f"{where} ({a.name})", origin)
+                  for a in fields]
+        if _PAYLOADS.get(payload.kind.name) is cls:
+            return [payload.kind.name, *values]
+        return [f"{cls.__module__}:{cls.__qualname__}",
+                {a.name: v for a, v in zip(fields, values)}]
+
+    def kernel(self, k: Kernel) -> list[Any]:
+        where = f"the {k.key} kernel of {k.op}"
+        return [k.op, k.key, self.payload(k.payload, where, k.origin), k.override,
+                _condition(k.when), _ref(k.predicate, f"{where} (predicate)", k.origin),
+                k.priority, k.source, self.origin(k.origin)]
+
+    def op(self, op: OpDef) -> list[Any]:
+        return [op.namespace, op.name, op.schema, op.overload,
+                None if op.mutates_args is None else list(op.mutates_args), list(op.tags),
+                _ref(op.samples, f"the samples of {op.qualname}", op.origin), op.doc,
+                op.source, self.origin(op.origin)]
+
+    def namespace(self, ns: Namespace) -> list[Any]:
+        return [ns.name, ns.kind, ns.closed, ns.description, ns.source, self.origin(ns.origin),
+                _native(ns.native)]
+
+    def backend(self, b: Backend) -> list[Any]:
+        return [b.name, list(b.keys), b.device_type, b.description,
+                [_kind_class(k) for k in b.kinds], self.origin(b.origin)]
+
+    def problem(self, p: Problem) -> list[Any]:
+        if p.error is not None:
+            who = ", ".join(o.dist for o in p.culprits) or "the load"
+            raise Uncacheable(f"{who}: the problem [{p.code}] carries an exception "
+                              f"({type(p.error).__name__})")
+        return [p.code, p.message, p.hint, p.severity, [self.origin(o) for o in p.culprits],
+                [self.origin(o) for o in p.others], p.op, p.key, p.namespace, p.source]
+
+    def skipped(self, s: Skipped) -> list[Any]:
+        if s.deferred:
+            raise Uncacheable(f"{s.origin.dist}: deferred (its module was being imported)")
+        return [self.origin(s.origin), s.reason, s.deferred]
+
+    def hooks(self, hooks: Mapping[Origin, tuple[str, ...]]) -> list[Any]:
+        return [[self.origin(o), list(names)] for o, names in hooks.items()]
+
+    def declarations(self, decl: Declarations) -> dict[str, Any]:
+        """``decl`` as data; the plan encoded next names its ops and kernels by index."""
+        self._op_at = {id(op): i for i, op in enumerate(decl.ops)}
+        self._kernel_at = {id(k): i for i, k in enumerate(decl.kernels)}
+        return {"namespaces": [self.namespace(ns) for ns in decl.namespaces],
+                "ops": [self.op(op) for op in decl.ops],
+                "kernels": [self.kernel(k) for k in decl.kernels],
+                "backends": [self.backend(b) for b in decl.backends],
+                "available": dict(decl.available),
+                "distributions": [self.origin(o) for o in decl.distributions],
+                "skipped": [self.skipped(s) for s in decl.skipped],
+                "problems": [self.problem(p) for p in decl.problems],
+                "hooks": self.hooks(decl.hooks)}
+
+    def kernel_plan(self, k: KernelPlan) -> list[Any]:
+        at = self._kernel_at.get(id(k.kernel))
+        return [at if at is not None else self.kernel(k.kernel), k.status, k.backend, k.reason,
+                k.overrides, k.rank]
+
+    def plan(self, plan: Plan) -> dict[str, Any]:
+        """``plan`` as data, naming the records of the declarations encoded last by index."""
+        ops = []
+        for op in plan.ops:
+            at = self._op_at.get(id(op.op))
+            ops.append([at if at is not None else self.op(op.op),
+                        [self.kernel_plan(k) for k in op.kernels]])
+        return {
+            "backends": [[self.origin(b.backend.origin), b.backend.name, b.available]
+                         for b in plan.backends],
+            "namespaces": [[n.name, self.origin(n.owner), [self.origin(f) for f in n.fragments],
+                            n.closed] for n in plan.namespaces],
+            "ops": ops,
+            "external_kernels": [self.kernel_plan(k) for k in plan.external_kernels],
+            "problems": [self.problem(p) for p in plan.problems],
+            "distributions": [self.origin(o) for o in plan.distributions],
+            "excluded": [self.origin(o) for o in plan.excluded],
+            "skipped": [self.skipped(s) for s in plan.skipped],
+            "hooks": self.hooks(plan.hooks),
+            "switches": [list(s) for s in plan.switches],
+            "natives": [[n.namespace, n.kind, _native(n.library), self.origin(n.origin),
+                         [list(p) for p in n.ops], [list(p) for p in n.keys]]
+                        for n in plan.natives]}
+
+    def table(self) -> list[list[str]]:
+        return self.origins
+
+
+class Decoder:
+    """Rebuilds records from :class:`Encoder`'s data (``origins``: its :meth:`~Encoder.table`).
+
+    ``backends`` are the live backend records by ``(distribution, name)``,
+    used in place of the cached ones (equal as data; their kinds are the
+    live descriptors).
+    """
+
+    def __init__(self, origins: list[list[str]],
+                 backends: Mapping[tuple[str, str], Backend] | None = None) -> None:
+        make = _maker(Origin)
+        self.origins = [make(o) for o in origins]
+        self.backends = backends or {}
+        self.ops: list[OpDef] = []
+        self.kernels: list[Kernel] = []
+
+    def origin(self, i: int | None) -> Origin | None:
+        return None if i is None else self.origins[i]
+
+    def payload(self, data: list[Any]) -> Any:
+        cls = _PAYLOADS.get(data[0])
+        if cls is not None:
+            return _maker(cls)([_unvalue(v) for v in data[1:]])
+        cls = _import(data[0])
+        if not attrs.has(cls) or not isinstance(getattr(cls, "kind", None), Kind):
+            raise TypeError(f"{data[0]} is not a payload class")
+        return cls(**{k: _unvalue(v) for k, v in data[1].items()})
+
+    def kernel(self, d: list[Any]) -> Kernel:
+        op, key, payload, override, when, predicate, priority, source, origin = d
+        return _maker(Kernel)((op, key, self.payload(payload), override, _uncondition(when),
+                               predicate, priority, source, self.origin(origin)))
+
+    def op(self, d: list[Any]) -> OpDef:
+        namespace, name, schema, overload, mutates, tags, samples, doc, source, origin = d
+        return _maker(OpDef)((namespace, name, schema, overload,
+                              None if mutates is None else tuple(mutates), tuple(tags), samples,
+                              doc, source, self.origin(origin)))
+
+    def namespace(self, d: list[Any]) -> Namespace:
+        name, kind, closed, description, source, origin, native = d
+        return _maker(Namespace)((name, kind, closed, description, source, self.origin(origin),
+                                  _unnative(native)))
+
+    def backend(self, d: list[Any]) -> Backend:
+        name, keys, device_type, description, _, origin = d
+        o = self.origin(origin)
+        live = self.backends.get((o.distribution if o else "", name))
+        if live is not None:
+            return live
+        return _maker(Backend)((name, tuple(keys), device_type, description, (), o))
+
+    def problem(self, d: list[Any]) -> Problem:
+        code, message, hint, severity, culprits, others, op, key, namespace, source = d
+        return _maker(Problem)((code, message, hint, severity,
+                                tuple(self.origins[i] for i in culprits),
+                                tuple(self.origins[i] for i in others), op, key, namespace,
+                                source, None))
+
+    def skipped(self, d: list[Any]) -> Skipped:
+        return _maker(Skipped)((self.origins[d[0]], d[1], d[2]))
+
+    def hooks(self, d: list[Any]) -> dict[Origin, tuple[str, ...]]:
+        return {self.origins[i]: tuple(names) for i, names in d}
+
+    def declarations(self, d: Mapping[str, Any]) -> Declarations:
+        self.ops = [self.op(op) for op in d["ops"]]
+        self.kernels = [self.kernel(k) for k in d["kernels"]]
+        return Declarations(
+            namespaces=[self.namespace(ns) for ns in d["namespaces"]], ops=self.ops,
+            kernels=self.kernels, backends=[self.backend(b) for b in d["backends"]],
+            available=dict(d["available"]),
+            distributions=[self.origins[i] for i in d["distributions"]],
+            skipped=[self.skipped(s) for s in d["skipped"]],
+            problems=[self.problem(p) for p in d["problems"]], hooks=self.hooks(d["hooks"]))
+
+    def kernel_plan(self, d: list[Any]) -> KernelPlan:
+        kernel, status, backend, reason, overrides, rank = d
+        return _maker(KernelPlan)((self.kernels[kernel] if isinstance(kernel, int)
+                                   else self.kernel(kernel), status, backend, reason, overrides,
+                                   rank))
+
+    def op_plan(self, d: list[Any]) -> OpPlan:
+        op = self.ops[d[0]] if isinstance(d[0], int) else self.op(d[0])
+        return _maker(OpPlan)((op, parse_signature(op.schema),
+                               tuple(self.kernel_plan(k) for k in d[1])))
+
+    def plan(self, d: Mapping[str, Any], backends: Iterable[Backend]) -> Plan:
+        """The plan, over the declarations decoded last; ``backends``: its declarations'."""
+        by_name = {(b.origin.distribution if b.origin else "", b.name): b for b in backends}
+        make_ns, make_native = _maker(NamespacePlan), _maker(NativePlan)
+        return Plan(
+            backends=tuple(BackendPlan(backend=by_name[(self.origins[o].distribution, name)],
+                                       available=available)
+                           for o, name, available in d["backends"]),
+            namespaces=tuple(make_ns((name, self.origin(owner),
+                                      tuple(self.origins[i] for i in fragments), closed))
+                             for name, owner, fragments, closed in d["namespaces"]),
+            ops=tuple(self.op_plan(op) for op in d["ops"]),
+            external_kernels=tuple(self.kernel_plan(k) for k in d["external_kernels"]),
+            problems=tuple(self.problem(p) for p in d["problems"]),
+            distributions=tuple(self.origins[i] for i in d["distributions"]),
+            excluded=tuple(self.origins[i] for i in d["excluded"]),
+            skipped=tuple(self.skipped(s) for s in d["skipped"]),
+            hooks=self.hooks(d["hooks"]),
+            switches=tuple((text, source) for text, source in d["switches"]),
+            natives=tuple(make_native((ns, kind, _unnative(lib), self.origins[o],
+                                       tuple(tuple(p) for p in ops), tuple(tuple(p) for p in keys)))
+                          for ns, kind, lib, o, ops, keys in d["natives"]))
+
+
+def encode_query(query: EnvironmentQuery) -> list[Any]:
+    return [list(query.distributions), list(query.modules),
+            [_native(lib) for lib in query.libraries]]
+
+
+def decode_query(data: list[Any]) -> EnvironmentQuery:
+    names, modules, libraries = data
+    return EnvironmentQuery(distributions=tuple(names), modules=tuple(modules),
+                            libraries=tuple(_unnative(lib) for lib in libraries))
+
+
+def dispatcher_digest(ops: Iterable[str], tags: Iterable[str]) -> str:
+    """One digest of what torch's dispatcher holds outside opregistry (its namespaces follow)."""
+    h = hashlib.sha256()
+    for name in sorted(ops):
+        h.update(name.encode())
+        h.update(b"\n")
+    h.update(b"\0" + ",".join(sorted(tags)).encode())
+    return h.hexdigest()
+
+
+def encode_environment(env: Environment, kernels: Mapping[str, bool] | None = None
+                       ) -> dict[str, Any]:
+    """What the resolver read of the machine, as data to compare with a later load's.
+
+    The dispatcher is written as a digest of its ops and tags and, in
+    ``kernels``, the answers to each ``has_kernel(op, key)`` question the
+    resolver asked (``"op|key"``).
+    """
+    torch = env.torch
+    state = env.dispatcher
+    return {
+        "torch": None if torch is None else [torch.version, list(torch.release),
+                                             sorted(torch.tags), torch.source],
+        "torch_build": None if env.torch_build is None else list(env.torch_build),
+        "distributions": dict(sorted(env.distributions.items())),
+        "modules": dict(sorted(env.modules.items())),
+        "natives": dict(sorted(env.natives.items())),
+        "platform": env.platform,
+        "dispatcher": None if state is None else {
+            "digest": dispatcher_digest(state.ops, state.tags),
+            "kernels": dict(sorted((kernels or {}).items()))},
+    }

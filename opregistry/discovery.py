@@ -25,7 +25,7 @@ from .logs import get_logger
 from .model import Discovered, Origin, Plugin, Problem, Skipped, source_of
 
 __all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "DEFERRED", "discover", "entry_points",
-           "load_problem", "still_importing"]
+           "load_problem", "still_importing", "load_origins"]
 
 BACKENDS_GROUP = "opregistry.backends"
 OPS_GROUP = "opregistry.ops"
@@ -250,23 +250,49 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
                 ))
             skipped.append(Skipped(origin, f"entry point name {ep.name!r} is used twice"))
             continue
-        if still_importing(ep.module):
-            # it imported torch (whose autoload brought us here) before defining its ops:
-            # what it declares does not exist yet; the registry completes it later
-            skipped.append(Skipped(origin, DEFERRED, deferred=True))
-            continue
-        # a plugin's failure is its own, never ours: SystemExit (a module that parses
-        # sys.argv at import) and any BaseException but a real Ctrl-C included
-        guarded = guard.run(ep.load, origin=origin, what=f"importing {ep.value}",
-                            protected=watched, policy=settings.policy,
-                            owns=guard.owned_by(ep.module))
-        problems.extend(guarded.problems)
-        if guarded.error is not None:
-            problem = load_problem(origin, guarded.error)
-            log.warning("plugin failed to load", distribution=origin.dist,
-                        error=describe(guarded.error))
-            problems.append(problem)
-            skipped.append(Skipped(origin, problem.message))
-            continue
-        plugins.append(Plugin(origin, guarded.result))
+        _load(ep, origin, settings, watched, plugins, skipped, problems)
+    return Discovered(tuple(plugins), tuple(skipped), tuple(problems))
+
+
+def _load(ep: Any, origin: Origin, settings: Settings, watched: frozenset[str] | None,
+          plugins: list[Plugin], skipped: list[Skipped], problems: list[Problem]) -> None:
+    """Import one admitted entry point, contained; the outcome goes to the three lists."""
+    if still_importing(ep.module):
+        # it imported torch (whose autoload brought us here) before defining its ops:
+        # what it declares does not exist yet; the registry completes it later
+        skipped.append(Skipped(origin, DEFERRED, deferred=True))
+        return
+    # a plugin's failure is its own, never ours: SystemExit (a module that parses
+    # sys.argv at import) and any BaseException but a real Ctrl-C included
+    guarded = guard.run(ep.load, origin=origin, what=f"importing {ep.value}",
+                        protected=watched, policy=settings.policy,
+                        owns=guard.owned_by(ep.module))
+    problems.extend(guarded.problems)
+    if guarded.error is not None:
+        problem = load_problem(origin, guarded.error)
+        log.warning("plugin failed to load", distribution=origin.dist,
+                    error=describe(guarded.error))
+        problems.append(problem)
+        skipped.append(Skipped(origin, problem.message))
+        return
+    plugins.append(Plugin(origin, guarded.result))
+
+
+def load_origins(settings: Settings, origins: Iterable[Origin]) -> Discovered:
+    """Import the entry points ``origins`` name, as :func:`discover` would, without the scan.
+
+    For entry points known already (the plan cache's backends): no walk over
+    the installed distributions, no allow/block list or duplicate checks --
+    those were made when the origins were found.
+    """
+    import importlib_metadata
+
+    plugins: list[Plugin] = []
+    skipped: list[Skipped] = []
+    problems: list[Problem] = []
+    watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
+    for origin in origins:
+        ep = importlib_metadata.EntryPoint(name=origin.entry_point, value=origin.value,
+                                           group=origin.group)
+        _load(ep, origin, settings, watched, plugins, skipped, problems)
     return Discovered(tuple(plugins), tuple(skipped), tuple(problems))

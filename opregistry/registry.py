@@ -9,24 +9,27 @@ spawned processes, on every rank.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from typing import Callable, Iterable, Iterator
 
 import attrs
 
+from .codec import Encoder
 from .collect import Collected, collect
 from .config import Policy, Settings
 from .containment import interrupts_watched
-from .discovery import discover, still_importing
+from .discovery import discover, load_origins, still_importing
 from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
-from .locked import gate
+from .locked import Gate, gate
 from .logs import get_logger
 from .materializer import Materialized, defined_ops, gc_paused
 from .model import Problem, elide
-from .environment import TorchState, read_environment
+from .environment import Environment, TorchState, read_environment
 from .plan import KernelPlan, OpPlan, Plan
+from .plancache import PlanCache, Recorded, backends_to_load, reuse
 from .resolver import resolve
 from .state import process
 
@@ -57,12 +60,81 @@ def _collect_and_resolve_unpaused(settings: Settings,
                                   ) -> tuple[Collected, Plan]:
     # locked mode (OPREGISTRY_LOCK): checked before any plugin module is imported
     lock_gate = gate(settings)
+    cache = PlanCache(settings, torch_imported="torch" in sys.modules)
+    state = process()
+    if not cache.enabled:
+        state.plan_cache = "off"
+        return _build(settings, lock_gate, torch_state)[:2]
+    found = _cached(cache, settings, lock_gate, torch_state)
+    if found == "uncacheable":
+        return _build(settings, lock_gate, torch_state)[:2]
+    if found is not None:
+        return found  # type: ignore[return-value]
+    with cache.building() as held:
+        # another process may have written the entry while this one waited for the lock
+        found = _cached(cache, settings, lock_gate, torch_state) if held else None
+        if isinstance(found, tuple):
+            return found
+        state.plan_cache = "miss"
+        stamper = cache.stamper()
+        before = set(sys.modules)
+        collected, resolved, env, answers = _build(settings, lock_gate, torch_state)
+        if found != "uncacheable":
+            cache.store(stamper, collected.declarations, resolved, env, answers,
+                        set(sys.modules) - before, _gate_part(lock_gate))
+        return collected, resolved
+
+
+def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchState | None]
+           ) -> tuple[Collected, Plan, Environment, dict[str, bool]]:
+    """Discover, collect and resolve; also the environment read and the dispatcher's answers."""
     collected = collect(lock_gate.apply(discover(lock_gate.settings)))
     # torch's state is read after the plugins are imported: a plugin may register
     # with torch itself at import (a Library of its own), and the resolver must see it
     decl = collected.declarations
-    return collected, resolve(decl, policy=settings.policy,
-                              environment=read_environment(decl, torch_state()))
+    dispatcher = Recorded(torch_state())
+    env = read_environment(decl, dispatcher.state)
+    return collected, resolve(decl, policy=settings.policy, environment=env), env, \
+        dispatcher.answers
+
+
+def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
+            torch_state: Callable[[], TorchState | None]) -> tuple[Collected, Plan] | str | None:
+    """The cached plan (``"uncacheable"``: the entry says it cannot be; ``None``: a miss).
+
+    Imports and collects the backends only: their materialize hooks are needed,
+    and whether each is available is this process's to say.
+    """
+    entry = cache.lookup()
+    if entry is None:
+        return None
+    if "uncacheable" in entry:
+        log.debug("plan cache: not cacheable", reason=entry["uncacheable"])
+        process().plan_cache = "uncacheable"
+        return "uncacheable"
+    try:
+        if entry["gate"] != _gate_part(lock_gate):
+            return None
+        live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
+        found = reuse(entry, live.declarations, torch_state(),
+                      lambda decl, env: resolve(decl, policy=settings.policy, environment=env))
+    except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
+        log.debug("plan cache entry unusable", error=repr(exc))
+        return None
+    if found is None:
+        return None
+    decl, resolved, outcome = found
+    log.debug("plan cache", outcome=outcome)
+    process().plan_cache = outcome
+    return Collected(decl, live.materializers), resolved
+
+
+def _gate_part(lock_gate: Gate) -> str:
+    """What the locked mode decided, as a string to compare with the cached one."""
+    enc = Encoder()
+    return json.dumps([sorted(lock_gate.refused.items()),
+                       [enc.problem(p) for p in lock_gate.problems], lock_gate.everything,
+                       enc.table()])
 
 
 @contextlib.contextmanager

@@ -75,6 +75,10 @@ class ProcessState:
         #: the wrapper of torch.library.Library's registration methods (installed once,
         #: when opregistry first loads or watches; opregistry.torch_state.Recorder)
         self.recorder: Any = None
+        #: what the plan cache did for the last plan built (opregistry.plancache): ``"hit"``,
+        #: ``"resolved"`` (cached declarations resolved again), ``"miss"``, ``"uncacheable"``,
+        #: ``"off"``; ``None`` before any
+        self.plan_cache: str | None = None
 
 
 _state = ProcessState()

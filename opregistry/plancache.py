@@ -1,0 +1,228 @@
+"""The plan cache: a resolved plan kept on disk and reused while none of its inputs changed.
+
+At ``import torch`` (and in ``opregistry list``) the declarations of every
+installed op package are discovered, collected and resolved; with a valid
+entry here, none of that runs.  An entry (one JSON file per *slot*, see
+:mod:`opregistry.inputs`) holds:
+
+* the **manifest**: a stamp of every input file (:func:`inputs.check_manifest`);
+* the **declarations** of every distribution, as data (:mod:`opregistry.codec`);
+* the **environment** they were resolved in -- what the resolver read of the
+  machine (:class:`~opregistry.environment.EnvironmentQuery` and its
+  answers), and a digest of torch's dispatcher when torch was imported;
+* the backends' part of the declarations, compared with the backends
+  collected again at every load (their materialize hooks are needed anyway,
+  and whether a backend is available is a condition of this process);
+* the **plan**.
+
+A load whose manifest holds imports the backends, collects them, reads the
+environment again (conditions are never frozen: only what the declarations
+ask about is read) and, when both equal the cached ones, uses the cached
+plan; when only the environment or the backends' availability differ, it
+resolves the cached declarations again (pure: no discovery, no collection).
+Anything else is a miss: the registry is built as without a cache, and the
+entry written again.
+
+Declarations that cannot be data (:class:`~opregistry.codec.Uncacheable`: a
+decorator-style op package's callables, a deferred distribution, a problem
+with an exception) are not cached: the entry records why, and every load of
+that slot builds the registry as without a cache.
+
+Nothing here raises to its caller for a bad entry or directory: a miss is
+logged at debug level and the registry is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from typing import Any, Callable, Iterator, Mapping
+
+import attrs
+
+from . import inputs
+from .codec import (FORMAT, Decoder, Encoder, Uncacheable, decode_query, encode_environment,
+                    encode_query)
+from .config import CONFIG_VAR, Settings
+from .discovery import BACKENDS_GROUP
+from .diskcache import DiskCache
+from .environment import Environment, TorchState, environment_query, read_query
+from .logs import get_logger
+from .model import Declarations, Origin
+from .plan import Plan
+
+__all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backend_part",
+           "backends_to_load", "reuse"]
+
+log = get_logger()
+
+#: ``OPREGISTRY_CACHE_CHECK=content``: stamp every input by content, not size and time
+CHECK_VAR = "OPREGISTRY_CACHE_CHECK"
+#: seconds a process waits for another that builds the same entry, then builds it too
+LOCK_TIMEOUT = 30.0
+#: the folder of the cache directory that holds the plans
+NAME = "plans"
+
+
+def _content_check(settings: Settings, environ: Mapping[str, str]) -> bool:
+    mode = (environ.get(CHECK_VAR) or "stat").strip().lower()
+    return settings.lock is not None or mode == "content"
+
+
+def backend_part(decl: Declarations) -> str:
+    """The backends' part of ``decl`` as one string (their availability aside)."""
+    enc = Encoder()
+
+    def ours(o: Origin | None) -> bool:
+        return o is not None and o.group == BACKENDS_GROUP
+
+    data = [[enc.backend(b) for b in decl.backends],
+            [enc.origin(o) for o in decl.distributions if ours(o)],
+            [enc.skipped(s) for s in decl.skipped if ours(s.origin)],
+            [enc.problem(p) for p in decl.problems if any(ours(o) for o in p.culprits)],
+            enc.hooks({o: h for o, h in decl.hooks.items() if ours(o)})]
+    return json.dumps([data, enc.table()], separators=(",", ":"))
+
+
+class Recorded:
+    """A dispatcher whose ``has_kernel`` answers are recorded (the resolver asks a few)."""
+
+    def __init__(self, state: TorchState | None) -> None:
+        self.answers: dict[str, bool] = {}
+        self.state = state
+        if state is not None:
+            ask = state.has_kernel
+
+            def has_kernel(op: str, key: str) -> bool:
+                found = self.answers[f"{op}|{key}"] = bool(ask(op, key))
+                return found
+
+            self.state = attrs.evolve(state, has_kernel=has_kernel)
+
+
+def _environment(entry: Mapping[str, Any], dispatcher: TorchState | None
+                 ) -> tuple[Environment, dict[str, Any]]:
+    """This load's environment for the cached query, and its encoding to compare."""
+    env = read_query(decode_query(entry["query"]), dispatcher)
+    asked = (entry["environment"].get("dispatcher") or {}).get("kernels", {})
+    answers = {}
+    if dispatcher is not None:
+        for question in asked:
+            op, _, key = question.rpartition("|")
+            answers[question] = bool(dispatcher.has_kernel(op, key))
+    return env, encode_environment(env, answers)
+
+
+class PlanCache:
+    """The plan cache for one slot: this process's settings, ``sys.path``, torch imported or not."""
+
+    def __init__(self, settings: Settings, *, torch_imported: bool,
+                 environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.settings = settings
+        self.content = _content_check(settings, env)
+        self.disk = DiskCache.open(NAME, stamp=f"plan-{FORMAT}", environ=env)
+        self.key = inputs.slot(settings, torch_imported=torch_imported, content=self.content,
+                               environ=env)
+
+    @property
+    def enabled(self) -> bool:
+        return self.disk.enabled
+
+    def lookup(self) -> dict[str, Any] | None:
+        """The entry of this slot when its manifest still holds, else ``None`` (logged why)."""
+        entry = self.disk.load(self.key) if self.enabled else None
+        if entry is None:
+            return None
+        try:
+            changed = inputs.check_manifest(entry["manifest"])
+        except Exception as exc:  # noqa: BLE001 - a malformed entry is a miss
+            log.debug("plan cache entry malformed, ignored", error=repr(exc))
+            return None
+        if changed is not None:
+            log.debug("plan cache entry stale", changed=changed)
+            return None
+        return entry
+
+    @contextlib.contextmanager
+    def building(self) -> Iterator[bool]:
+        """Held while this process builds the entry: others wait for it (:data:`LOCK_TIMEOUT`)."""
+        if not self.enabled:
+            yield False
+            return
+        with self.disk.lock(self.key, LOCK_TIMEOUT) as held:
+            yield held
+
+    def stamper(self) -> inputs.Stamper:
+        """Stamps of the inputs known before discovery: ``sys.path`` and what is installed."""
+        stamper = inputs.Stamper(self.content)
+        folders, files = inputs.sys_path_files(sys.path)
+        stamper.watch(folders)
+        stamper.add(files)
+        extra = [os.environ.get(CONFIG_VAR, "").strip(), self.settings.lock or ""]
+        stamper.add(os.path.abspath(p) for p in extra if p)
+        return stamper
+
+    def store(self, stamper: inputs.Stamper, decl: Declarations, plan: Plan,
+              env: Environment, answers: Mapping[str, bool], imported: set[str],
+              gate: str) -> bool:
+        """Write the entry for what was just built; ``imported``: modules new since discovery."""
+        plugins = [o.value.partition(":")[0] for o in (
+            *decl.distributions, *(s.origin for s in decl.skipped))]
+        stamper.add(inputs.package_files([*plugins, __name__]))
+        stamper.add(inputs.module_files(sorted(imported)))
+        manifest = stamper.manifest({m.partition(".")[0] for m in (*imported, *plugins, __name__)})
+        if manifest is None:
+            log.debug("plan not cached: sys.path changed while it was built")
+            return False
+        entry: dict[str, Any] = {"manifest": manifest, "gate": gate}
+        try:
+            enc = Encoder()
+            entry.update(declarations=enc.declarations(decl), plan=enc.plan(plan),
+                         origins=enc.table(), backends=backend_part(decl),
+                         query=encode_query(environment_query(decl)),
+                         environment=encode_environment(env, answers))
+        except Uncacheable as exc:
+            log.debug("plan not cached", reason=str(exc))
+            entry = {"manifest": manifest, "gate": gate, "uncacheable": str(exc)}
+        return self.disk.store(self.key, entry)
+
+
+def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
+    """The backend entry points the cached declarations came with, to import again."""
+    origins = entry["origins"]
+    found = []
+    for i in entry["declarations"]["distributions"]:
+        distribution, version, group, name, value = origins[i]
+        if group == BACKENDS_GROUP:
+            found.append(Origin(distribution=distribution, version=version, group=group,
+                                entry_point=name, value=value))
+    return found
+
+
+def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None,
+          resolve: Callable[[Declarations, Environment], Plan]
+          ) -> tuple[Declarations, Plan, str] | None:
+    """The cached declarations and plan (and ``"hit"`` or ``"resolved"``), given the backends
+    collected in this load.
+
+    ``None`` when the backends differ from the cached ones in anything but
+    their availability (a miss).  The cached plan when the environment and
+    the availability are the same; else ``resolve`` of the cached
+    declarations in this environment.
+    """
+    if backend_part(live) != entry["backends"]:
+        log.debug("plan cache: the backends differ from the cached ones")
+        return None
+    env, env_data = _environment(entry, dispatcher)
+    live_backends = {(b.origin.distribution if b.origin else "", b.name): b
+                     for b in live.backends}
+    decoder = Decoder(entry["origins"], live_backends)
+    decl = decoder.declarations(entry["declarations"])
+    if env_data == entry["environment"] and decl.available == live.available:
+        return decl, decoder.plan(entry["plan"], decl.backends), "hit"
+    log.debug("plan cache: resolving the cached declarations in this environment")
+    decl = attrs.evolve(decl, available=dict(live.available))
+    return decl, resolve(decl, env), "resolved"

@@ -80,18 +80,30 @@ def _setters(cls: type, names: Iterable[str]) -> tuple[Callable[[Any, Any], None
 
 
 class _Maker:
-    """Builds records of one attrs class from positional values, without its validators."""
+    """Builds records of one attrs class from positional values, without its validators.
+
+    The builder is generated, as attrs generates ``__init__``: one slot store
+    per field, unrolled (a plan of 10,000 ops is ~150,000 records, rebuilt at
+    every ``import torch``).  Only this module's own code is generated; the
+    values come from the entry, as arguments.
+    """
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
         self.names = tuple(a.name for a in attrs.fields(cls))
-        self.setters = _setters(cls, self.names)
+        setters = _setters(cls, self.names)
+        scope: dict[str, Any] = {"new": object.__new__, "cls": cls,
+                                 **{f"s{i}": s for i, s in enumerate(setters)}}
+        body = "".join(f"    s{i}(o, v[{i}])\n" for i in range(len(setters)))
+        exec(f"def make(v):\n    o = new(cls)\n{body}    return o\n", scope)  # noqa: S102
+        self.make = scope["make"]
+        self.width = len(setters)
 
-    def __call__(self, values: Iterable[Any]) -> Any:
-        obj = object.__new__(self.cls)
-        for setter, value in zip(self.setters, values, strict=True):
-            setter(obj, value)
-        return obj
+    def __call__(self, values: Any) -> Any:
+        values = tuple(values)
+        if len(values) != self.width:
+            raise ValueError(f"{self.cls.__name__}: {len(values)} values, not {self.width}")
+        return self.make(values)
 
 
 _MAKERS: dict[type, _Maker] = {}
@@ -290,28 +302,41 @@ class Encoder:
 
 
 class Decoder:
-    """Rebuilds records from :class:`Encoder`'s data (``origins``: its :meth:`~Encoder.table`).
+    """Rebuilds records from :class:`Encoder`'s data: ``origins`` is its :meth:`~Encoder.table`,
+    ``declarations`` what :meth:`~Encoder.declarations` returned.
 
-    ``backends`` are the live backend records by ``(distribution, name)``,
-    used in place of the cached ones (equal as data; their kinds are the
-    live descriptors).
+    The plan's op and kernel records are those of the declarations, rebuilt
+    on first use: a plan is rebuilt without the declarations it does not
+    hold.  ``backends`` are the live backend records by ``(distribution,
+    name)``, used in place of the cached ones (equal as data; their kinds are
+    the live descriptors).
     """
 
-    def __init__(self, origins: list[list[str]],
+    def __init__(self, origins: list[list[str]], declarations: Mapping[str, Any],
                  backends: Mapping[tuple[str, str], Backend] | None = None) -> None:
         make = _maker(Origin)
         self.origins = [make(o) for o in origins]
+        self.data = declarations
         self.backends = backends or {}
-        self.ops: list[OpDef] = []
-        self.kernels: list[Kernel] = []
+        self._ops: list[OpDef | None] = [None] * len(declarations["ops"])
+        self._kernels: list[Kernel | None] = [None] * len(declarations["kernels"])
+        self._payload_makers = {name: (_maker(cls).make, _maker(cls).width)
+                                for name, cls in _PAYLOADS.items()}
+        self._kernel = _maker(Kernel).make
+        self._kernel_plan = _maker(KernelPlan).make
 
     def origin(self, i: int | None) -> Origin | None:
         return None if i is None else self.origins[i]
 
     def payload(self, data: list[Any]) -> Any:
-        cls = _PAYLOADS.get(data[0])
-        if cls is not None:
-            return _maker(cls)([_unvalue(v) for v in data[1:]])
+        make = self._payload_makers.get(data[0])
+        if make is not None:
+            values = tuple(data[1:])
+            if len(values) != make[1]:
+                raise ValueError(f"{data[0]} payload: {len(values)} values, not {make[1]}")
+            if dict in map(type, values):
+                values = tuple(_unvalue(v) for v in values)
+            return make[0](values)
         cls = _import(data[0])
         if not attrs.has(cls) or not isinstance(getattr(cls, "kind", None), Kind):
             raise TypeError(f"{data[0]} is not a payload class")
@@ -319,14 +344,27 @@ class Decoder:
 
     def kernel(self, d: list[Any]) -> Kernel:
         op, key, payload, override, when, predicate, priority, source, origin = d
-        return _maker(Kernel)((op, key, self.payload(payload), override, _uncondition(when),
-                               predicate, priority, source, self.origin(origin)))
+        return self._kernel((op, key, self.payload(payload), override, _uncondition(when),
+                             predicate, priority, source,
+                             None if origin is None else self.origins[origin]))
 
     def op(self, d: list[Any]) -> OpDef:
         namespace, name, schema, overload, mutates, tags, samples, doc, source, origin = d
-        return _maker(OpDef)((namespace, name, schema, overload,
-                              None if mutates is None else tuple(mutates), tuple(tags), samples,
-                              doc, source, self.origin(origin)))
+        return _maker(OpDef).make((namespace, name, schema, overload,
+                                   None if mutates is None else tuple(mutates), tuple(tags),
+                                   samples, doc, source, self.origin(origin)))
+
+    def op_at(self, i: int) -> OpDef:
+        found = self._ops[i]
+        if found is None:
+            found = self._ops[i] = self.op(self.data["ops"][i])
+        return found
+
+    def kernel_at(self, i: int) -> Kernel:
+        found = self._kernels[i]
+        if found is None:
+            found = self._kernels[i] = self.kernel(self.data["kernels"][i])
+        return found
 
     def namespace(self, d: list[Any]) -> Namespace:
         name, kind, closed, description, source, origin, native = d
@@ -354,12 +392,13 @@ class Decoder:
     def hooks(self, d: list[Any]) -> dict[Origin, tuple[str, ...]]:
         return {self.origins[i]: tuple(names) for i, names in d}
 
-    def declarations(self, d: Mapping[str, Any]) -> Declarations:
-        self.ops = [self.op(op) for op in d["ops"]]
-        self.kernels = [self.kernel(k) for k in d["kernels"]]
+    def declarations(self) -> Declarations:
+        d = self.data
         return Declarations(
-            namespaces=[self.namespace(ns) for ns in d["namespaces"]], ops=self.ops,
-            kernels=self.kernels, backends=[self.backend(b) for b in d["backends"]],
+            namespaces=[self.namespace(ns) for ns in d["namespaces"]],
+            ops=[self.op_at(i) for i in range(len(self._ops))],
+            kernels=[self.kernel_at(i) for i in range(len(self._kernels))],
+            backends=[self.backend(b) for b in d["backends"]],
             available=dict(d["available"]),
             distributions=[self.origins[i] for i in d["distributions"]],
             skipped=[self.skipped(s) for s in d["skipped"]],
@@ -367,27 +406,29 @@ class Decoder:
 
     def kernel_plan(self, d: list[Any]) -> KernelPlan:
         kernel, status, backend, reason, overrides, rank = d
-        return _maker(KernelPlan)((self.kernels[kernel] if isinstance(kernel, int)
-                                   else self.kernel(kernel), status, backend, reason, overrides,
-                                   rank))
+        return self._kernel_plan((self.kernel_at(kernel) if type(kernel) is int
+                                  else self.kernel(kernel), status, backend, reason, overrides,
+                                  rank))
 
     def op_plan(self, d: list[Any]) -> OpPlan:
-        op = self.ops[d[0]] if isinstance(d[0], int) else self.op(d[0])
-        return _maker(OpPlan)((op, parse_signature(op.schema),
-                               tuple(self.kernel_plan(k) for k in d[1])))
+        op = self.op_at(d[0]) if type(d[0]) is int else self.op(d[0])
+        kernel_plan = self.kernel_plan
+        return _maker(OpPlan).make((op, parse_signature(op.schema),
+                                    tuple([kernel_plan(k) for k in d[1]])))
 
-    def plan(self, d: Mapping[str, Any], backends: Iterable[Backend]) -> Plan:
-        """The plan, over the declarations decoded last; ``backends``: its declarations'."""
-        by_name = {(b.origin.distribution if b.origin else "", b.name): b for b in backends}
+    def plan(self, d: Mapping[str, Any]) -> Plan:
+        """The plan; its backends are those of the declarations (the live ones, by name)."""
+        backends = {(self.origins[b[5]].distribution if b[5] is not None else "", b[0]):
+                    self.backend(b) for b in self.data["backends"]}
         make_ns, make_native = _maker(NamespacePlan), _maker(NativePlan)
         return Plan(
-            backends=tuple(BackendPlan(backend=by_name[(self.origins[o].distribution, name)],
+            backends=tuple(BackendPlan(backend=backends[(self.origins[o].distribution, name)],
                                        available=available)
                            for o, name, available in d["backends"]),
             namespaces=tuple(make_ns((name, self.origin(owner),
                                       tuple(self.origins[i] for i in fragments), closed))
                              for name, owner, fragments, closed in d["namespaces"]),
-            ops=tuple(self.op_plan(op) for op in d["ops"]),
+            ops=tuple([self.op_plan(op) for op in d["ops"]]),
             external_kernels=tuple(self.kernel_plan(k) for k in d["external_kernels"]),
             problems=tuple(self.problem(p) for p in d["problems"]),
             distributions=tuple(self.origins[i] for i in d["distributions"]),

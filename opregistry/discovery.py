@@ -278,6 +278,23 @@ def _load(ep: Any, origin: Origin, settings: Settings, watched: frozenset[str] |
     plugins.append(Plugin(origin, guarded.result))
 
 
+class _KnownEntryPoint:
+    """An entry point known from an :class:`~opregistry.model.Origin`: loaded as
+    importlib-metadata's ``EntryPoint.load`` does, without importing importlib-metadata."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+        self.module = value.partition(":")[0].strip()
+
+    def load(self) -> Any:
+        import importlib
+
+        found: Any = importlib.import_module(self.module)
+        for part in filter(None, self.value.partition(":")[2].strip().split(".")):
+            found = getattr(found, part)
+        return found
+
+
 def load_origins(settings: Settings, origins: Iterable[Origin]) -> Discovered:
     """Import the entry points ``origins`` name, as :func:`discover` would, without the scan.
 
@@ -285,14 +302,11 @@ def load_origins(settings: Settings, origins: Iterable[Origin]) -> Discovered:
     the installed distributions, no allow/block list or duplicate checks --
     those were made when the origins were found.
     """
-    import importlib_metadata
-
     plugins: list[Plugin] = []
     skipped: list[Skipped] = []
     problems: list[Problem] = []
     watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
     for origin in origins:
-        ep = importlib_metadata.EntryPoint(name=origin.entry_point, value=origin.value,
-                                           group=origin.group)
-        _load(ep, origin, settings, watched, plugins, skipped, problems)
+        _load(_KnownEntryPoint(origin.value), origin, settings, watched, plugins, skipped,
+              problems)
     return Discovered(tuple(plugins), tuple(skipped), tuple(problems))

@@ -96,6 +96,9 @@ def _importable(module: str) -> bool:
 
 
 def _versions(names: Iterable[str]) -> dict[str, str]:
+    names = set(names)
+    if not names:
+        return {}
     import importlib_metadata
 
     found = {}

@@ -199,6 +199,24 @@ def _read(ref: Any, must_call: bool) -> Any:
     return found if found is _MISSING or callable(found) or not must_call else _MISSING
 
 
+_BUILTIN = DeviceKernel.__module__
+#: per payload class, the names of its attrs fields
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _evolved(payload: Any, changes: dict[str, Any]) -> Any:
+    """``attrs.evolve(payload, **changes)`` without its validators: the values are what the
+    validated references import to (a callable where a reference was)."""
+    cls = type(payload)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(a.name for a in attrs.fields(cls))
+    new = object.__new__(cls)
+    for name in names:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(payload, name))
+    return new
+
+
 class _Importer:
     """Imports what kernel declarations reference, contained, for one materialization.
 
@@ -226,7 +244,11 @@ class _Importer:
             if problem is not None:
                 return None, problem
             changes[name] = value
-        return (attrs.evolve(payload, **changes) if changes else payload), None
+        if not changes:
+            return payload, None
+        if type(payload).__module__ == _BUILTIN:  # the core's own kinds: known to take it
+            return _evolved(payload, changes), None
+        return attrs.evolve(payload, **changes), None
 
     def reference(self, ref: Any, kernel: Any, must_call: bool) -> tuple[Any, Problem | None]:
         """What ``ref`` names, imported contained; or the problem that fails its distribution."""
@@ -388,7 +410,7 @@ class Executor:
         """Call ``backend``'s materialize hook, contained: ``None``, or the problem that fails it."""
         hook = self.materializers[backend]  # type: ignore[index]
         with registering():
-            done, exc = contain(lambda: hook(**registration))
+            done, exc = contain(hook, **registration)
         if exc is None and not done:
             exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
         if exc is not None:

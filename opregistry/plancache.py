@@ -204,14 +204,14 @@ def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
 
 def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None,
           resolve: Callable[[Declarations, Environment], Plan]
-          ) -> tuple[Declarations, Plan, str] | None:
-    """The cached declarations and plan (and ``"hit"`` or ``"resolved"``), given the backends
-    collected in this load.
+          ) -> tuple[Plan, str] | None:
+    """The cached plan (and ``"hit"``, or ``"resolved"``), given the backends collected in
+    this load.
 
     ``None`` when the backends differ from the cached ones in anything but
     their availability (a miss).  The cached plan when the environment and
     the availability are the same; else ``resolve`` of the cached
-    declarations in this environment.
+    declarations in this environment (``"resolved"``).
     """
     if backend_part(live) != entry["backends"]:
         log.debug("plan cache: the backends differ from the cached ones")
@@ -219,10 +219,9 @@ def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState |
     env, env_data = _environment(entry, dispatcher)
     live_backends = {(b.origin.distribution if b.origin else "", b.name): b
                      for b in live.backends}
-    decoder = Decoder(entry["origins"], live_backends)
-    decl = decoder.declarations(entry["declarations"])
-    if env_data == entry["environment"] and decl.available == live.available:
-        return decl, decoder.plan(entry["plan"], decl.backends), "hit"
+    decoder = Decoder(entry["origins"], entry["declarations"], live_backends)
+    if env_data == entry["environment"] and entry["declarations"]["available"] == live.available:
+        return decoder.plan(entry["plan"]), "hit"
     log.debug("plan cache: resolving the cached declarations in this environment")
-    decl = attrs.evolve(decl, available=dict(live.available))
-    return decl, resolve(decl, env), "resolved"
+    decl = attrs.evolve(decoder.declarations(), available=dict(live.available))
+    return resolve(decl, env), "resolved"

@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import sys
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Dict, Iterable, Iterator, Tuple
 
 import attrs
 
@@ -49,25 +49,29 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
     )
 
 
+#: the backends' materialize hooks, by (distribution, backend name)
+Materializers = Dict[Tuple[str, str], Callable[..., Any]]
+
+
 def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None]
-                         ) -> tuple[Collected, Plan]:
+                         ) -> tuple[Materializers, Plan]:
     with gc_paused(), interrupts_watched():
         return _collect_and_resolve_unpaused(settings, torch_state)
 
 
 def _collect_and_resolve_unpaused(settings: Settings,
                                   torch_state: Callable[[], TorchState | None]
-                                  ) -> tuple[Collected, Plan]:
+                                  ) -> tuple[Materializers, Plan]:
     # locked mode (OPREGISTRY_LOCK): checked before any plugin module is imported
     lock_gate = gate(settings)
     cache = PlanCache(settings, torch_imported="torch" in sys.modules)
     state = process()
     if not cache.enabled:
         state.plan_cache = "off"
-        return _build(settings, lock_gate, torch_state)[:2]
+        return _built(_build(settings, lock_gate, torch_state))
     found = _cached(cache, settings, lock_gate, torch_state)
     if found == "uncacheable":
-        return _build(settings, lock_gate, torch_state)[:2]
+        return _built(_build(settings, lock_gate, torch_state))
     if found is not None:
         return found  # type: ignore[return-value]
     with cache.building() as held:
@@ -82,7 +86,12 @@ def _collect_and_resolve_unpaused(settings: Settings,
         if found != "uncacheable":
             cache.store(stamper, collected.declarations, resolved, env, answers,
                         set(sys.modules) - before, _gate_part(lock_gate))
-        return collected, resolved
+        return collected.materializers, resolved
+
+
+def _built(built: tuple[Collected, Plan, Environment, dict[str, bool]]
+           ) -> tuple[Materializers, Plan]:
+    return built[0].materializers, built[1]
 
 
 def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchState | None]
@@ -99,7 +108,8 @@ def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchS
 
 
 def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
-            torch_state: Callable[[], TorchState | None]) -> tuple[Collected, Plan] | str | None:
+            torch_state: Callable[[], TorchState | None]
+            ) -> tuple[Materializers, Plan] | str | None:
     """The cached plan (``"uncacheable"``: the entry says it cannot be; ``None``: a miss).
 
     Imports and collects the backends only: their materialize hooks are needed,
@@ -123,10 +133,10 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
         return None
     if found is None:
         return None
-    decl, resolved, outcome = found
+    resolved, outcome = found
     log.debug("plan cache", outcome=outcome)
     process().plan_cache = outcome
-    return Collected(decl, live.materializers), resolved
+    return live.materializers, resolved
 
 
 def _gate_part(lock_gate: Gate) -> str:
@@ -242,7 +252,7 @@ class Registry:
                                    for o in deferred):
                 return ()
             with _importing_plugins("load"):
-                collected, full = _collect_and_resolve(self.settings, _snapshot)
+                materializers, full = _collect_and_resolve(self.settings, _snapshot)
             late = {o.distribution for o in deferred}
             problems = [p for p in full.problems
                         if p.severity == "error" and {o.distribution for o in p.culprits} & late]
@@ -262,7 +272,7 @@ class Registry:
                 self.plan = attrs.evolve(self.plan, skipped=tuple(
                     attrs.evolve(s, deferred=False) for s in self.plan.skipped))
                 return tuple(problems)
-            added = materialize(_part(full, late), collected.materializers, self.settings.policy)
+            added = materialize(_part(full, late), materializers, self.settings.policy)
             self._materialized.libraries.update(added.libraries)
             self._materialized.ops.extend(added.ops)
             self._materialized.failed.update(added.failed)
@@ -411,11 +421,11 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
 def _load(settings: Settings) -> Registry:
     from .materializer import materialize
 
-    collected, resolved = _collect_and_resolve(settings, _snapshot)
+    materializers, resolved = _collect_and_resolve(settings, _snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
     with interrupts_watched():
-        materialized = materialize(resolved, collected.materializers, settings.policy)
+        materialized = materialize(resolved, materializers, settings.policy)
     if settings.strict and materialized.problems:
         materialized.destroy()
         raise ResolutionError(materialized.problems)

@@ -488,6 +488,13 @@ def cmd_plugins(args: argparse.Namespace, t: Text) -> int:
 # -- doctor ----------------------------------------------------------------------------
 
 
+def _cache_drift() -> tuple[Any, ...]:
+    """The declarations read again, compared with the plan cache's (``cache-declarations-differ``)."""
+    from .registry import check_cache
+
+    return check_cache()
+
+
 def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
     if args.live:
         registry = _live_registry(args.imports)
@@ -495,7 +502,7 @@ def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
         plan, problems = registry.plan, registry.problems + registry.drift()
     else:
         plan = _plan()
-        problems = plan.problems
+        problems = plan.problems + _cache_drift()
     data = report.doctor_report(plan, problems, include_info=args.all, live=bool(args.live))
     summary, findings = data["summary"], data["problems"]
     status = EXIT_PROBLEMS if summary["errors"] else EXIT_OK
@@ -706,9 +713,42 @@ def cmd_completion(args: argparse.Namespace, t: Text) -> int:
     return EXIT_OK
 
 
+# -- cache -----------------------------------------------------------------------------
+
+
+def cmd_cache(args: argparse.Namespace, t: Text) -> int:
+    from .plancache import clear
+
+    if args.action == "clear":
+        folder, removed = clear()
+        if args.json:
+            _dump({"format_version": report.FORMAT_VERSION, "directory": folder,
+                   "removed": removed}, t.out)
+        else:
+            t.line(f"removed {removed} plan cache entr{'y' if removed == 1 else 'ies'}"
+                   + (f" from {folder}" if folder else " (the cache is off)"))
+        return EXIT_OK
+    data = report.cache_report()
+    if args.json:
+        _dump(data, t.out)
+        return EXIT_OK
+    folder = data["directory"] or "off (OPREGISTRY_CACHE=0, or no home directory)"
+    t.line(f"plan cache: {folder}")
+    t.line(f"  entries: {data['entries']} ({data['bytes']:,} bytes)")
+    t.line(f"  inputs checked by: {'content' if data['check'] == 'content' else 'size and time'}")
+    for what, status in data["this_environment"].items():
+        detail = {"valid": lambda s: f"valid ({s['ops']} ops, {s['distributions']} "
+                                     f"distributions)",
+                  "stale": lambda s: f"stale ({s['changed']} changed)",
+                  "uncacheable": lambda s: f"not cached: {s['reason']}"}.get(
+            status["status"], lambda s: s["status"])(status)
+        t.line(f"  {what}: {detail}", wrap="    ")
+    return EXIT_OK
+
+
 # -- parser ----------------------------------------------------------------------------
 
-_COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "help",
+_COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "cache", "help",
              "completion")
 
 
@@ -845,6 +885,19 @@ def _add_lock_and_verify(add: _Add) -> None:
                    help=f"the lockfile (default: {DEFAULT_LOCKFILE})")
 
 
+def _add_cache(add: _Add) -> None:
+    p = add("cache", cmd_cache, "the plan cache: where it is and what it holds, or clear it",
+            "The resolved plan is cached on disk and reused at import torch and by the "
+            "commands while none of its inputs changed (installed distributions, sys.path, "
+            "the op and backend packages' files, OPREGISTRY_* variables, the configuration "
+            "file, Python). 'info' shows the directory (OPREGISTRY_CACHE_DIR, else the "
+            "platform's cache directory), its entries, and whether this environment's are "
+            "valid; 'clear' removes every entry. OPREGISTRY_CACHE=0 turns it off. Does not "
+            "import torch.")
+    p.add_argument("action", choices=("info", "clear"), metavar="ACTION",
+                   help="info or clear")
+
+
 def _add_help_and_completion(add: _Add) -> None:
     p = add("help", cmd_help, "a help topic, from the documentation",
             "Print a help topic (a section of the documentation, shipped with opregistry), "
@@ -888,7 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     for adding in (_add_list_and_show, _add_plugins_and_doctor, _add_check,
-                   _add_lock_and_verify, _add_help_and_completion):
+                   _add_lock_and_verify, _add_cache, _add_help_and_completion):
         adding(add)
     return parser
 

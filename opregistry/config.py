@@ -50,6 +50,7 @@ KNOWN_VARIABLES: set[str] = {
     KERNELS_VAR,  # kernel switches: Policy.kernels
     "OPREGISTRY_KERNEL_COUNTS",  # which kernel ran: opregistry.selection, read by the materializer
     "OPREGISTRY_CACHE", "OPREGISTRY_CACHE_DIR",  # the on-disk caches: opregistry/diskcache.py
+    "OPREGISTRY_CACHE_CHECK",  # the plan cache's inputs by content: opregistry/plancache.py
 }
 #: count which kernel serves each op call (``opregistry.kernel_counts``)
 COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"

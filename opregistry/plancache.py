@@ -50,11 +50,11 @@ from .discovery import BACKENDS_GROUP
 from .diskcache import DiskCache
 from .environment import Environment, TorchState, environment_query, read_query
 from .logs import get_logger
-from .model import Declarations, Origin
+from .model import Declarations, Origin, Problem
 from .plan import Plan
 
 __all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backend_part",
-           "backends_to_load", "reuse"]
+           "backends_to_load", "reuse", "info", "clear", "drift"]
 
 log = get_logger()
 
@@ -225,3 +225,101 @@ def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState |
     log.debug("plan cache: resolving the cached declarations in this environment")
     decl = attrs.evolve(decoder.declarations(), available=dict(live.available))
     return resolve(decl, env), "resolved"
+
+
+def _status(cache: PlanCache) -> dict[str, Any]:
+    """What the cache holds for ``cache``'s slot: ``none``, ``stale``, ``uncacheable``, ``valid``."""
+    entry = cache.disk.load(cache.key) if cache.enabled else None
+    if entry is None:
+        return {"status": "none"}
+    try:
+        changed = inputs.check_manifest(entry["manifest"])
+    except Exception:  # noqa: BLE001 - a malformed entry is reported, never raised
+        return {"status": "malformed"}
+    if changed is not None:
+        return {"status": "stale", "changed": changed}
+    if "uncacheable" in entry:
+        return {"status": "uncacheable", "reason": entry["uncacheable"]}
+    return {"status": "valid", "ops": len(entry["plan"]["ops"]),
+            "distributions": len(entry["plan"]["distributions"])}
+
+
+def info(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The cache directory, its entries, and the entries of this environment's two slots."""
+    env = os.environ if environ is None else environ
+    without = PlanCache(settings, torch_imported=False, environ=env)
+    folder = without.disk.folder
+    files = []
+    if folder is not None and os.path.isdir(folder):
+        files = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
+    size = 0
+    for path in files:
+        with contextlib.suppress(OSError):
+            size += os.path.getsize(path)
+    return {
+        "directory": folder,
+        "enabled": folder is not None,
+        "check": "content" if without.content else "stat",
+        "entries": len(files),
+        "bytes": size,
+        "this_environment": {"opregistry list": _status(without),
+                             "import torch": _status(PlanCache(settings, torch_imported=True,
+                                                               environ=env))},
+    }
+
+
+def clear(environ: Mapping[str, str] | None = None) -> tuple[str | None, int]:
+    """Remove every plan cache entry: the folder and how many were removed."""
+    disk = DiskCache.open(NAME, stamp=f"plan-{FORMAT}", environ=environ)
+    return disk.folder, disk.clear()
+
+
+def _by_distribution(decl: Declarations) -> dict[str, str]:
+    """Each distribution's records in ``decl``, as one string (origins written out)."""
+    found: dict[str, list[Any]] = {}
+
+    def add(origin: Origin | None, what: str, data: Any) -> None:
+        if origin is not None:
+            found.setdefault(origin.distribution, []).append([what, data])
+
+    enc = Encoder()
+    for ns in decl.namespaces:
+        add(ns.origin, "namespace", enc.namespace(ns))
+    for op in decl.ops:
+        add(op.origin, "op", enc.op(op))
+    for k in decl.kernels:
+        add(k.origin, "kernel", enc.kernel(k))
+    for b in decl.backends:
+        add(b.origin, "backend", enc.backend(b))
+    for s in decl.skipped:
+        add(s.origin, "skipped", enc.skipped(s))
+    table = enc.table()
+
+    def named(data: Any) -> Any:  # origin indices -> the origins themselves
+        return json.dumps(data) + json.dumps(table)
+
+    return {dist: named(records) for dist, records in sorted(found.items())}
+
+
+def drift(entry: Mapping[str, Any], fresh: Declarations) -> list[Problem]:
+    """A ``cache-declarations-differ`` problem per distribution whose declarations, read again
+    now, differ from those ``entry`` cached for the same inputs."""
+    cached = Decoder(entry["origins"], entry["declarations"]).declarations()
+    before, now = _by_distribution(cached), _by_distribution(fresh)
+    origins = {o.distribution: o for o in (*cached.distributions, *fresh.distributions)}
+    problems = []
+    for dist in sorted(set(before) | set(now)):
+        if before.get(dist) == now.get(dist):
+            continue
+        origin = origins.get(dist)
+        problems.append(Problem(
+            code="cache-declarations-differ",
+            message=f"{origin or dist} declared something else now than what the plan cache "
+                    f"holds for the same inputs: its declaration code reads something outside "
+                    f"its inputs (the clock, the network, a file outside its package, the "
+                    f"process's state), so a cached plan of it can be stale",
+            hint=f"make {dist}'s declarations a function of its own files and the conditions "
+                 f"opregistry evaluates (when=...), as docs/op-authors.md asks; until then run "
+                 f"with OPREGISTRY_CACHE=0",
+            culprits=(origin,) if origin else ()))
+    return problems

@@ -29,11 +29,12 @@ from .materializer import Materialized, defined_ops, gc_paused
 from .model import Problem, elide
 from .environment import Environment, TorchState, read_environment
 from .plan import KernelPlan, OpPlan, Plan
-from .plancache import PlanCache, Recorded, backends_to_load, reuse
+from .plancache import PlanCache, Recorded, backends_to_load, drift, reuse
 from .resolver import resolve
 from .state import process
 
-__all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock"]
+__all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock",
+           "check_cache"]
 
 log = get_logger()
 
@@ -436,6 +437,25 @@ def _load(settings: Settings) -> Registry:
                         hint=elide(problem.hint))
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
     return registry
+
+
+def check_cache(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
+                policy: Policy | None = None) -> tuple[Problem, ...]:
+    """Read every distribution's declarations again and compare them with the plan cache's.
+
+    One ``cache-declarations-differ`` problem per distribution whose
+    declarations differ from those cached for the same inputs (its
+    declaration code reads something outside them); ``()`` when the cache
+    holds no valid entry for this environment.  ``opregistry doctor`` runs it.
+    """
+    settings = _settings(None, plugins, block, policy)
+    entry = PlanCache(settings, torch_imported="torch" in sys.modules).lookup()
+    if entry is None or "uncacheable" in entry:
+        return ()
+    with process().lock, _importing_plugins("plan"), gc_paused():
+        lock_gate = gate(settings)
+        fresh = collect(lock_gate.apply(discover(lock_gate.settings))).declarations
+    return tuple(drift(entry, fresh))
 
 
 def current_plan() -> Plan:

@@ -323,25 +323,37 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
     _print_problems(data["problems"], t)
 
 
+def _owner_text(owner: dict[str, Any] | None) -> str:
+    """``bitsandbytes==0.50.2``, ``torch``, or ``?``: who registered an op or kernel."""
+    if owner is None:
+        return "?"
+    if owner["how"] == "torch":
+        return "torch"
+    return f"{owner['name']}=={owner['version']}" if owner["version"] else owner["name"]
+
+
 def _live_note(row: dict[str, Any]) -> str:
     if not row["declared"]:
-        return "registered outside opregistry"
+        return f"registered outside opregistry, by {_owner_text(row['defined_by'])}"
     if not row["in_dispatcher"]:
         return "declared, but NOT in the dispatcher (see opregistry doctor --live)"
     missing = sorted(set(row["declared_keys"]) - set(row["dispatcher_keys"]))
-    extra = sorted(set(row["dispatcher_keys"]) - set(row["declared_keys"]))
+    extra = sorted(key for key in set(row["dispatcher_keys"]) - set(row["declared_keys"])
+                   if (row["kernels_by"].get(key) or {}).get("how") != "opregistry")
     notes = []
     if missing:
         notes.append(f"declared but not registered: {', '.join(missing)}")
     if extra:
-        notes.append(f"registered outside opregistry: {', '.join(extra)}")
+        notes.append("registered outside opregistry: " + ", ".join(
+            f"{key} (by {_owner_text(row['kernels_by'].get(key))})" for key in extra))
     return "; ".join(notes) or "matches"
 
 
 def _print_live(live: dict[str, list[dict[str, Any]]], t: Text) -> None:
     t.line("\nLive dispatcher (torch) vs declared (opregistry)")
-    header = ("OP", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE")
-    rows = {ns: [(r["op"], ",".join(r["declared_keys"]) or "-",
+    header = ("OP", "DEFINED BY", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE")
+    rows = {ns: [(r["op"], _owner_text(r["defined_by"]) if r["in_dispatcher"] else "-",
+                  ",".join(r["declared_keys"]) or "-",
                   ",".join(sorted(r["dispatcher_keys"])) or "-", _live_note(r)) for r in rs]
             for ns, rs in live.items()}
     widths = t.widths([r for rs in rows.values() for r in rs], header)
@@ -359,8 +371,11 @@ def cmd_list(args: argparse.Namespace, t: Text) -> int:
     data = report.list_report(resolved, namespaces=args.namespace or (),
                               backends=args.backend or (), statuses=args.status or ())
     if args.live:
-        namespaces = args.namespace or [n["name"] for n in data["namespaces"]]
-        data["live"] = {ns: report.live_namespace(ns, resolved) for ns in namespaces}
+        from .attribution import Attributor
+
+        attributor = Attributor(resolved)
+        data["live"] = {ns: report.live_namespace(ns, resolved, attributor)
+                        for ns in report.live_namespaces(resolved, args.namespace or ())}
     if args.json:
         _dump(data, t.out)
     else:
@@ -418,9 +433,35 @@ def _print_show(data: dict[str, Any], t: Text) -> None:
         t.line(f"  {_live_note(live)}")
 
 
+def _show_live_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text) -> int:
+    """``show --live`` of ops registered outside opregistry: schema, kernels, who registered them."""
+    if args.json:
+        _dump({"format_version": report.FORMAT_VERSION, "ops": [], "external_kernels": [],
+               "live_ops": rows}, t.out)
+        return EXIT_OK
+    for i, row in enumerate(rows):
+        if i:
+            t.line()
+        t.line(row["dispatcher_schema"] or row["op"], wrap="    ")
+        owner = row["defined_by"]
+        t.table([("registered by:", _owner_text(owner) + (f" (at {owner['site']})"
+                                                          if owner and owner["site"] else "")),
+                 ("declared:", "no: registered with torch.library outside opregistry")])
+        t.line("\nKernels (live dispatcher)")
+        t.table([(key, _owner_text(row["kernels_by"].get(key)),
+                  (row["kernels_by"].get(key) or {}).get("site") or where)
+                 for key, where in sorted(row["dispatcher_keys"].items())],
+                header=("KEY", "REGISTERED BY", "REGISTERED AT"), empty="(none)")
+    return EXIT_OK
+
+
 def cmd_show(args: argparse.Namespace, t: Text) -> int:
     resolved = _live_registry(args.imports).plan if args.live else _plan()
     match = report.find_ops(resolved, args.op)
+    if match.kind == "unknown" and args.live:
+        found = report.live_ops(resolved, args.op)
+        if found:  # registered with torch.library directly, by a package opregistry sees
+            return _show_live_ops(found, args, t)
     if match.kind not in ("ops", "external"):
         return _explain_match("show", match)
     data = report.show_report(resolved, args.op, steps=args.steps)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 from typing import Any, Callable, Iterable, Mapping
 
 import attrs
@@ -467,12 +468,16 @@ def encode_environment(env: Environment, kernels: Mapping[str, bool] | None = No
     """What the resolver read of the machine, as data to compare with a later load's.
 
     The dispatcher is written as a digest of its ops and tags and, in
-    ``kernels``, the answers to each ``has_kernel(op, key)`` question the
-    resolver asked (``"op|key"``).
+    ``kernels``, the answers to each question the resolver asked of it
+    (``has_kernel``, ``has_class``); the scan of packages that register with
+    torch directly, as a digest of what it found.
     """
     torch = env.torch
     state = env.dispatcher
+    foreign = env.foreign
     return {
+        "foreign": None if foreign is None else hashlib.sha256(json.dumps(
+            [d.to_dict() for d in foreign.distributions], sort_keys=True).encode()).hexdigest(),
         "torch": None if torch is None else [torch.version, list(torch.release),
                                              sorted(torch.tags), torch.source],
         "torch_build": None if env.torch_build is None else list(env.torch_build),

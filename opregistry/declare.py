@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar,
 
 from .errors import DeclarationError
 from .hookspecs import hookimpl
+from .schema import split_name
 from . import keys as _keys
 from .kinds import Kind, autocast_dtype
 from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, describe_ref,
@@ -100,6 +101,22 @@ def _device_keys(device_types: Any) -> tuple[str, ...]:
             f"device_types must be a device type ('cpu'), a non-empty sequence of them, or "
             f"None (every device), not {device_types!r}")
     return devices
+
+
+def _schema_name(namespace: str, head: str, schema: str) -> tuple[str, str]:
+    """``(name, overload)`` of a schema's head, in every form torch takes and prints:
+    ``"f"``, ``"f.out"``, ``"mylib::f.out"`` (the namespace must be the library's).
+    A head torch cannot read is kept whole as the name: the resolver refuses it."""
+    split = split_name(head)
+    if split is None:
+        return head.strip(), ""
+    written, name, overload = split
+    if written and written != namespace:
+        raise DeclarationError(
+            f"{namespace}: schema {schema!r} names namespace {written!r}, but "
+            f"OpLibrary({namespace!r}) defines ops in {namespace!r}: leave the "
+            f"namespace out, or declare the op in OpLibrary({written!r})")
+    return name, overload
 
 
 def _split_name(name: str) -> tuple[str, str]:
@@ -310,7 +327,7 @@ class OpLibrary:
             )
         source = _source(1)  # the op author's line, for the op and each of its kernels
         name, _, rest = schema.partition("(")
-        base, overload = _split_name(name.strip())
+        base, overload = _schema_name(self.namespace, name, schema)
         handle = self._add_op(
             base,
             overload,

@@ -34,9 +34,11 @@ from attrs import field, frozen
 from .config import canonical_name
 from .foreign import InstalledDistribution
 
-__all__ = ["DistInfo", "distributions", "files_of", "module_name", "owner_of", "Owners",
-           "owners"]
+__all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of", "is_editable",
+           "module_name", "owner_of", "Owners", "owners"]
 
+#: shared libraries: what ``TORCH_LIBRARY`` code ships as
+NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
 _REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _GROUP = re.compile(r"^\s*\[([^\]]+)\]\s*$", re.M)
 _IDENT = re.compile(r"[A-Za-z_]\w*\Z")
@@ -144,6 +146,11 @@ def distributions() -> list[DistInfo]:
         seen.add(info.installed.name)
         out.append(info)
     return out
+
+
+def is_editable(info: DistInfo) -> bool:
+    """Whether ``info`` is an editable install (``direct_url.json`` says ``dir_info.editable``)."""
+    return _editable(info.dist)
 
 
 def _editable(dist: Any) -> bool:

@@ -37,6 +37,9 @@ class TorchState:
     namespaces: frozenset[str] = frozenset()
     has_kernel: Callable[[str, str], bool] = field(default=lambda op, key: False, eq=False)
     tags: frozenset[str] = KNOWN_TAGS
+    #: whether torch has a custom class ``NS.Class`` registered; ``None``: not known (the
+    #: release's table of torch's own classes decides, :func:`opregistry.keys.class_known`)
+    has_class: Callable[[str], bool] | None = field(default=None, eq=False)
 
 
 @frozen(kw_only=True)
@@ -57,6 +60,9 @@ class Environment:
     natives: Mapping[str, str] = field(factory=dict)
     platform: str = sys.platform
     dispatcher: TorchState | None = None
+    #: what installed distributions that do not use opregistry register with torch, read
+    #: from their files (:func:`opregistry.scan.scan_installed`); ``None``: not read
+    foreign: Any = field(default=None, eq=False)
 
     @property
     def torch_version(self) -> str | None:
@@ -136,7 +142,8 @@ def environment_query(decl: Any) -> EnvironmentQuery:
                             libraries=tuple(dict.fromkeys(libraries)))
 
 
-def read_query(query: EnvironmentQuery, dispatcher: TorchState | None = None) -> Environment:
+def read_query(query: EnvironmentQuery, dispatcher: TorchState | None = None,
+               foreign: Any = None) -> Environment:
     """The :class:`Environment` that answers ``query`` on this machine (the only I/O)."""
     natives = {}
     for library in query.libraries:
@@ -146,13 +153,17 @@ def read_query(query: EnvironmentQuery, dispatcher: TorchState | None = None) ->
     return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
                        distributions=_versions(query.distributions),
                        modules={m: _importable(m) for m in query.modules},
-                       natives=natives, dispatcher=dispatcher)
+                       natives=natives, dispatcher=dispatcher, foreign=foreign)
 
 
-def read_environment(decl: Any, dispatcher: TorchState | None = None) -> Environment:
+def read_environment(decl: Any, dispatcher: TorchState | None = None,
+                     foreign: Any = None) -> Environment:
     """The :class:`Environment` for resolving ``decl`` (:class:`~opregistry.model.Declarations`).
 
     Reads only what the declarations can ask about: the distributions their
     conditions name, the modules their kinds require, their native libraries.
+    ``foreign`` is the scan of the packages that register with torch.library
+    directly (:func:`opregistry.scan.scan_installed`), read apart: what it depends on is the
+    set of installed files, not the declarations.
     """
-    return read_query(environment_query(decl), dispatcher)
+    return read_query(environment_query(decl), dispatcher, foreign)

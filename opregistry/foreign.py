@@ -177,6 +177,9 @@ class ForeignDistribution:
     #: the files read: Python sources and shared libraries
     files: int = 0
     digest: str = ""
+    #: why the scan of this distribution failed (a bug of the scanner: its registrations
+    #: are unknown, not absent)
+    error: str = ""
 
     @property
     def name(self) -> str:
@@ -205,7 +208,7 @@ class ForeignDistribution:
     def to_dict(self) -> dict[str, Any]:
         return {**self.distribution.to_dict(), "requires_torch": self.requires_torch,
                 "plugin_groups": list(self.plugin_groups), "files": self.files,
-                "digest": self.digest,
+                "digest": self.digest, "error": self.error,
                 "registrations": [r.to_dict() for r in self.registrations]}
 
     @classmethod
@@ -216,7 +219,7 @@ class ForeignDistribution:
             requires_torch=bool(data["requires_torch"]),
             plugin_groups=tuple(data["plugin_groups"]),
             registrations=tuple(Registration.from_dict(r) for r in data["registrations"]),
-            files=int(data["files"]), digest=data["digest"])
+            files=int(data["files"]), digest=data["digest"], error=data.get("error", ""))
 
 
 @frozen(kw_only=True)
@@ -245,6 +248,26 @@ class ForeignScan:
             if reg.namespace is not None:
                 out.setdefault(reg.namespace, []).append((dist, reg))
         return out
+
+    def importers(self, namespace: str) -> list[tuple[ForeignDistribution, str]]:
+        """``(distribution, module)`` whose import registers something in ``namespace``.
+
+        What lazy adoption imports on the first touch of ``torch.ops.<namespace>``:
+        modules whose registrations run at import, outside any condition,
+        first (those that define ops before those that only add kernels),
+        then the others; each module once, in a stable order.
+        """
+        ranked: dict[tuple[str, str], tuple[int, int, ForeignDistribution]] = {}
+        for dist, reg in self.registrations():
+            if reg.namespace != namespace or not reg.module:
+                continue
+            rank = (0 if reg.at_import and not reg.conditional else 1,
+                    0 if reg.kind in ("DEF", "FRAGMENT", "op") else 1)
+            key = (dist.name, reg.module)
+            if key not in ranked or rank < ranked[key][:2]:
+                ranked[key] = (*rank, dist)
+        order = sorted(ranked.items(), key=lambda item: (item[1][:2], item[0]))
+        return [(dist, module) for (_, module), (_, _, dist) in order]
 
     def get(self, name: str) -> ForeignDistribution | None:
         """The scan of distribution ``name`` (canonical), if it was scanned."""

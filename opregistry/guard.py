@@ -214,7 +214,7 @@ def _native(origin: Origin, what: str, loaded: str, defined: frozenset[str],
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         if all(policy.allows(op) for op in found):
             problems.append(Problem(
-                code="plugin-registered-outside-plan", severity="warning",
+                code="plugin-registration-allowed",
                 message=f"{origin} loaded {loaded} while {what}, which registered {shown} "
                         f"outside opregistry; the override policy allows it, so it stays in "
                         f"effect", hint=declare, others=(origin,), op=found[0], source=where))
@@ -254,7 +254,7 @@ def _problem(origin: Origin, what: str, ops: list[str], where: str, *, allowed: 
     shown = ", ".join(ops[:5]) + (f" and {len(ops) - 5} more" if len(ops) > 5 else "")
     if allowed:
         return Problem(
-            code="plugin-registered-outside-plan", severity="warning",
+            code="plugin-registration-allowed",
             message=f"{origin} registered {shown} with torch itself while {what}, outside "
                     f"opregistry; the override policy allows it, so it stays in effect",
             hint="declare the registration instead (OpLibrary), or remove it from "

@@ -12,8 +12,12 @@ installed makes its kernels *inactive*; any other key is an error.
 The other torch facts the resolver needs before torch is imported live here
 too, per release of the supported range: the namespaces torch owns
 (:data:`RESERVED_NAMESPACES`), the ``torch.Tag`` members (:data:`TAG_SINCE`,
-:func:`tags_of`) and the schema types a release's parser lacks (:data:`TYPE_SINCE`), with :func:`installed_torch` reading the installed torch's
-version and tag list from its files, without importing it.
+:func:`tags_of`), and what the schema language of each release takes: its types
+(:data:`SCHEMA_TYPES`, :data:`TYPE_SINCE`, :data:`TYPE_UNTIL`), the dtype names of
+``ScalarType`` defaults (:data:`DTYPE_SINCE`), the device types of ``Device`` defaults
+(:data:`DEVICE_TYPES`) and the custom classes torch registers (:data:`TORCH_CLASSES`);
+:func:`installed_torch` reads the installed torch's version and tag list from its files,
+without importing it.
 ``tests/test_torch_state.py`` compares them with a fresh ``import torch``.
 """
 
@@ -24,6 +28,7 @@ import functools
 import os
 import re
 import sys
+import types
 from typing import Iterable, NamedTuple
 
 __all__ = [
@@ -47,13 +52,27 @@ __all__ = [
     "ALL_TAGS",
     "TAG_SINCE",
     "TYPE_SINCE",
+    "TYPE_UNTIL",
+    "SCHEMA_TYPES",
+    "FAKE_INT_TYPES",
+    "DEVICE_TYPES",
+    "DTYPE_SINCE",
+    "TORCH_CLASSES",
+    "CUDA_CLASSES",
+    "CLASS_PREFIX",
+    "OPS_NAMESPACE_ATTRIBUTES",
     "TorchFacts",
     "installed_torch",
     "installed_torch_build",
     "tags_of",
     "tag_since",
     "type_since",
+    "type_until",
     "types_lacking",
+    "all_dtype_names",
+    "dtypes_lacking",
+    "class_known",
+    "shadowed_op_name",
     "canonical_key",
     "suggest_key",
     "is_known_key",
@@ -212,16 +231,86 @@ TAG_SINCE: dict[str, tuple[int, int]] = {
 #: every tag some supported release knows: a tag outside it is a typo, on any torch
 ALL_TAGS: frozenset[str] = _TAGS_2_8 | frozenset(TAG_SINCE)
 
-#: schema base types (:data:`opregistry.schema.BASE_TYPES`) that the schema parser of
-#: some supported release refuses ("unknown type specifier"), with the first release
-#: known to accept them.  Not readable from torch's files (the parser is C++), so a
-#: table, checked against the installed torch by tests/test_torch_state.py.  SymBool:
-#: 2.8.0 refuses it, 2.13.0 and 2.15.0 accept it; 2.9-2.12 are not checked, so the
-#: table names the first release known to work and a release in between is refused
-#: (never the other way: nothing the resolver accepts is refused by torch).
+#: The named types of torch's schema language (the type table of
+#: ``schema_type_parser.cpp``; ``Tensor`` is its own rule), every one some supported
+#: release takes.  Not readable from torch's files (the parser is C++), so tables,
+#: checked against the installed torch by tests/test_torch_state.py and
+#: tests/test_schema_differential.py.
+SCHEMA_TYPES: frozenset[str] = frozenset({
+    "int", "SymInt", "float", "complex", "bool", "SymBool", "str", "Scalar", "ScalarType",
+    "Layout", "MemoryFormat", "Device", "DeviceIndex", "Generator", "Storage", "Stream",
+    "QScheme", "Quantizer", "ConstQuantizerPtr", "Dimname", "None", "NoneType", "Capsule", "Any",
+    "AnyClassType", "AnyEnumType",
+})
+#: the types torch's schema parser reads as an ``int`` where it needs a value (defaults,
+#: Union members): its "fake" type of them
+FAKE_INT_TYPES: frozenset[str] = frozenset({
+    "SymInt", "ScalarType", "Layout", "MemoryFormat", "DeviceIndex", "ConstQuantizerPtr"})
+#: schema types that the parser of some supported release refuses ("unknown type
+#: specifier"), with the first release known to accept them.  SymBool: 2.8.0 refuses it,
+#: 2.13.0 and 2.15.0 accept it; 2.9-2.12 are not checked, so the table names the first
+#: release known to work and a release in between is refused (never the other way:
+#: nothing the resolver accepts is refused by torch).
 TYPE_SINCE: dict[str, tuple[int, int]] = {
     "SymBool": (2, 13),
 }
+#: schema types the parser of later releases refuses, with the last release known to take
+#: them: ``Dimname`` (named tensors' dimension names) is in 2.8.0's table, not in 2.13.0's
+TYPE_UNTIL: dict[str, tuple[int, int]] = {
+    "Dimname": (2, 8),
+}
+
+#: what a ``Device`` default may name (``c10::Device``'s parser, 2.8 to 2.15 alike)
+DEVICE_TYPES: frozenset[str] = frozenset({
+    "cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga",
+    "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone",
+})
+#: the dtype names a ``ScalarType`` default may use (``ScalarType x=bfloat16``): exactly the
+#: ``torch.dtype`` attributes of torch 2.8 ...
+_DTYPES_2_8: frozenset[str] = frozenset({
+    "bfloat16", "bit", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool", "cdouble",
+    "cfloat", "chalf", "complex128", "complex32", "complex64", "double", "float", "float16",
+    "float32", "float4_e2m1fn_x2", "float64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "half", "int", "int1", "int16", "int2", "int3", "int32",
+    "int4", "int5", "int6", "int64", "int7", "int8", "long", "qint32", "qint8", "quint2x4",
+    "quint4x2", "quint8", "short", "uint1", "uint16", "uint2", "uint3", "uint32", "uint4",
+    "uint5", "uint6", "uint64", "uint7", "uint8",
+})
+#: ... and those added since, with the first release known to have them (none removed)
+DTYPE_SINCE: dict[str, tuple[int, int]] = {
+    "bcomplex32": (2, 15),
+}
+
+#: The custom classes torch itself registers at ``import torch`` (the schema type
+#: ``__torch__.torch.classes.NS.Class``), as ``NS.Class``: the first and last release known
+#: to have each (``None``: every later one).  Classes that only CUDA builds register are in
+#: :data:`CUDA_CLASSES`.  A class another library registers is known only once torch is
+#: imported (:func:`opregistry.torch_state.has_class`).
+TORCH_CLASSES: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
+    **dict.fromkeys((
+        "_nnapi.Compilation", "backendutils.BackendDebugInfo", "c10d.ProcessGroup",
+        "c10d.ReduceOp", "c10d.Work", "dist_rpc.WorkerInfo", "mkldnn.ConvOpContext",
+        "profiler._RecordFunction", "profiling.InstructionStats", "profiling.SourceRef",
+        "profiling.SourceStats", "profiling._ScriptProfile", "quantized.Conv2dPackedParamsBase",
+        "quantized.Conv3dPackedParamsBase", "quantized.EmbeddingPackedParamsBase",
+        "quantized.LinearPackedParamsBase", "rnn.CellParamsBase", "sparse.LinearPackedParamsBase",
+        "cuda.Event", "cuda.Stream",
+    ), ((2, 8), None)),
+    **dict.fromkeys(("aten.OpaqueObject", "c10d.SymmetricMemory"), ((2, 13), None)),
+    # XNNPACK's op contexts: in 2.8's wheels, gone from 2.13's
+    **dict.fromkeys(("xnnpack.Conv2dOpContext", "xnnpack.LinearOpContext",
+                     "xnnpack.TransposeConv2dOpContext"), ((2, 8), (2, 8))),
+}
+CUDA_CLASSES: frozenset[str] = frozenset({"cuda.Event", "cuda.Stream"})
+CLASS_PREFIX = "__torch__.torch.classes."
+
+#: Attributes of a ``torch.ops.<ns>`` object besides its ops (torch._ops._OpNamespace, a
+#: module): an op with one of these names is registered in C++, then ``Library.define``
+#: fails refreshing ``torch.ops.<ns>.<name>`` ("'str' object has no attribute
+#: '_qualified_op_name'").  A module's own attributes (``__name__``, ``__class__``...)
+#: come from :func:`shadowed_op_name`.
+OPS_NAMESPACE_ATTRIBUTES: frozenset[str] = frozenset({
+    "name", "_dir", "__file__", "__getattr__", "__iter__"})
 
 #: namespaces torch's dispatcher holds right after ``import torch`` (CUDA wheels of PyPI and
 #: the 2.13 CPU wheel), with the first release of the range that has them (2.8 = "all")
@@ -273,15 +362,60 @@ def tag_since(tag: str) -> str | None:
     return None if since is None else f"{since[0]}.{since[1]}"
 
 
+def _dotted(release: tuple[int, int] | None) -> str | None:
+    return None if release is None else f"{release[0]}.{release[1]}"
+
+
 def type_since(base: str) -> str | None:
     """``"2.13"`` for ``"SymBool"``; ``None`` for types every supported release parses."""
-    since = TYPE_SINCE.get(base)
-    return None if since is None else f"{since[0]}.{since[1]}"
+    return _dotted(TYPE_SINCE.get(base))
+
+
+def type_until(base: str) -> str | None:
+    """``"2.8"`` for ``"Dimname"`` (the last release known to parse it); ``None`` for types
+    no supported release has dropped."""
+    return _dotted(TYPE_UNTIL.get(base))
 
 
 def types_lacking(bases: Iterable[str], release: tuple[int, int]) -> list[str]:
     """The schema base types among ``bases`` that ``release``'s schema parser refuses, sorted."""
-    return sorted({b for b in bases if b in TYPE_SINCE and release < TYPE_SINCE[b]})
+    return sorted({b for b in bases if (b in TYPE_SINCE and release < TYPE_SINCE[b])
+                   or (b in TYPE_UNTIL and release > TYPE_UNTIL[b])})
+
+
+def all_dtype_names() -> frozenset[str]:
+    """Every dtype name a ``ScalarType`` default may use on some supported release."""
+    return _ALL_DTYPES
+
+
+_ALL_DTYPES = _DTYPES_2_8 | frozenset(DTYPE_SINCE)
+
+
+def dtypes_lacking(names: Iterable[str], release: tuple[int, int]) -> list[str]:
+    """The dtype names among ``names`` that ``release`` does not have, sorted."""
+    return sorted({n for n in names if n in DTYPE_SINCE and release < DTYPE_SINCE[n]})
+
+
+def class_known(name: str, release: tuple[int, int], cuda: bool) -> bool:
+    """Whether torch ``release`` registers custom class ``name`` (``NS.Class``) at import;
+    ``cuda``: a CUDA build (:func:`installed_torch_build`)."""
+    span = TORCH_CLASSES.get(name)
+    if span is None or (name in CUDA_CLASSES and not cuda):
+        return False
+    return span[0] <= release and (span[1] is None or release <= span[1])
+
+
+def shadowed_op_name(name: str) -> bool:
+    """Whether ``torch.ops.<ns>.<name>`` is an attribute of the namespace object rather than
+    the op: ``Library.define`` fails for such an op after registering it."""
+    return name in OPS_NAMESPACE_ATTRIBUTES or (name[:2] == "__" and hasattr(_PROBE_MODULE, name))
+
+
+class _ProbeModule(types.ModuleType):
+    """Stands in for ``torch.ops.<ns>`` (a module) when asking which names it has."""
+
+
+_PROBE_MODULE = _ProbeModule("torch.ops.probe")
 
 
 def _torch_dir() -> str | None:

@@ -18,7 +18,7 @@ import contextlib
 import gc
 import sys
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import attrs
 from attrs import define, field
@@ -36,7 +36,8 @@ from .selection import Step as Link
 from .selection import chain, counted, counting_forced, observer, print_counts_at_exit
 from .state import process
 from .steps import Step, Steps, plan_steps
-from .torch_state import destroy_library, device_keyset, lookup_op, recorder, registering
+from .torch_state import (destroy_library, device_keyset, lookup_op, new_library, recorder,
+                          registering)
 
 __all__ = ["Materialized", "materialize", "gc_paused", "defined_ops"]
 
@@ -70,18 +71,23 @@ class Materialized:
 class _DistLibraries:
     """The ``Library`` objects of one distribution, created on first use."""
 
-    def __init__(self, origin: Origin, owned: dict[str, str]) -> None:
+    def __init__(self, origin: Origin, owned: dict[str, str],
+                 sites: Mapping[tuple[str, str], str]) -> None:
         self.origin = origin
         self.owned = owned  # namespace -> "DEF" | "FRAGMENT"
+        self.sites = sites
         self.libs: dict[str, Any] = {}
 
     def get(self, namespace: str) -> Any:
         lib = self.libs.get(namespace)
         if lib is None:
-            from torch.library import Library
-
+            # torch names the declaration's line in its own messages, not opregistry's
+            site = self.sites.get((self.origin.distribution, namespace))
             with registering():  # opregistry's own: the recorder of foreign registrations skips it
-                lib = self.libs[namespace] = Library(namespace, self.owned.get(namespace, "IMPL"))
+                lib = self.libs[namespace] = new_library(
+                    namespace, self.owned.get(namespace, "IMPL"), site)
+            if site:
+                process().library_sites.add(site)
         return lib
 
     def destroy(self) -> None:
@@ -294,7 +300,7 @@ class Executor:
         self.materializers = materializers
         self.policy = policy
         self.count = count
-        self.libs = {d: _DistLibraries(o, dict(steps.owned.get(d, {})))
+        self.libs = {d: _DistLibraries(o, dict(steps.owned.get(d, {})), steps.sites)
                      for d, o in sorted(steps.origins.items())}
         self.result = Materialized()
         self.failed: dict[str, Problem] = {}

@@ -24,8 +24,9 @@ from attrs import field, frozen
 
 from . import keys as _keys
 from .conditions import Condition, in_range, parse_range, parse_requirement
-from .errors import DeclarationError
+from .errors import DOCS_URL, DeclarationError
 from .kinds import Kind, payload_for
+from .problems import PAGE, Severity, code_of
 from .references import KernelRef, NativeLibrary, check_ref, describe_ref
 
 __all__ = [
@@ -363,9 +364,11 @@ def elide(text: str, limit: int | None = TEXT_LIMIT) -> str:
     return f"{text[:head]}{marker}{text[len(text) - tail:]}"
 
 
-#: ``error`` leaves a distribution out; ``warning`` and ``info`` (an op without a
-#: vmap rule, say) are reported and change nothing
-Severity = Literal["error", "warning", "info"]
+
+
+def _default_severity(code: str) -> Severity:
+    found = code_of(code)
+    return found.severity if found is not None else "error"
 
 
 @frozen(kw_only=True)
@@ -380,7 +383,9 @@ class Problem:
     code: str
     message: str
     hint: str = ""
-    severity: Severity = "error"
+    #: the code's default (:data:`~opregistry.problems.CODES`) unless given
+    severity: Severity = field(default=attrs.Factory(
+        lambda self: _default_severity(self.code), takes_self=True))
     culprits: tuple[Origin, ...] = ()
     others: tuple[Origin, ...] = ()
     op: str | None = None
@@ -391,6 +396,28 @@ class Problem:
     #: ``__cause__`` is the original (pluggy's ``PluginValidationError``, the
     #: plugin's ``ImportError``...); ``None`` for rules the resolver checks
     error: BaseException | None = field(default=None, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        code = code_of(self.code)
+        if code is not None and self.severity not in code.severities:
+            raise ValueError(f"problem code {self.code!r} is never a {self.severity!r} "
+                             f"(opregistry.problems: {', '.join(code.severities)})")
+
+    @property
+    def leaves_out(self) -> bool:
+        """Whether the :attr:`culprits` are left out whole (rule 9): the code's table entry.
+
+        A code the core does not know (a registration kind's own) leaves its
+        culprits out when it is an error.
+        """
+        code = code_of(self.code)
+        return code.leaves_out if code is not None else self.severity == "error"
+
+    @property
+    def docs(self) -> str:
+        """The page that explains this problem's code."""
+        code = code_of(self.code)
+        return DOCS_URL + (code.anchor if code is not None else f"{PAGE}/")
 
     def __str__(self) -> str:
         return self.text()
@@ -423,6 +450,7 @@ class Problem:
             "key": self.key,
             "namespace": self.namespace,
             "source": self.source,
+            "docs": self.docs,
         }
 
 

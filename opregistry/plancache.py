@@ -87,31 +87,44 @@ def backend_part(decl: Declarations) -> str:
 
 
 class Recorded:
-    """A dispatcher whose ``has_kernel`` answers are recorded (the resolver asks a few)."""
+    """A dispatcher whose answers to the resolver's questions are recorded.
+
+    ``has_kernel(op, key)`` as ``"kernel op|key"``, ``has_class(name)`` as
+    ``"class name"``: a later load asks the same questions of its dispatcher.
+    """
 
     def __init__(self, state: TorchState | None) -> None:
         self.answers: dict[str, bool] = {}
         self.state = state
         if state is not None:
-            ask = state.has_kernel
+            ask_kernel, ask_class = state.has_kernel, state.has_class
 
             def has_kernel(op: str, key: str) -> bool:
-                found = self.answers[f"{op}|{key}"] = bool(ask(op, key))
+                found = self.answers[f"kernel {op}|{key}"] = bool(ask_kernel(op, key))
                 return found
 
-            self.state = attrs.evolve(state, has_kernel=has_kernel)
+            def has_class(name: str) -> bool:
+                found = self.answers[f"class {name}"] = bool(ask_class(name))  # type: ignore[misc]
+                return found
+
+            self.state = attrs.evolve(state, has_kernel=has_kernel,
+                                      has_class=has_class if ask_class is not None else None)
 
 
-def _environment(entry: Mapping[str, Any], dispatcher: TorchState | None
+def _ask(dispatcher: TorchState, question: str) -> bool:
+    what, _, subject = question.partition(" ")
+    if what == "class":
+        return dispatcher.has_class is not None and bool(dispatcher.has_class(subject))
+    op, _, key = subject.rpartition("|")
+    return bool(dispatcher.has_kernel(op, key))
+
+
+def _environment(entry: Mapping[str, Any], dispatcher: TorchState | None, foreign: Any
                  ) -> tuple[Environment, dict[str, Any]]:
     """This load's environment for the cached query, and its encoding to compare."""
-    env = read_query(decode_query(entry["query"]), dispatcher)
+    env = read_query(decode_query(entry["query"]), dispatcher, foreign)
     asked = (entry["environment"].get("dispatcher") or {}).get("kernels", {})
-    answers = {}
-    if dispatcher is not None:
-        for question in asked:
-            op, _, key = question.rpartition("|")
-            answers[question] = bool(dispatcher.has_kernel(op, key))
+    answers = {q: _ask(dispatcher, q) for q in asked} if dispatcher is not None else {}
     return env, encode_environment(env, answers)
 
 
@@ -203,12 +216,14 @@ def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
 
 
 def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None,
-          resolve: Callable[[Declarations, Environment], Plan]
+          foreign: Any, resolve: Callable[[Declarations, Environment], Plan]
           ) -> tuple[Plan, str] | None:
     """The cached plan (and ``"hit"``, or ``"resolved"``), given the backends collected in
     this load.
 
-    ``None`` when the backends differ from the cached ones in anything but
+    ``foreign`` is this load's scan of the packages that register with torch
+    directly (part of the environment).  ``None`` when the backends differ
+    from the cached ones in anything but
     their availability (a miss).  The cached plan when the environment and
     the availability are the same; else ``resolve`` of the cached
     declarations in this environment (``"resolved"``).
@@ -216,7 +231,7 @@ def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState |
     if backend_part(live) != entry["backends"]:
         log.debug("plan cache: the backends differ from the cached ones")
         return None
-    env, env_data = _environment(entry, dispatcher)
+    env, env_data = _environment(entry, dispatcher, foreign)
     live_backends = {(b.origin.distribution if b.origin else "", b.name): b
                      for b in live.backends}
     decoder = Decoder(entry["origins"], entry["declarations"], live_backends)

@@ -103,7 +103,7 @@ def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchS
     # with torch itself at import (a Library of its own), and the resolver must see it
     decl = collected.declarations
     dispatcher = Recorded(torch_state())
-    env = read_environment(decl, dispatcher.state)
+    env = read_environment(decl, dispatcher.state, read_foreign())
     return collected, resolve(decl, policy=settings.policy, environment=env), env, \
         dispatcher.answers
 
@@ -127,7 +127,7 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
         if entry["gate"] != _gate_part(lock_gate):
             return None
         live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
-        found = reuse(entry, live.declarations, torch_state(),
+        found = reuse(entry, live.declarations, torch_state(), read_foreign(),
                       lambda decl, env: resolve(decl, policy=settings.policy, environment=env))
     except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
         log.debug("plan cache entry unusable", error=repr(exc))
@@ -146,6 +146,23 @@ def _gate_part(lock_gate: Gate) -> str:
     return json.dumps([sorted(lock_gate.refused.items()),
                        [enc.problem(p) for p in lock_gate.problems], lock_gate.everything,
                        enc.table()])
+
+
+def read_foreign() -> Any:
+    """The scan of installed packages that register with torch.library directly (cached on disk).
+
+    ``None`` when the scan cannot be made: the rules then protect what they
+    can see without it (torch's dispatcher, declared owners), and say nothing
+    false.
+    """
+    from .scan import scan_installed
+
+    try:
+        return scan_installed()
+    except Exception as exc:  # noqa: BLE001 - a scanner bug must never break a load
+        log.warning("the scan of installed packages failed; packages that register with "
+                    "torch.library directly are not protected before torch", error=repr(exc))
+        return None
 
 
 @contextlib.contextmanager
@@ -256,7 +273,7 @@ class Registry:
                 materializers, full = _collect_and_resolve(self.settings, _snapshot)
             late = {o.distribution for o in deferred}
             problems = [p for p in full.problems
-                        if p.severity == "error" and {o.distribution for o in p.culprits} & late]
+                        if p.leaves_out and {o.distribution for o in p.culprits} & late]
             settled = {o.distribution for o in self.plan.distributions}
             if not problems and _share(full, settled) != _share(self.plan, settled):
                 problems.append(Problem(
@@ -298,6 +315,7 @@ class Registry:
         from . import materializer, torch_state
 
         ours = os.path.abspath(materializer.__file__) + ":"
+        sites = process().library_sites
         torch_root = torch_state.torch_dir()
         active: dict[str, list[KernelPlan]] = {}
         for k in self.kernels:
@@ -309,7 +327,7 @@ class Registry:
             found = torch_state.kernel_registrations(op)
             for k in kernels:
                 where = found.get(k.kernel.key)
-                if where is not None and where.startswith(ours):
+                if where is not None and (where in sites or where.startswith(ours)):
                     continue
                 if where is not None and not torch_state.site_recorded(where):
                     continue  # torch 2.8: no file for Python registrations, nothing to attribute

@@ -47,6 +47,8 @@ __all__ = [
     "find_target",
     "list_report",
     "show_report",
+    "live_namespaces",
+    "live_ops",
     "steps_of",
     "plugins_report",
     "doctor_report",
@@ -103,6 +105,9 @@ def _overrides(plan: Plan, k: KernelPlan) -> dict[str, Any] | None:
     replaced = _replaced(plan, k)
     if replaced:
         return distribution(replaced[0])
+    if k.overrides != "torch":  # a package's kernel (an op it defines with torch.library)
+        name, _, version = k.overrides.partition("==")
+        return {"name": name, "version": version or None}
     from .lockfile import torch_version  # metadata only: torch is not imported
 
     return {"name": "torch", "version": torch_version()}
@@ -201,30 +206,54 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
     return {"format_version": FORMAT_VERSION, **data}
 
 
-def live_namespace(namespace: str, plan: Plan) -> list[dict[str, Any]]:
+def live_namespaces(plan: Plan, namespaces: Iterable[str] = ()) -> list[str]:
+    """The namespaces ``list --live`` shows: ``namespaces``, or every namespace of the plan
+    and every namespace in torch's dispatcher that torch itself does not own."""
+    from . import torch_state
+    from .keys import RESERVED_NAMESPACES
+
+    if namespaces:
+        return list(namespaces)
+    live = {op.split("::", 1)[0] for op in torch_state.registered_ops()}
+    return sorted({n.name for n in plan.namespaces} | (live - RESERVED_NAMESPACES))
+
+
+def live_namespace(namespace: str, plan: Plan, attributor: Any = None) -> list[dict[str, Any]]:
     """The dispatcher's ops of ``namespace`` next to what ``plan`` declared for them.
 
-    Imports torch (what it shows lives in torch's dispatcher).
+    Each op and each kernel is attributed to the distribution whose code
+    registered it (:mod:`opregistry.attribution`).  Imports torch (what it
+    shows lives in torch's dispatcher).
     """
     from . import torch_state
+    from .attribution import Attributor
 
+    attributor = attributor or Attributor(plan)
     declared = {op.op.qualname: op for op in plan.ops if op.op.namespace == namespace}
     live = {name for name in torch_state.registered_ops() if name.split("::", 1)[0] == namespace}
-    rows = []
-    for name in sorted(live | set(declared)):
-        op = declared.get(name)
-        rows.append({
-            "op": name,
-            "declared": op is not None,
-            "in_dispatcher": name in live,
-            "declared_schema": op.op.full_schema if op else None,
-            "dispatcher_schema": torch_state.op_schema(name) if name in live else None,
-            "declared_keys": sorted(k.kernel.key for k in op.kernels
-                                    if k.status == "active") if op else [],
-            "dispatcher_keys": torch_state.kernel_registrations(name) if name in live else {},
-            "distribution": distribution(op.op.origin) if op else None,
-        })
-    return rows
+    return [_live_row(name, declared.get(name), name in live, attributor)
+            for name in sorted(live | set(declared))]
+
+
+def _live_row(name: str, op: OpPlan | None, in_dispatcher: bool, attributor: Any
+              ) -> dict[str, Any]:
+    from . import torch_state
+
+    keys = torch_state.kernel_registrations(name) if in_dispatcher else {}
+    declared_keys = sorted({k.kernel.key for k in op.kernels if k.status in ("active", "native")}
+                           | ({"BackendSelect"} if op.parsed.is_factory else set())) if op else []
+    return {
+        "op": name,
+        "declared": op is not None,
+        "in_dispatcher": in_dispatcher,
+        "declared_schema": op.op.full_schema if op else None,
+        "dispatcher_schema": torch_state.op_schema(name) if in_dispatcher else None,
+        "declared_keys": declared_keys,
+        "dispatcher_keys": keys,
+        "distribution": distribution(op.op.origin) if op else None,
+        "defined_by": attributor.defined_by(name) if in_dispatcher else None,
+        "kernels_by": {key: attributor.kernel_by(name, key, site) for key, site in keys.items()},
+    }
 
 
 # -- naming ops ----------------------------------------------------------------------
@@ -371,6 +400,31 @@ def steps_of(plan: Plan, qualnames: Iterable[str]) -> dict[str, list[dict[str, A
         if step.op in wanted:
             found[step.op].append(step.to_dict())
     return found
+
+
+def live_ops(plan: Plan, text: str) -> list[dict[str, Any]]:
+    """The dispatcher's ops named ``text`` that no distribution declared, with who registered them.
+
+    ``opregistry show --live`` of an op a package registers with
+    torch.library directly.  Every overload of a packet when ``text`` names
+    none.  Imports torch.
+    """
+    from . import torch_state
+    from .attribution import Attributor
+
+    live = torch_state.registered_ops()
+    found = []
+    for ns, op, overload in _spellings(text):
+        if not ns:
+            continue
+        base = f"{ns}::{op}"
+        found += [name for name in live if name == base or (overload is None and
+                                                             name.startswith(base + "."))
+                  if overload in (None, "default") or name == f"{base}.{overload}"]
+    declared = {o.op.qualname for o in plan.ops}
+    attributor = Attributor(plan)
+    return [_live_row(name, None, True, attributor)
+            for name in sorted(set(found)) if name not in declared]
 
 
 def show_report(plan: Plan, name: str, *, steps: bool = False) -> dict[str, Any]:

@@ -53,6 +53,9 @@ class ProcessState:
         self.loading = False
         #: ops defined through opregistry by a live registry (``ns::name[.overload]``)
         self.defined: set[str] = set()
+        #: the ``file:line`` torch records for opregistry's own ``Library`` objects (their
+        #: declarations'): a kernel registered there is opregistry's, not a replacement
+        self.library_sites: set[str] = set()
         #: ``(qualname, key) -> (weak Library, fn)``: device kernels DeviceBackends registered
         self.device_kernels: dict[tuple[str, str], tuple[weakref.ref, Callable[..., Any]]] = {}
         #: ``Library -> {qualname: {device type: fn}}``: Triton kernels per library and op

@@ -53,6 +53,8 @@ class Step(NamedTuple):
     what: str = ""
     definers: tuple[str, ...] = ()
     subject: Any = None
+    #: ``file:line`` of the declaration the step comes from
+    source: str | None = None
 
     @property
     def distribution(self) -> str:
@@ -90,6 +92,10 @@ class Steps:
     watched: frozenset[str] = frozenset()
     #: every op the plan defines, in the plan's order, with the distribution defining it
     definers: Mapping[str, str] = field(factory=dict)
+
+    #: ``(distribution, namespace)`` -> where its ``Library`` is said to be created: the
+    #: first declaration a step of it comes from (torch names it in its own messages)
+    sites: Mapping[tuple[str, str], str] = field(factory=dict)
 
     @property
     def planned(self) -> frozenset[str]:
@@ -165,7 +171,8 @@ def _definition_steps(plan: Plan, natively: set[tuple[str, str]]) -> list[Step]:
         if (op.op.namespace, origin.distribution) in natively:
             continue  # its library's TORCH_LIBRARY block defines it
         steps.append(Step(action="define", origin=origin, namespace=op.op.namespace,
-                          op=op.op.qualname, what=op.op.full_schema, subject=op))
+                          op=op.op.qualname, what=op.op.full_schema, subject=op,
+                          source=op.op.source))
         if op.parsed.is_factory:
             steps.append(Step(action="route-factory", origin=origin, namespace=op.op.namespace,
                               op=op.op.qualname, key="BackendSelect",
@@ -180,7 +187,7 @@ def _kernel_step(action: Action, op: OpPlan | None, k: KernelPlan, subject: Any)
     return Step(action=action, origin=kernel.origin, namespace=kernel.namespace, op=kernel.op,
                 key=kernel.key, kind=kernel.kind.name, backend=k.backend,
                 what=describe_ref(kernel.fn) or "",
-                definers=(definer,) if definer else (), subject=subject)
+                definers=(definer,) if definer else (), subject=subject, source=kernel.source)
 
 
 def _kernel_steps(plan: Plan, chains: Mapping[tuple[str, str], Any]) -> list[Step]:
@@ -231,5 +238,9 @@ def plan_steps(plan: Plan) -> Steps:
     # those of the torch ops it adds kernels to (guard adds torch's reserved ones)
     watched = frozenset(ns.name for ns in plan.namespaces) | frozenset(
         k.kernel.namespace for k in plan.external_kernels)
+    sites: dict[tuple[str, str], str] = {}
+    for step in steps:
+        if step.source:
+            sites.setdefault((step.distribution, step.namespace), step.source)
     return Steps(steps=tuple(steps), origins=_origins(plan), owned=_owned(plan, natively),
-                 watched=watched, definers=definers)
+                 watched=watched, definers=definers, sites=sites)

@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from .environment import TorchState
 from .state import process
 
-__all__ = ["snapshot", "registered_ops", "has_kernel", "op_schema", "kernel_registrations",
-           "destroy_library", "undo_library", "library_alive", "device_keyset", "lookup_op",
+__all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
+           "kernel_registrations", "destroy_library", "new_library", "undo_library",
+           "library_alive", "device_keyset", "lookup_op",
            "Watch", "Registration", "Recorder", "recorder", "registering", "watch_registrations",
            "torch_dir",
            "torch_build", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
@@ -49,6 +50,19 @@ def has_kernel(op: str, key: str) -> bool:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, key))
     except RuntimeError:
         return False
+
+
+def has_class(name: str) -> bool:
+    """Whether torch has the custom class ``NS.Class`` (the schema type
+    ``__torch__.torch.classes.NS.Class``) registered, by torch or by a loaded library."""
+    import torch
+
+    ns, _, cls = name.partition(".")
+    try:
+        torch._C._get_custom_class_python_wrapper(ns, cls)
+    except RuntimeError:
+        return False
+    return True
 
 
 def op_schema(op: str) -> str | None:
@@ -111,6 +125,28 @@ def destroy_library(library: Any) -> None:
             if op is not None:
                 op._enable_pyobj_dispatch(False)
     library._destroy()
+
+
+def new_library(namespace: str, kind: str, site: str | None = None) -> Any:
+    """A ``torch.library.Library`` whose registrations torch records at ``site`` (``file:line``).
+
+    ``Library.__init__`` records the ``file:line`` of its caller, and torch
+    names it in its own messages ("registered multiple times ... Original
+    registration: registered at ..."), in ``_dispatch_dump`` and in kernel
+    replacement warnings.  Created from a one-line code object compiled with
+    the op package's file name and line, the library is recorded at the
+    declaration that asked for it, not inside opregistry; without a usable
+    ``site``, at the caller.
+    """
+    from torch.library import Library
+
+    filename, _, line = (site or "").rpartition(":")
+    if not filename or not line.isdigit() or int(line) < 1:
+        return Library(namespace, kind)
+    code = compile("\n" * (int(line) - 1) + "library = Library(namespace, kind)", filename, "exec")
+    scope = {"Library": Library, "namespace": namespace, "kind": kind}
+    exec(code, scope)  # noqa: S102 - our own one line, compiled above
+    return scope["library"]
 
 
 def undo_library(handle: Any, libraries: Iterable[Any] = ()) -> None:
@@ -218,7 +254,8 @@ def snapshot(mine: Iterable[str] = ()) -> TorchState:
     ops = frozenset(op for op in registered_ops() if op not in mine)
     namespaces = frozenset(op.split("::", 1)[0] for op in ops)
     tags = frozenset(name for name in dir(torch.Tag) if not name.startswith("_")) - {"name", "value"}
-    return TorchState(ops=ops, namespaces=namespaces, has_kernel=has_kernel, tags=tags)
+    return TorchState(ops=ops, namespaces=namespaces, has_kernel=has_kernel, tags=tags,
+                      has_class=has_class)
 
 
 def torch_dir() -> str:

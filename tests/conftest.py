@@ -36,26 +36,36 @@ class DistFactory:
 
     def make(self, name: str, *, version: str = "1.0", ops: dict[str, str] | None = None,
              backends: dict[str, str] | None = None, modules: dict[str, str] | None = None,
+             requires: tuple[str, ...] = (), record: bool = False,
              ) -> str:
         """Create distribution ``name``; returns its canonical name.
 
         ``ops`` / ``backends`` map entry-point names to values
-        (``"module:attr"``); ``modules`` maps module names to source code.
+        (``"module:attr"``); ``modules`` maps module names to source code;
+        ``requires`` are its ``Requires-Dist`` lines (a package that uses torch
+        says ``("torch",)``); ``record=True`` writes a RECORD listing its files
+        (without hashes), as an installer of an unhashed install would.
         """
         info = self.root / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                       + "".join(f"Requires-Dist: {r}\n" for r in requires))
         lines = []
         for group, eps in (("opregistry.ops", ops), ("opregistry.backends", backends)):
             if eps:
                 lines.append(f"[{group}]")
                 lines += [f"{k} = {v}" for k, v in eps.items()]
         (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        listed = [f"{info.name}/METADATA,,", f"{info.name}/entry_points.txt,,",
+                  f"{info.name}/RECORD,,"]
         for module, source in (modules or {}).items():
             path = self.root / (module.replace(".", "/") + ".py")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(textwrap.dedent(source))
+            listed.append(f"{path.relative_to(self.root).as_posix()},,")
             self.modules.append(module)
+        if record:
+            (info / "RECORD").write_text("\n".join(listed) + "\n")
         importlib.invalidate_caches()
         canonical = name.lower().replace("_", "-")
         self.names.append(canonical)

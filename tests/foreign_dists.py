@@ -22,6 +22,7 @@ One per registration style:
                     ``torch.ops.load_library`` from a path built on ``__file__``
 ``fx-native-single`` a C++ library with one namespace, loaded from a computed path
 ``fx-native-stripped`` the same library stripped of its symbols
+``fx-ext``          a C++ library that is a Python extension module, imported by its package
 ``fx-plugin``       an opregistry op package that also makes a raw ``Library(..., "DEF")``
 ``fx-notorch``      no torch anywhere: skipped
 ``fx-undeclared``   registers ops without declaring a dependency on torch (as torchao 0.18)
@@ -271,6 +272,14 @@ NATIVE_STRIPPED = {
     ''',
 }
 
+EXTENSION = {
+    "fx_ext/__init__.py": '''
+        import torch
+
+        from . import _ext
+    ''',
+}
+
 PLUGIN = {
     "fx_plugin/__init__.py": "",
     "fx_plugin/ops.py": '''
@@ -312,6 +321,7 @@ DISTRIBUTIONS: dict[str, tuple[dict[str, str], list[str], str]] = {
     "fx-native": (NATIVE, ["torch"], ""),
     "fx-native-single": (NATIVE_SINGLE, ["torch"], ""),
     "fx-native-stripped": (NATIVE_STRIPPED, ["torch"], ""),
+    "fx-ext": (EXTENSION, ["torch"], ""),
     "fx-plugin": (PLUGIN, ["opregistry"], '[project.entry-points."opregistry.ops"]\n'
                                          'fx = "fx_plugin.ops:lib"\n'),
     "fx-notorch": (NOTORCH, [], ""),
@@ -330,6 +340,7 @@ EXPECTED_OPS: dict[str, set[str]] = {
     "fx_native": {"fx_native::scale", "fx_native::scale.twice", "fx_native_frag::frag_op"},
     "fx_native_single": {"fx_single::hidden", "fx_single::plain"},
     "fx_undeclared": {"fx_undeclared::quiet"},
+    "fx_ext": {"fx_ext::triple"},
 }
 
 
@@ -355,6 +366,13 @@ def _strip(library: Path, target: Path) -> None:
     assert out.returncode == 0, f"strip failed: {out.stderr}"
 
 
+def _extension_tag() -> str:
+    """``cpython-311-x86_64-linux-gnu``: this interpreter's tag for extension modules."""
+    import sysconfig
+
+    return str(sysconfig.get_config_var("EXT_SUFFIX")).strip(".").rpartition(".")[0]
+
+
 def install(target: Path, work: Path, libraries: dict[str, Path]) -> None:
     """Write every project under ``work`` and pip-install them all into ``target``."""
     projects = [_project(work, name, files, deps, eps)
@@ -362,6 +380,9 @@ def install(target: Path, work: Path, libraries: dict[str, Path]) -> None:
     shutil.copyfile(libraries["foreign"], work / "fx-native" / "fx_native" / "_C.so")
     shutil.copyfile(libraries["foreign_single"],
                     work / "fx-native-single" / "fx_native_single" / "libfxsingle.so")
+    shutil.copyfile(libraries["foreign_extension"],
+                    work / "fx-ext" / "fx_ext" / "_ext.cpython-311-x86_64-linux-gnu.so"
+                    .replace("cpython-311-x86_64-linux-gnu", _extension_tag()))
     _strip(libraries["foreign_single"],
            work / "fx-native-stripped" / "fx_native_stripped" / "libfxstripped.so")
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}

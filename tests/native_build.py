@@ -11,7 +11,7 @@ kernel torch already has (aten::add.Tensor's CPU kernel; ``twice``'s).  ``IMPL``
 ``IMPL_EXTRA`` and ``FRAGMENT``: C++ kernels and ops for namespaces Python DEFs own
 (``IMPL_NS``, ``FRAG_NS``), as IMPL and FRAGMENT libraries ship them; ``IMPL_META``:
 a C++ Meta kernel for ``SOURCE``'s ``twice``, an IMPL library for a native DEF.
-``FOREIGN`` and ``FOREIGN_SINGLE``: ``TORCH_LIBRARY`` packages that do not use
+``FOREIGN``, ``FOREIGN_SINGLE`` and ``FOREIGN_EXTENSION``: ``TORCH_LIBRARY`` packages that do not use
 opregistry, for the static scan of installed files.
 
 Each is built in a subprocess, so that building does not load it into the
@@ -185,12 +185,32 @@ TORCH_LIBRARY_IMPL(fx_single, CPU, m) {
 }
 """
 
+#: a Python extension module (it exports ``PyInit__ext``) whose import registers an op, as
+#: packages that ``from . import _C`` do: the scan names the module that imports it
+FOREIGN_EXTENSION = r"""
+#include <Python.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mul.h>
+#include <torch/library.h>
+
+static at::Tensor triple(const at::Tensor& x) { return at::mul(x, 3); }
+
+TORCH_LIBRARY(fx_ext, m) { m.def("triple(Tensor x) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(fx_ext, CPU, m) { m.impl("triple", &triple); }
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ext", nullptr, -1, nullptr};
+
+PyMODINIT_FUNC PyInit__ext(void) { return PyModule_Create(&module); }
+"""
+
 _SOURCES = {"test": (SOURCE, "native_test"), "rival": (RIVAL, "native_rival"),
             "swap_aten": (SWAP_ATEN, "native_swap_aten"), "swap_own": (SWAP_OWN, "native_swap_own"),
             "impl": (IMPL, "native_impl"), "impl_extra": (IMPL_EXTRA, "native_impl_extra"),
             "fragment": (FRAGMENT, "native_fragment"), "impl_meta": (IMPL_META, "native_impl_meta"),
             "foreign": (FOREIGN, "native_foreign"),
-            "foreign_single": (FOREIGN_SINGLE, "native_foreign_single")}
+            "foreign_single": (FOREIGN_SINGLE, "native_foreign_single"),
+            "foreign_extension": (FOREIGN_EXTENSION, "native_foreign_extension")}
 
 _BUILD = """
 import sys

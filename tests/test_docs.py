@@ -51,6 +51,7 @@ DOCS = ROOT / "docs"
 #: pages whose blocks this file runs (other pages are tested by their owners'
 #: tests: backend-authors/hooks in test_backends.py, cli.md in test_cli.py, ...)
 RUN_PAGES = ["index.md", "getting-started.md", "op-authors.md", "resolution.md", "migrating.md",
+             "ecosystem.md",
              "../README.md"]
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")

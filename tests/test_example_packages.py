@@ -433,14 +433,15 @@ def test_int8kit_show_says_why_each_candidate_serves_or_not(dists):
     [cuda_triton] = [x for x in lines if x.startswith("CUDA") and triton_ref in x]
     [cpu_triton] = [x for x in lines if x.startswith("CPU") and triton_ref in x]
     [cpu_plain] = [x for x in lines if x.startswith("CPU") and "int8kit.ops" in x]
-    assert "candidate 2, fallback" in cpu_plain and cpu_plain.split()[1] == "active"
+    # KEY KIND STATUS KERNEL ...
+    assert "candidate 2, fallback" in cpu_plain and cpu_plain.split()[1:3] == ["device", "active"]
     if HAS_TRITON:
-        assert cpu_triton.split()[1] == "active" and "candidate 1" in cpu_triton
+        assert cpu_triton.split()[1:3] == ["triton", "active"] and "candidate 1" in cpu_triton
         assert "per call: int8kit.triton_quant:interpreted" in cpu_triton
     else:
-        assert "triton" in cpu_triton and cpu_triton.split()[1] != "active"
+        assert cpu_triton.split()[1] == "triton" and cpu_triton.split()[2] != "active"
     if not torch.cuda.is_available():
-        assert cuda_triton.split()[1] == "unavailable", cuda_triton
+        assert cuda_triton.split()[1:3] == ["triton", "unavailable"], cuda_triton
 
 
 INT8KIT_TRITON_PROBE = """

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opregistry import torch_state
+from opregistry.schema import parse_signature
 
 from .conftest import DistFactory, load
 
@@ -359,3 +360,19 @@ def test_autograd_layer_floor_times_torchs_pieces(tmp_path: Path) -> None:
     assert times["with_keyset + raw_repr"] == pytest.approx(
         times["Autograd kernel, with_keyset"] - times["Autograd kernel"]
         + times["keyset.raw_repr()"])
+
+
+def test_bench_schema_parse_times_the_parser(tmp_path: Path) -> None:
+    """bench_schema_parse.py parses distinct schemas (the memo never answers), here and in a
+    baseline checkout (this one again: the ratio is about 1)."""
+    sys.path.insert(0, str(BENCH))
+    import bench_schema_parse
+
+    texts = bench_schema_parse.schemas(40)
+    assert len(set(texts)) == 40  # distinct: what is timed is the parser, not its memo
+    for text in texts:
+        parse_signature(text)  # every template is a schema the parser takes
+    data = _script("bench_schema_parse.py", "--count", "40", "--reps", "1", "--baseline",
+                   str(BENCH.parent), tmp_path=tmp_path)
+    assert data["this us/schema"] > 0 and data["baseline us/schema"] > 0
+    assert data["this/baseline"] > 0

@@ -31,7 +31,8 @@ from attrs import field, frozen
 
 import opregistry
 from opregistry import ResolutionError
-from opregistry.keys import ALL_TAGS, TAG_SINCE, TYPE_SINCE, tag_since, type_since, types_lacking
+from opregistry.keys import (ALL_TAGS, TAG_SINCE, TYPE_SINCE, TYPE_UNTIL, tag_since, type_since,
+                             type_until, types_lacking)
 from opregistry.model import Problem
 
 from . import conftest
@@ -140,7 +141,8 @@ def unknown_type(env: Env) -> Fault:
 
 
 def duplicate_argument_names(env: Env) -> Fault:
-    # torch.library accepts this schema; opregistry must not
+    # torch.library accepts this schema, then opcheck fails on it: opregistry refuses it on
+    # purpose (schema.DELIBERATE_REFUSALS)
     d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x, Tensor x) -> Tensor"))
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
                  says="appears twice")
@@ -655,9 +657,31 @@ def schema_keyword_as_name(env: Env) -> Fault:
 
 
 def type_torch_refuses_for_custom_ops(env: Env) -> Fault:
-    d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x, Dimname d) -> Tensor"))
+    # SymFloat: torch's schema parser of no supported release takes it
+    d = env.op_dist("bad", define("ok") + define("foo", schema="(Tensor x, SymFloat d) -> Tensor"))
     return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
-                 says="Dimname")
+                 says="SymFloat")
+
+
+def type_gone_from_installed_torch(env: Env) -> Fault:
+    """A schema type an earlier release's parser took (Dimname, up to 2.8): refused before torch."""
+    facts = _installed_torch()
+    lacking = types_lacking(TYPE_UNTIL, facts.release)
+    if not lacking:
+        pytest.skip(f"torch {facts.version} parses every schema type of the supported range: "
+                    f"the fault exists on torch > {'%d.%d' % min(TYPE_UNTIL.values())}")
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema=f"(Tensor x, {lacking[0]} name) -> Tensor"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says=f"{lacking[0]} up to torch {type_until(lacking[0])}")
+
+
+def custom_class_unknown(env: Env) -> Fault:
+    """A custom class type nobody registered: torch would fail in the middle of registering."""
+    d = env.op_dist("bad", define("ok") + define(
+        "foo", schema="(Tensor x, __torch__.torch.classes.nolib.Nothing c) -> Tensor"))
+    return Fault({d}, absent=(env.op("ok"), env.op("foo")), source=env.at(d, BODY_LINE + 1),
+                 says="__torch__.torch.classes.nolib.Nothing")
 
 
 def tag_newer_than_installed_torch(env: Env) -> Fault:
@@ -886,6 +910,9 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "autograd-on-op-returning-nothing": ("autograd-no-returns", autograd_on_op_returning_nothing),
     "schema-keyword-as-name": ("op-name-invalid", schema_keyword_as_name),
     "type-torch-refuses-for-custom-ops": ("schema-invalid", type_torch_refuses_for_custom_ops),
+    "type-gone-from-installed-torch": ("schema-type-gone-from-torch",
+                                       type_gone_from_installed_torch),
+    "custom-class-unknown": ("schema-class-unknown", custom_class_unknown),
     "distribution-installed-twice": ("distribution-duplicate", distribution_installed_twice),
     "entry-point-name-twice": ("entry-point-duplicate", entry_point_name_twice),
     "one-bad-entry-point-of-two": ("plugin-missing-module", one_bad_entry_point_of_two),

@@ -49,7 +49,8 @@ class Site:
         importlib.invalidate_caches()
 
     def scan(self, **kwargs: object) -> ForeignScan:
-        env = {"OPREGISTRY_CACHE_DIR": str(self.cache), **kwargs.pop("environ", {})}  # type: ignore[dict-item]
+        extra: dict[str, str] = kwargs.pop("environ", {})  # type: ignore[assignment]
+        env = {"OPREGISTRY_CACHE_DIR": str(self.cache), **extra}
         return scan_installed(only=[NAME], environ=env, **kwargs)  # type: ignore[arg-type]
 
     def namespaces(self, **kwargs: object) -> tuple[set[str], int]:
@@ -143,6 +144,23 @@ def test_no_cache_when_off_or_read_only(site: Site, tmp_path: Path) -> None:
     assert site.namespaces(cache=False) == ({"fx_aa"}, 0)
 
 
+def test_a_failing_scan_is_reported_and_not_cached(site: Site,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scanner bug on one distribution: said on that distribution, the others unaffected."""
+    import opregistry.scan.pysource as pysource
+
+    def broken(*args: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    original = pysource.scan_modules
+    monkeypatch.setattr(pysource, "scan_modules", broken)
+    [dist] = site.scan().distributions
+    assert dist.error == "the scan failed: RecursionError: maximum recursion depth exceeded"
+    assert dist.registrations == () and not (site.cache / CACHE_NAME).exists()
+    monkeypatch.setattr(pysource, "scan_modules", original)
+    assert site.namespaces() == ({"fx_aa"}, 0)
+
+
 def test_cache_dir_variable(site: Site, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     site.scan(environ={"OPREGISTRY_CACHE_DIR": str(elsewhere)})
@@ -170,3 +188,18 @@ def test_processes_scanning_at_once_share_the_cache(site: Site) -> None:
     assert len(results) == 1
     json.loads(_entry(site).read_text())
     assert site.namespaces() == ({"fx_aa"}, 1)
+
+
+def test_a_distribution_without_torch_is_checked_by_its_metadata(site: Site) -> None:
+    """No torch in it (nor in Requires-Dist): the next scans read only its METADATA and RECORD
+    stamps, and a reinstall that brings torch in is seen."""
+    info = next(site.root.glob("fx_cached-*.dist-info"))
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {NAME}\nVersion: 1.0\n")
+    site.rewrite("VALUE = 1\n")
+    assert (site.scan().distributions, site.scan().skipped) == ((), 1)
+    assert site.scan().cached == 1
+    site.rewrite(SOURCE)  # an edit in place, no reinstall: not looked at (PEP 376 files unchanged)
+    assert site.scan().distributions == ()
+    site.install("1.0")  # pip rewrites METADATA (now requiring torch) and RECORD
+    found = site.scan()
+    assert found.cached == 0 and found.distributions[0].namespaces() == {"fx_aa"}

@@ -110,6 +110,7 @@ def test_the_fixtures_register_what_they_say(real: dict[str, dict[str, list[str]
                                           ("fx-customop", "fx_customop"),
                                           ("fx-aliases", "fx_aliases"),
                                           ("fx-native-single", "fx_native_single"),
+                                          ("fx-ext", "fx_ext"),
                                           ("fx-undeclared", "fx_undeclared")])
 def test_predicted_ops_are_the_real_ones(scan: ForeignScan, real: dict[str, dict[str, list[str]]],
                                          dist: str, package: str) -> None:
@@ -204,7 +205,8 @@ def test_a_dynamic_namespace_is_unresolved_with_its_line(scan: ForeignScan, site
     assert set(real["fx_dynamic"]) == {"fx_dyn::op"}  # what the scan could not know
     assert found.namespaces() == frozenset() and found.ops() == frozenset()
     [lib] = [r for r in found.registrations if r.kind == "FRAGMENT"]
-    assert lib.source == f"{site / 'fx_dynamic' / '__init__.py'}:{_line(site / 'fx_dynamic' / '__init__.py', 'Library(')}"
+    module = site / "fx_dynamic" / "__init__.py"
+    assert lib.source == f"{module}:{_line(module, 'Library(')}"
     assert "os.environ.get" in lib.unresolved and lib.namespace is None
 
 
@@ -232,6 +234,16 @@ def test_cpp_library_namespaces_keys_and_loader(scan: ForeignScan, site: Path,
             for r in vague} | {"fx_native_frag::frag_op"} == set(real["fx_native"])
 
 
+def test_an_extension_module_is_attributed_to_the_module_importing_it(scan: ForeignScan,
+                                                                     site: Path) -> None:
+    """``from . import _ext``: importing ``fx_ext`` runs the library's registrations."""
+    found = _dist(scan, "fx-ext")
+    assert {(r.kind, r.namespace, r.op, r.module, r.how) for r in found.registrations} == {
+        (kind, "fx_ext", op, "fx_ext", "imports the extension module fx_ext._ext")
+        for kind, op in (("DEF", None), ("IMPL", None), ("op", "fx_ext::triple"))}
+    assert all(Path(r.file).parent == site / "fx_ext" for r in found.registrations)
+
+
 def test_stripped_library_is_unresolved(scan: ForeignScan) -> None:
     """Without ``.symtab`` the namespace is unknown: said, plus the one qualified schema string."""
     found = _dist(scan, "fx-native-stripped")
@@ -255,6 +267,14 @@ def test_which_distributions_are_scanned(scan: ForeignScan) -> None:
     assert names == set(NAMES) - {"fx-notorch"}
     undeclared = _dist(scan, "fx-undeclared")
     assert not undeclared.requires_torch and undeclared.ops() == {"fx_undeclared::quiet"}
+
+
+def test_which_module_to_import_for_a_namespace(scan: ForeignScan) -> None:
+    """The modules whose import registers a namespace: definitions at import first."""
+    assert [(d.name, m) for d, m in scan.importers("fx_alias")] == [
+        ("fx-aliases", "fx_aliases._ops"), ("fx-aliases", "fx_aliases.backends.cpu")]
+    assert [(d.name, m) for d, m in scan.importers("fx_native")] == [("fx-native", "fx_native")]
+    assert scan.importers("no_such_namespace") == []
 
 
 def test_records_round_trip_through_json(scan: ForeignScan) -> None:

@@ -78,8 +78,9 @@ def test_allowed_by_the_policy_it_is_a_warning(
     bad = _loader(dists, ns, "self-loader", f"torch.ops.load_library({str(native_test_library)!r})")
     monkeypatch.setenv("OPREGISTRY_ALLOW_OVERRIDE", NS)
     found = _probe(dists, [bad])
-    [problem] = [p for p in found["problems"] if p[0] == "plugin-registered-outside-plan"]
+    [problem] = [p for p in found["problems"] if p[0] == "plugin-registration-allowed"]
     assert problem[1] == "warning" and "allows it" in problem[2]
+    assert not [p for p in found["problems"] if p[0] == "plugin-registered-outside-plan"]
     assert f"{ns}::f" in found["ops"]
 
 

@@ -162,6 +162,81 @@ def test_schema_type_table_matches_this_torchs_parser(ns):
         f"keys.TYPE_SINCE is out of date for torch {facts.version}: torch refuses {sorted(refused)}")
 
 
+def test_has_class_reads_torchs_custom_class_registry():
+    """_get_custom_class_python_wrapper(ns, name) finds a registered class, raises otherwise."""
+    assert torch_state.has_class("c10d.Work")
+    assert not torch_state.has_class("nolib.Nothing")
+    assert not torch_state.has_class("c10d")  # no class name: not a class
+    assert torch_state.snapshot().has_class is torch_state.has_class
+
+
+def _build() -> tuple[tuple[int, int], bool]:
+    from opregistry.keys import installed_torch, installed_torch_build
+
+    facts, build = installed_torch(), installed_torch_build()
+    assert facts is not None and build is not None
+    return facts.release, build[1] is not None
+
+
+def test_custom_class_table_matches_this_torch():
+    """keys.TORCH_CLASSES says which custom classes this torch registers at import, exactly:
+    every class of the table is checked, and every class torch's own schemas use is in it."""
+    import re
+
+    from opregistry.keys import TORCH_CLASSES, class_known
+
+    release, cuda = _build()
+    wrong = {c for c in TORCH_CLASSES if class_known(c, release, cuda) != torch_state.has_class(c)}
+    assert not wrong, f"keys.TORCH_CLASSES is out of date for torch {torch.__version__}: {wrong}"
+    used = {m for s in torch._C._jit_get_all_schemas()
+            for m in re.findall(r"__torch__\.torch\.classes\.(\w+\.\w+)", str(s))}
+    assert used and used <= set(TORCH_CLASSES), sorted(used - set(TORCH_CLASSES))
+
+
+def test_dtype_table_matches_this_torch():
+    """The dtype names a ScalarType default may use are this torch's dtype attributes, exactly."""
+    from opregistry.keys import all_dtype_names, dtypes_lacking
+
+    release, _ = _build()
+    ours = all_dtype_names() - set(dtypes_lacking(all_dtype_names(), release))
+    theirs = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    assert ours == theirs, f"keys.DTYPE_SINCE is out of date for torch {torch.__version__}"
+
+
+def test_device_types_match_this_torch(ns):
+    """keys.DEVICE_TYPES are the device types torch's Device parser names, exactly."""
+    import re
+    import warnings
+
+    from opregistry.keys import DEVICE_TYPES
+
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that 'mkldnn' is deprecated
+            for i, device in enumerate(sorted(DEVICE_TYPES)):
+                lib.define(f"d{i}(Device x=\"{device}\") -> ()")
+        try:
+            lib.define('bad(Device x="nodevice") -> ()')
+        except RuntimeError as exc:
+            listed = re.search(r"Expected one of (.*?) device type", str(exc))
+        assert listed is not None
+        assert set(listed.group(1).split(", ")) == DEVICE_TYPES
+    finally:
+        lib._destroy()
+
+
+def test_ops_namespace_attributes_are_shadowed_names():
+    """Every attribute of a torch.ops namespace is a name keys.shadowed_op_name refuses."""
+    from opregistry.keys import shadowed_op_name
+
+    namespace = getattr(torch.ops, "opregistry_probe_ns")
+    names = set(dir(namespace)) | set(dir(type(namespace)))
+    assert names and all(shadowed_op_name(n) for n in names), sorted(
+        n for n in names if not shadowed_op_name(n))
+    assert not shadowed_op_name("silu_and_mul") and not shadowed_op_name("__and__")
+
+
 def test_replacement_warning_has_the_shape_replaced_kernels_reads(ns):
     """torch's "Overriding a previously registered kernel" warning, as this torch writes it.
 

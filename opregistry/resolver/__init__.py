@@ -34,6 +34,7 @@ from ..model import Declarations, Kernel, OpDef, Origin, Problem, describe_ref
 from ..plan import BackendPlan, Plan
 from .backends import check_backends
 from .context import Context
+from .foreign import foreign_owners
 from .gaps import report_gaps
 from .impls import check_kernels
 from .namespaces import check_namespaces
@@ -61,7 +62,7 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
     # entry point: its other entry points would register half a package
     excluded: dict[str, Origin] = {}
     for p in decl.problems:
-        if p.severity == "error":
+        if p.leaves_out:
             for o in p.culprits:
                 excluded.setdefault(o.distribution, o)
     # every pass (and the first definer named below) must not depend on the
@@ -71,10 +72,11 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
                            kernels=sorted(decl.kernels, key=_kernel_order),
                            backends=sorted(decl.backends, key=_order))
     excluded_ops: dict[str, Origin] = {}
+    foreign = foreign_owners(env.foreign)
     while True:
         _note_excluded_ops(ordered.ops, excluded, excluded_ops)
         ctx = Context(ordered, lambda o: o is None or o.distribution not in excluded,
-                      env, policy, excluded_ops)
+                      env, policy, excluded_ops, foreign)
         owners = check_backends(ctx)
         check_natives(ctx)
         namespaces = check_namespaces(ctx)
@@ -83,7 +85,8 @@ def resolve(decl: Declarations, *, policy: Policy | None = None,
         new = [p for p in ctx.problems if p.severity == "error"]
         for p in new:
             errors.setdefault((p.code, p.message), p)
-        culprits = {o.distribution: o for p in new for o in p.culprits}
+        # rule 9: the culprits of a problem whose code leaves them out (opregistry.problems)
+        culprits = {o.distribution: o for p in new if p.leaves_out for o in p.culprits}
         if not culprits.keys() - excluded.keys():
             break
         excluded.update(culprits)

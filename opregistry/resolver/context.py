@@ -17,6 +17,7 @@ from ..config import Policy
 from ..environment import Environment
 from ..keys import RESERVED_NAMESPACES, TorchFacts
 from ..model import Backend, Declarations, Kernel, Namespace, OpDef, Origin, Problem
+from .foreign import ForeignOwners, foreign_owners
 
 __all__ = ["Context", "dist_name", "names"]
 
@@ -36,8 +37,10 @@ class Context:
 
     def __init__(self, decl: Declarations, keep: Callable[[Origin | None], bool],
                  env: Environment, policy: Policy,
-                 excluded_ops: dict[str, Origin]) -> None:
+                 excluded_ops: dict[str, Origin], foreign: ForeignOwners | None = None) -> None:
         self.env = env
+        #: what packages that register with torch.library directly own (resolver.foreign)
+        self.foreign = foreign if foreign is not None else foreign_owners(env.foreign)
         #: what torch's dispatcher holds, when torch is imported (else ``None``)
         self.torch = env.dispatcher
         self.policy = policy

@@ -19,6 +19,7 @@ from ..kinds import TritonKernel
 from ..model import Backend, Kernel, describe_ref
 from ..plan import KernelPlan, OpPlan
 from .context import Context, dist_name, names
+from .foreign import owner_text
 
 __all__ = ["check_kernels"]
 
@@ -49,7 +50,8 @@ def _groups(ctx: Context, ops: dict[str, OpPlan], planned: dict[str, list[Kernel
     for k in ctx.kernels:
         if k.op not in ops and k.op in declared_here:
             continue  # its op was refused, and that is reported; dependents next pass
-        if k.op not in ops and k.conditional and ctx.torch_owns(k.namespace):
+        if k.op not in ops and k.conditional and (ctx.torch_owns(k.namespace)
+                                                  or k.op in ctx.foreign.ops):
             ctx.refuse("kernel-condition-unsupported",
                        f"{k.origin} declares a {k.key} kernel with conditions for {k.op}, an "
                        f"op torch owns; conditions choose between kernels of ops opregistry "
@@ -102,24 +104,30 @@ def _plan_group(ctx: Context, qualname: str, key: str, declared: list[Kernel],
 
 def _replaces_torch(ctx: Context, op_plan: OpPlan | None, winner: Kernel, qualname: str,
                     key: str) -> str | None | bool:
-    """``"torch"`` when ``winner`` replaces a kernel torch has; ``False`` when that is refused."""
+    """What ``winner`` replaces: ``"torch"``, a package's ``name==version`` (an op it defines
+    with torch.library), or ``None``; ``False`` when replacing without ``override=True``."""
     if op_plan is not None:
         return None
-    if ctx.torch is not None and ctx.torch.has_kernel(qualname, key):
-        if winner.override:
-            return "torch"
-        ctx.refuse("kernel-override-undeclared",
-                   f"{winner.origin} registers a {key} kernel for {qualname}, which torch "
-                   f"already implements for {key}",
-                   "declare override=True (and allow it with OPREGISTRY_ALLOW_OVERRIDE) "
-                   "if replacing torch's kernel is intended",
-                   (winner.origin,), op=qualname, key=key, source=winner.source)
-        return False
-    if ctx.torch is None and winner.override:
+    package = ctx.foreign.kernels.get((qualname, key))
+    if package is not None:
+        existing = package[0].distribution.text
+    elif ctx.torch is not None and ctx.torch.has_kernel(qualname, key):
+        existing = "torch"
+    elif ctx.torch is None and winner.override and qualname not in ctx.foreign.ops:
         # without torch (``opregistry list``) the dispatcher cannot be asked; the
         # declaration says it replaces torch's kernel, and listings must show that
         return "torch"
-    return None
+    else:
+        return None
+    if winner.override:
+        return existing
+    ctx.refuse("kernel-override-undeclared",
+               f"{winner.origin} registers a {key} kernel for {qualname}, which {existing} "
+               f"already implements for {key}",
+               "declare override=True (and allow it with OPREGISTRY_ALLOW_OVERRIDE) "
+               "if replacing its kernel is intended",
+               (winner.origin,), op=qualname, key=key, source=winner.source)
+    return False
 
 
 #: what a kernel for every device may not share its op with (torch's rules, below)
@@ -358,8 +366,30 @@ def _check_triton(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
             del groups[(qualname, FUNCTIONAL_MODE_RULE)]
 
 
+def _package_op_allowed(ctx: Context, k: Kernel) -> bool:
+    """A kernel for an op a package defines with torch.library directly: as for torch's ops.
+
+    Denied unless the policy names the op or its namespace; a C++ kernel
+    never (its library cannot be unloaded).
+    """
+    owner = ctx.foreign.ops[k.op]
+    if k.kind.by_backend and ctx.policy.allows(k.op):
+        return True
+    ctx.refuse("kernel-package-op-denied",
+               f"{k.origin} registers a {k.key} kernel for {k.op}, an op {owner_text(owner)} "
+               f"defines with torch.library; this is denied unless the policy names "
+               f"{k.namespace!r}" + ("" if k.kind.by_backend else
+                                     " (and a C++ kernel never: torch cannot take it back)"),
+               f"if intended, set OPREGISTRY_ALLOW_OVERRIDE={k.namespace} (or {k.op})",
+               (k.origin,), op=k.op, key=k.key, source=k.source,
+               others=())
+    return False
+
+
 def _external_allowed(ctx: Context, k: Kernel) -> bool:
     """Rule 6 and the policy for a kernel whose op no distribution defines."""
+    if k.op in ctx.foreign.ops:
+        return _package_op_allowed(ctx, k)
     if not k.kind.by_backend and ctx.torch_owns(k.namespace):
         ctx.refuse("native-kernel-foreign",
                    f"{k.origin} declares a C++ {k.key} kernel for {k.op}, an op torch owns; "
@@ -372,6 +402,10 @@ def _external_allowed(ctx: Context, k: Kernel) -> bool:
     if not ctx.torch_owns(k.namespace):
         hint = "check the op name; the op must be defined by an installed distribution"
         message = f"{k.origin} registers a {k.key} kernel for {k.op}, which no distribution defines"
+        held = ctx.foreign.namespaces.get(k.namespace)
+        if held is not None:
+            message += (f" (its namespace is {owner_text(held)}'s, which registers no op of "
+                        f"that name that opregistry can read)")
         if k.op in ctx.excluded_ops:
             message += f" (its definer {ctx.excluded_ops[k.op]} was left out: see its problem)"
             hint = f"fix {ctx.excluded_ops[k.op].distribution} first"

@@ -10,6 +10,7 @@ from ..model import Namespace, is_identifier
 from ..plan import NamespacePlan
 from ..schema import SCHEMA_KEYWORDS
 from .context import Context, dist_name, names
+from .foreign import owner_text
 
 __all__ = ["check_namespaces", "namespace_refusal"]
 
@@ -71,6 +72,17 @@ def check_namespaces(ctx: Context) -> dict[str, NamespacePlan]:
                        f"{names(n.origin for n in owners)} cannot DEF it",
                        "rename the namespace, or declare it FRAGMENT to add ops to it",
                        (n.origin for n in owners), namespace=name, source=owners[0].source)
+            continue
+        held = ctx.foreign.namespaces.get(name)
+        if held is not None and owners:
+            ctx.refuse("namespace-held-by-package",
+                       f"namespace {name!r} is registered in by {owner_text(held)}, which uses "
+                       f"torch.library directly; {names(n.origin for n in owners)} cannot DEF "
+                       f"it: torch would refuse one of them (or a redefined op) when both are "
+                       f"imported",
+                       "rename the namespace, or declare it FRAGMENT to add ops of new names "
+                       "to it", (n.origin for n in owners), namespace=name,
+                       source=owners[0].source)
             continue
         owner = owners[0] if owners else None
         plans[name] = NamespacePlan(

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import DOCS_URL, SchemaError
-from ..keys import KNOWN_TAGS, tag_since, type_since, types_lacking
+from ..keys import (CLASS_PREFIX, DTYPE_SINCE, KNOWN_TAGS, class_known, dtypes_lacking,
+                    installed_torch_build, shadowed_op_name, tag_since, type_since, type_until,
+                    types_lacking)
 from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
-from ..schema import SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, parse_signature
+from ..schema import (SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, overload_refusal,
+                      parse_signature)
 from .context import Context, dist_name, names
+from .foreign import owner_text
 
 __all__ = ["check_ops", "name_refusal"]
 
@@ -22,7 +26,10 @@ def name_refusal(op: OpDef) -> str | None:
     if keywords:
         return (f"{keywords[0]!r} is a keyword of torch's schema language, which torch cannot "
                 f"parse as a name")
-    return None
+    if shadowed_op_name(op.name):
+        return (f"torch.ops.{op.namespace}.{op.name} is an attribute of torch's namespace object, "
+                f"so Library.define fails for an op of that name (after registering it)")
+    return overload_refusal(op.overload) if op.overload else None
 
 
 def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
@@ -56,7 +63,7 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"{DOCS_URL}op-authors/#every-kind-of-op)",
                    (op.origin,), op=op.qualname, source=where)
         return None
-    if not _types_parsed_by_installed_torch(ctx, op, schema):
+    if not _release_takes(ctx, op, schema):
         return None
     if ctx.torch is not None and op.qualname in ctx.torch.ops and \
             (op.namespace, dist_name(op.origin)) not in ctx.natives:  # a native op: loaded already
@@ -64,6 +71,15 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"{op.origin} defines {op.qualname}, which torch already has "
                    f"(registered outside opregistry)",
                    "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
+        return None
+    held = ctx.foreign.ops.get(op.qualname)
+    if held is not None:
+        ctx.refuse("op-held-by-package",
+                   f"{op.origin} defines {op.qualname}, which {owner_text(held)} defines at its "
+                   f"import with torch.library: torch would refuse the second definition, "
+                   f"crashing whichever is imported last",
+                   "rename the op or its overload (a FRAGMENT may add ops of new names)",
+                   (op.origin,), op=op.qualname, source=where)
         return None
     return schema
 
@@ -108,26 +124,77 @@ def _refuse_needs_newer(ctx: Context, op: OpDef, code: str, what: str,
                (op.origin,), op=op.qualname, source=op.source)
 
 
-def _types_parsed_by_installed_torch(ctx: Context, op: OpDef, schema: Schema) -> bool:
-    """Every type of ``schema`` is one the installed torch's schema parser knows.
+def _release_takes(ctx: Context, op: OpDef, schema: Schema) -> bool:
+    """Every word of ``schema`` is one the installed torch's schema parser knows.
 
-    ``SymBool`` is refused by torch 2.8's parser (:data:`~opregistry.keys.TYPE_SINCE`):
-    the resolver says so, naming the release that takes it, before torch does with
+    Types come and go between releases (:data:`~opregistry.keys.TYPE_SINCE`,
+    :data:`~opregistry.keys.TYPE_UNTIL`: ``SymBool`` from 2.13, ``Dimname`` up to 2.8),
+    so do dtype names of ``ScalarType`` defaults and the custom classes torch
+    registers: the resolver says so, naming the release, before torch does with
     "unknown type specifier" in the middle of registering.
     """
+    words = schema.versioned
+    if not words:
+        return True
     facts = ctx.installed_torch()
     if facts is None:
         return True  # no torch installed: no release to check against (the tags rule does the same)
-    bases = [a.type.base for a in schema.arguments] + [r.type.base for r in schema.returns]
-    lacking = types_lacking(bases, facts.release)
-    if not lacking:
+    lacking = types_lacking(words, facts.release)
+    newer = [t for t in lacking if type_since(t)]
+    if newer:
+        since = ", ".join(f"{t} from torch {type_since(t)}" for t in newer)
+        _refuse_needs_newer(ctx, op, "schema-type-needs-newer-torch",
+                            f"uses type(s) {newer} in its schema, which the schema parser of the "
+                            f"installed torch ({facts.version}) lacks: {since}",
+                            [type_since(t) for t in newer],
+                            f"declare the op without {newer} (e.g. bool)")
+        return False
+    if lacking:
+        until = ", ".join(f"{t} up to torch {type_until(t)}" for t in lacking)
+        ctx.refuse("schema-type-gone-from-torch",
+                   f"{op.origin}: {op.qualname} uses type(s) {lacking} in its schema, which the "
+                   f"schema parser of the installed torch ({facts.version}) no longer takes: "
+                   f"{until}", f"declare the op without {lacking} (Dimname: str)", (op.origin,),
+                   op=op.qualname, source=op.source)
+        return False
+    dtypes = dtypes_lacking(words, facts.release)
+    if dtypes:
+        _refuse_needs_newer(ctx, op, "schema-dtype-needs-newer-torch",
+                            f"defaults a ScalarType argument to dtype(s) {dtypes}, which the "
+                            f"installed torch ({facts.version}) lacks",
+                            ["%d.%d" % DTYPE_SINCE[d] for d in dtypes], "default to another dtype")
+        return False
+    return _classes_known(ctx, op, [w[len(CLASS_PREFIX):] for w in words
+                                    if w.startswith(CLASS_PREFIX)], facts.release)
+
+
+def _classes_known(ctx: Context, op: OpDef, classes: list[str], release: tuple[int, int]) -> bool:
+    """Every custom class the schema names is registered with torch when the op is defined.
+
+    With torch imported, torch says (its registry holds every class loaded so
+    far); without it, the classes torch registers itself (the release's table).
+    A distribution with a native library may register its own classes as it
+    loads, before its ops are defined: torch checks those.
+    """
+    if not classes or (op.namespace, dist_name(op.origin)) in ctx.natives:
         return True
-    since = ", ".join(f"{t} from torch {type_since(t)}" for t in lacking)
-    _refuse_needs_newer(ctx, op, "schema-type-needs-newer-torch",
-                        f"uses type(s) {lacking} in its schema, which the schema parser of the "
-                        f"installed torch ({facts.version}) lacks: {since}",
-                        [type_since(t) for t in lacking],
-                        f"declare the op without {lacking} (e.g. bool)")
+    if ctx.torch is not None and ctx.torch.has_class is not None:
+        unknown = [c for c in classes if not ctx.torch.has_class(c)]
+    else:
+        build = installed_torch_build()
+        cuda = build is not None and build[1] is not None
+        unknown = [c for c in classes if not class_known(c, release, cuda)]
+    if not unknown:
+        return True
+    ctx.refuse("schema-class-unknown",
+               f"{op.origin}: {op.qualname} uses custom class(es) "
+               f"{[CLASS_PREFIX + c for c in sorted(unknown)]}, which torch does not have "
+               f"registered" + ("" if ctx.torch is not None else
+                                " (torch registers none of that name itself; without torch "
+                                "imported, opregistry knows only those)"),
+               "register the class before the op is defined: from a native library of this "
+               "distribution (NativeLibrary), or torch.classes.load_library in its import",
+               (op.origin,), op=op.qualname, source=op.source)
     return False
 
 

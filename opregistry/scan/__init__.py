@@ -20,25 +20,32 @@ The result is cached on disk (:mod:`opregistry.diskcache`, cache
 location and checked against a digest of the files it read: their size
 and modification time by default, their sha256 in locked mode
 (``OPREGISTRY_LOCK``) or with ``content_digests=True``.  A changed file, a
-reinstall or an upgrade means a new scan of that distribution only.
+reinstall or an upgrade means a new scan of that distribution only.  A
+distribution found not to use torch is checked again only when its
+``METADATA`` or ``RECORD`` changes (every install rewrites them; editable
+installs are always checked file by file).  :func:`scan_installed` raises
+:class:`~opregistry.ConfigError` for an ``OPREGISTRY_CACHE`` that is not a
+boolean, and nothing else: a distribution whose scan fails carries the
+failure in :attr:`~opregistry.foreign.ForeignDistribution.error`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import attrs
 
 from ..config import canonical_name
 from ..diskcache import DiskCache
-from ..distfiles import DistInfo, distributions, files_of, module_name
+from ..distfiles import (NATIVE_SUFFIXES, DistInfo, distributions, files_of, is_editable,
+                         module_name)
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
 from ..logs import get_logger
-from .native import NATIVE_SUFFIXES, is_extension_module, scan_library
-from .pysource import importers, scan_modules
-from .pyvalues import ModuleSource
+
+if TYPE_CHECKING:
+    from .pyvalues import ModuleSource
 
 __all__ = ["scan_installed", "scan_distribution", "NOT_SCANNED", "PLUGIN_GROUPS", "CACHE_NAME"]
 
@@ -63,18 +70,19 @@ def _scanned_files(info: DistInfo) -> list[tuple[str, str]]:
             if rel.endswith(".py") or (_is_native(path) and not rel.startswith("../"))]
 
 
-def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], list[str]]:
-    """``({module: .py path}, [shared library paths])``; files that are no module are left out."""
+def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """``({module: .py path}, {shared library path: relative name})``; files that are no
+    module are left out."""
     modules: dict[str, str] = {}
-    natives: list[str] = []
+    natives: dict[str, str] = {}
     for path, rel in files:
         if rel.endswith(".py"):
             name = module_name(rel)
             if name is not None:
                 modules.setdefault(name, path)
         else:
-            natives.append(path)
-    return modules, sorted(natives)
+            natives[path] = rel
+    return modules, dict(sorted(natives.items()))
 
 
 def _digest(info: DistInfo, paths: Iterable[str], content: bool) -> str:
@@ -120,17 +128,20 @@ def _mentions_torch(paths: Iterable[str]) -> tuple[bool, dict[str, bytes]]:
 
 
 def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
-             texts: Mapping[str, bytes], natives: list[str],
-             modules: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+             texts: Mapping[str, bytes], natives: Mapping[str, str]
+             ) -> dict[str, tuple[str, str]]:
     """``{library path: (module, how it was found)}`` for each registering library."""
+    from .native import is_extension_module
+    from .pysource import importers
+
     by_path = {os.path.normpath(r.how): r for r in found
                if r.kind == "load_library" and r.how and not r.unresolved}
     computed = sorted((r for r in found if r.kind == "load_library" and r.unresolved),
                       key=lambda r: (r.module, r.line or 0))
     out = {}
-    for path in natives:
+    for path, rel in natives.items():
         load = by_path.get(os.path.normpath(path))
-        rel_module = _library_module(path, modules)
+        rel_module = module_name(rel)  # pkg/_C.abi3.so -> pkg._C
         if load is not None:
             out[path] = (load.module, f"loaded by {load.api} at {load.source}")
         elif rel_module and is_extension_module(path):
@@ -142,20 +153,10 @@ def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
             out[path] = (load.module, f"the {load.api} call at {load.source}, whose path is "
                                       f"computed, is the first in the distribution")
         else:
-            top = (rel_module or "").split(".")[0]
-            out[path] = (top, "the top-level package holding the library")
+            top = rel.split("/")[0]
+            out[path] = (top if top.isidentifier() else "",
+                         "the top-level package holding the library")
     return out
-
-
-def _library_module(path: str, modules: Mapping[str, str]) -> str | None:
-    """The dotted name of a library beside the distribution's modules (``pkg._C``)."""
-    folder = os.path.dirname(path)
-    for name, file in modules.items():
-        if os.path.dirname(file) == folder:
-            package = name if file.endswith("__init__.py") else name.rpartition(".")[0]
-            stem = os.path.basename(path).split(".")[0]
-            return f"{package}.{stem}" if package else stem
-    return None
 
 
 def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
@@ -173,11 +174,16 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
         files=len(modules) + len(natives))
     if not (requires or mentions):
         return record, False
+    # the parsers are imported here: a scan answered from the cache never needs them
+    from .native import scan_library
+    from .pysource import scan_modules
+    from .pyvalues import ModuleSource
+
     sources = {name: ModuleSource(name, path, path.endswith("__init__.py"))
                for name, path in modules.items()}
     found = scan_modules(sources, texts)
     native = {path: regs for path in natives if (regs := scan_library(path))}
-    loaders = _loaders(found, sources, texts, sorted(native), modules)
+    loaders = _loaders(found, sources, texts, {p: natives[p] for p in native})
     for path, regs in sorted(native.items()):
         module, how = loaders[path]
         found += [attrs.evolve(reg, module=module, how=how) for reg in regs]
@@ -200,13 +206,39 @@ def _stamp(infos: list[DistInfo]) -> str:
     return f"opregistry {version} scan-format {SCAN_FORMAT} code {h.hexdigest()[:16]}"
 
 
+def _metadata_stamp(info: DistInfo) -> str | None:
+    """Size and mtime of the files every install, upgrade or reinstall rewrites; ``None`` for
+    an editable install (its sources change without them)."""
+    if is_editable(info):
+        return None
+    out = []
+    for name in ("METADATA", "RECORD"):
+        try:
+            st = os.stat(os.path.join(info.installed.location, name))
+        except OSError:
+            return None
+        out.append(f"{name} {st.st_size} {st.st_mtime_ns}")
+    return "; ".join(out)
+
+
 def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
         ForeignDistribution | None, bool, bool]:
-    """``(record or None, uses torch, from the cache)`` of one distribution."""
-    files = _scanned_files(info)
-    digest = _digest(info, [path for path, _ in files], content)
+    """``(record or None, uses torch, from the cache)`` of one distribution.
+
+    A distribution found not to use torch is checked again only when its
+    metadata changes (an install rewrites ``METADATA`` and ``RECORD``):
+    listing and ``stat``-ing the files of numpy or sympy at every call would
+    cost more than the rest of the scan.  A torch user's entry is checked
+    against the digest of every file it read.
+    """
     key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
     entry = cache.load(key)
+    stamp = _metadata_stamp(info)
+    if (isinstance(entry, dict) and entry.get("uses_torch") is False and stamp is not None
+            and entry.get("metadata") == stamp and not content):
+        return None, False, True
+    files = _scanned_files(info)
+    digest = _digest(info, [path for path, _ in files], content)
     if isinstance(entry, dict) and entry.get("digest") == digest:
         try:
             dist = entry.get("dist")
@@ -214,9 +246,16 @@ def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
                     bool(entry.get("uses_torch")), True)
         except (KeyError, TypeError, ValueError) as exc:
             log.debug("cached scan malformed, scanning again", key=key, error=str(exc))
-    record, uses = scan_distribution(info, files)
+    try:
+        record, uses = scan_distribution(info, files)
+    except Exception as exc:  # noqa: BLE001 - one odd distribution never stops the scan
+        log.warning("scan of a distribution failed", distribution=info.installed.text,
+                    error=f"{type(exc).__name__}: {exc}")
+        record = ForeignDistribution(distribution=info.installed, requires_torch=info.requires_any(
+            ("torch", "opregistry")), error=f"the scan failed: {type(exc).__name__}: {exc}")
+        return record, True, False  # not cached: tried again next time
     record = attrs.evolve(record, digest=digest)
-    cache.store(key, {"digest": digest, "uses_torch": uses,
+    cache.store(key, {"digest": digest, "uses_torch": uses, "metadata": stamp,
                       "dist": record.to_dict() if uses else None})
     return (record if uses else None), uses, False
 

@@ -27,10 +27,8 @@ import re
 from ..foreign import Registration
 from .elf import open_elf
 
-__all__ = ["scan_library", "is_extension_module", "NATIVE_SUFFIXES"]
+__all__ = ["scan_library", "is_extension_module"]
 
-#: file names the native scan reads
-NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
 #: ``<length><identifier>`` in a mangled name, or the identifier alone
 _MACRO = re.compile(rb"(\d*)((?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?_(?:static_)?init_\w+)")
 _PARTS = re.compile(r"(STABLE_)?TORCH_LIBRARY(_FRAGMENT|_IMPL)?_(?:static_)?init_(\w+)\Z")

@@ -123,7 +123,8 @@ class _Found:
         return {"namespace": lib.namespace if lib else None,
                 "unresolved": f"the op name: {why}"}
 
-    def key_list(self, pos: int | None, name: str | None, default: str) -> list[tuple[str | None, str]]:
+    def key_list(self, pos: int | None, name: str | None, default: str
+                 ) -> list[tuple[str | None, str]]:
         """``(key, unresolved)`` for each device type / key the argument names."""
         node = _arg(self.call, pos, name)
         if node is None or (isinstance(node, ast.Constant) and node.value is None):

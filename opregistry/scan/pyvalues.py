@@ -26,9 +26,9 @@ from typing import Callable, Iterable, Iterator, Union
 
 from attrs import frozen
 
-__all__ = ["Str", "Num", "Bool", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred", "Unknown",
-           "Value", "decide",
-           "Scope", "Index", "ModuleSource", "bindings", "bind_arguments", "unroll", "LIBRARY_CTORS"]
+__all__ = ["Str", "Num", "Bool", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred",
+           "Unknown", "Value", "decide", "Scope", "Index", "ModuleSource", "bindings",
+           "bind_arguments", "unroll", "LIBRARY_CTORS"]
 
 
 @frozen
@@ -146,7 +146,7 @@ class ModuleSource:
             try:
                 with open(self.file, "rb") as f:
                     self._tree = ast.parse(f.read(), self.file)
-            except (OSError, SyntaxError, ValueError) as exc:
+            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
         return self._tree
 

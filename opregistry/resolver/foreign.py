@@ -1,0 +1,77 @@
+"""Packages that register with ``torch.library`` directly, as owners the rules protect.
+
+bitsandbytes, torchao, vLLM and the like define their ops at their own
+import (``torch.library.define``, ``custom_op``, ``TORCH_LIBRARY``), outside
+opregistry.  The scan of their installed files (:mod:`opregistry.scan`, in
+the :class:`~opregistry.environment.Environment`) says what each will
+register; the rules treat such a distribution as the owner of what it
+registers, as torch will once it is imported:
+
+* ``namespace-held-by-package``: a DEF of a namespace it registers in;
+* ``op-held-by-package``: a definition of an op it defines (a FRAGMENT may
+  still add ops of other names to its namespace);
+* ``kernel-package-op-denied``: a kernel for one of its ops, unless the
+  override policy names the op or its namespace (then, as for torch's own
+  ops, a key it already implements also needs ``override=True``).
+
+opregistry's plugins are not foreign owners (what they register by
+themselves is judged as registrations outside the plan), nor are torch's
+reserved namespaces (torch owns those).  Every message names the owner as
+``pip show`` does, ``name==version``, and the line that registers it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from attrs import field, frozen
+
+from ..keys import RESERVED_NAMESPACES
+
+__all__ = ["ForeignOwners", "foreign_owners", "owner_text"]
+
+#: the registrations that claim a namespace (a kernel for another's op claims nothing)
+_CLAIMS = frozenset({"DEF", "FRAGMENT", "library", "op"})
+
+
+@frozen
+class ForeignOwners:
+    """What non-opregistry distributions register, as the rules ask it.
+
+    Each value is ``(distribution, registration)``: the first by distribution
+    name, then file and line, so the owner named never depends on order.
+    """
+
+    namespaces: Mapping[str, tuple[Any, Any]] = field(factory=dict)
+    ops: Mapping[str, tuple[Any, Any]] = field(factory=dict)
+    kernels: Mapping[tuple[str, str], tuple[Any, Any]] = field(factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.namespaces)
+
+
+def owner_text(owner: tuple[Any, Any]) -> str:
+    """``bitsandbytes==0.50.2 (bitsandbytes/_ops.py:37)``: the owner and where it registers."""
+    dist, registration = owner
+    return f"{dist.distribution.text} ({registration.source})"
+
+
+def foreign_owners(scan: Any) -> ForeignOwners:
+    """The owners of namespaces, ops and kernels in ``scan`` (a :class:`~opregistry.foreign.ForeignScan`)."""
+    if scan is None:
+        return ForeignOwners()
+    namespaces: dict[str, tuple[Any, Any]] = {}
+    ops: dict[str, tuple[Any, Any]] = {}
+    kernels: dict[tuple[str, str], tuple[Any, Any]] = {}
+    found = sorted(((d, r) for d in scan.distributions if not d.is_plugin
+                    for r in d.registrations if r.namespace is not None
+                    and r.namespace not in RESERVED_NAMESPACES),
+                   key=lambda dr: (dr[0].name, dr[1].file, dr[1].line or 0))
+    for dist, reg in found:
+        if reg.kind in _CLAIMS:
+            namespaces.setdefault(reg.namespace, (dist, reg))
+        if reg.kind == "op" and reg.op:
+            ops.setdefault(reg.op, (dist, reg))
+        if reg.kind == "kernel" and reg.op and reg.key:
+            kernels.setdefault((reg.op, reg.key), (dist, reg))
+    return ForeignOwners(namespaces=namespaces, ops=ops, kernels=kernels)

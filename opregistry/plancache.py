@@ -48,6 +48,7 @@ from .codec import (FORMAT, Decoder, Encoder, Uncacheable, decode_query, encode_
 from .config import CONFIG_VAR, Settings
 from .discovery import BACKENDS_GROUP
 from .diskcache import DiskCache
+from .errors import DOCS_URL
 from .environment import Environment, TorchState, environment_query, read_query
 from .logs import get_logger
 from .model import Declarations, Origin, Problem
@@ -334,7 +335,7 @@ def drift(entry: Mapping[str, Any], fresh: Declarations) -> list[Problem]:
                     f"its inputs (the clock, the network, a file outside its package, the "
                     f"process's state), so a cached plan of it can be stale",
             hint=f"make {dist}'s declarations a function of its own files and the conditions "
-                 f"opregistry evaluates (when=...), as docs/op-authors.md asks; until then run "
-                 f"with OPREGISTRY_CACHE=0",
+                 f"opregistry evaluates (when=...), as {DOCS_URL}op-authors/"
+                 f"#declarations-are-data asks; until then run with OPREGISTRY_CACHE=0",
             culprits=(origin,) if origin else ()))
     return problems

@@ -120,13 +120,25 @@ def _ask(dispatcher: TorchState, question: str) -> bool:
     return bool(dispatcher.has_kernel(op, key))
 
 
-def _environment(entry: Mapping[str, Any], dispatcher: TorchState | None, foreign: Any
+def _environment(entry: Mapping[str, Any], dispatcher: TorchState | None
                  ) -> tuple[Environment, dict[str, Any]]:
-    """This load's environment for the cached query, and its encoding to compare."""
-    env = read_query(decode_query(entry["query"]), dispatcher, foreign)
+    """This load's environment for the cached query, and its encoding to compare.
+
+    The scan of the packages that register with torch directly is the cached
+    one: the manifest stamps every file it read (:func:`opregistry.scan.scan_inputs`).
+    """
+    env = read_query(decode_query(entry["query"]), dispatcher)
     asked = (entry["environment"].get("dispatcher") or {}).get("kernels", {})
     answers = {q: _ask(dispatcher, q) for q in asked} if dispatcher is not None else {}
-    return env, encode_environment(env, answers)
+    data = encode_environment(env, answers)
+    data["foreign"] = entry["environment"]["foreign"]
+    return env, data
+
+
+def _foreign(entry: Mapping[str, Any]) -> Any:
+    from .foreign import ForeignScan
+
+    return None if entry["foreign"] is None else ForeignScan.from_dict(entry["foreign"])
 
 
 class PlanCache:
@@ -187,11 +199,16 @@ class PlanCache:
             *decl.distributions, *(s.origin for s in decl.skipped))]
         stamper.add(inputs.package_files([*plugins, __name__]))
         stamper.add(inputs.module_files(sorted(imported)))
+        if env.foreign is not None:
+            from .scan import scan_inputs
+
+            stamper.add(scan_inputs(env.foreign))
         manifest = stamper.manifest({m.partition(".")[0] for m in (*imported, *plugins, __name__)})
         if manifest is None:
             log.debug("plan not cached: sys.path changed while it was built")
             return False
-        entry: dict[str, Any] = {"manifest": manifest, "gate": gate}
+        entry: dict[str, Any] = {"manifest": manifest, "gate": gate,
+                                 "foreign": None if env.foreign is None else env.foreign.to_dict()}
         try:
             enc = Encoder()
             entry.update(declarations=enc.declarations(decl), plan=enc.plan(plan),
@@ -217,14 +234,12 @@ def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
 
 
 def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None,
-          foreign: Any, resolve: Callable[[Declarations, Environment], Plan]
+          resolve: Callable[[Declarations, Environment], Plan]
           ) -> tuple[Plan, str] | None:
     """The cached plan (and ``"hit"``, or ``"resolved"``), given the backends collected in
     this load.
 
-    ``foreign`` is this load's scan of the packages that register with torch
-    directly (part of the environment).  ``None`` when the backends differ
-    from the cached ones in anything but
+    ``None`` when the backends differ from the cached ones in anything but
     their availability (a miss).  The cached plan when the environment and
     the availability are the same; else ``resolve`` of the cached
     declarations in this environment (``"resolved"``).
@@ -232,7 +247,7 @@ def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState |
     if backend_part(live) != entry["backends"]:
         log.debug("plan cache: the backends differ from the cached ones")
         return None
-    env, env_data = _environment(entry, dispatcher, foreign)
+    env, env_data = _environment(entry, dispatcher)
     live_backends = {(b.origin.distribution if b.origin else "", b.name): b
                      for b in live.backends}
     decoder = Decoder(entry["origins"], entry["declarations"], live_backends)
@@ -240,7 +255,7 @@ def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState |
         return decoder.plan(entry["plan"]), "hit"
     log.debug("plan cache: resolving the cached declarations in this environment")
     decl = attrs.evolve(decoder.declarations(), available=dict(live.available))
-    return resolve(decl, env), "resolved"
+    return resolve(decl, attrs.evolve(env, foreign=_foreign(entry))), "resolved"
 
 
 def _status(cache: PlanCache) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
         if entry["gate"] != _gate_part(lock_gate):
             return None
         live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
-        found = reuse(entry, live.declarations, torch_state(), read_foreign(),
+        found = reuse(entry, live.declarations, torch_state(),
                       lambda decl, env: resolve(decl, policy=settings.policy, environment=env))
     except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
         log.debug("plan cache entry unusable", error=repr(exc))

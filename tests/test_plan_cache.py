@@ -628,3 +628,22 @@ def test_cached_and_uncached_plans_are_equal(tmp_path_factory: pytest.TempPathFa
         cached = _plan_dict(env)
         assert cached == _plan_dict(env)  # again: from the cache
         assert cached == _plan_dict(env, OPREGISTRY_CACHE="0")
+
+
+def test_a_package_that_registers_with_torch_by_itself_changes(env: Env) -> None:
+    """The scan of packages that use torch.library directly is an input: its files are stamped."""
+    info = env.site / "pc_foreign-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-foreign\nVersion: 1.0\n"
+                                   "Requires-Dist: torch\n")
+    module = env.site / "pc_foreign.py"
+    module.write_text('import torch\nlib = torch.library.Library("pcheld", "DEF")\n'
+                      'lib.define("f(Tensor x) -> Tensor")\n')
+    (info / "RECORD").write_text("pc_foreign.py,,\npc_foreign-1.0.dist-info/METADATA,,\n"
+                                 "pc_foreign-1.0.dist-info/RECORD,,\n")
+    env.op_dist("pc-one", "pcheld", "g")
+    found = env.warm(torch=False)
+    assert "namespace-held-by-package" in found["list"]["errors"], found
+    module.write_text(module.read_text().replace('"pcheld"', '"pcelsewhere"'))
+    found = env.probe(torch=False)
+    assert found["list"]["errors"] == [] and "pcheld::g" in found["list"]["ops"], found

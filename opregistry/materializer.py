@@ -237,18 +237,24 @@ class _Importer:
         self.watched = watched
         self.policy = policy
         self.warnings = warnings
+        #: (reference, must be callable) -> what it names, once read from a module imported in
+        #: full (one fake kernel or backward often serves many ops)
+        self.read: dict[tuple[str, bool], Any] = {}
 
     def payload(self, kernel: Any) -> tuple[Any, Problem | None]:
         """``kernel.payload`` with every reference its kind lists imported, or the problem."""
         payload = kernel.payload
         changes = {}
-        for name, must_call in kernel.kind.references:
+        read = self.read
+        for name, must_call in payload.kind.references:
             ref = getattr(payload, name)
             if ref is None:
                 continue
-            value, problem = self.reference(ref, kernel, must_call)
-            if problem is not None:
-                return None, problem
+            value = read.get((ref, must_call), _MISSING) if isinstance(ref, str) else ref
+            if value is _MISSING:
+                value, problem = self.reference(ref, kernel, must_call)
+                if problem is not None:
+                    return None, problem
             changes[name] = value
         if not changes:
             return payload, None
@@ -260,6 +266,7 @@ class _Importer:
         """What ``ref`` names, imported contained; or the problem that fails its distribution."""
         found = _read(ref, must_call)
         if found is not _MISSING:
+            self.read[(ref, must_call)] = found
             return found, None
         module = ref.partition(":")[0] if isinstance(ref, str) else None
         loaded = sys.modules.get(module) if module else None
@@ -315,15 +322,17 @@ class Executor:
 
     def run(self) -> Materialized:
         settled = False
+        failed, actions = self.failed, self._actions
         for step in self.steps.steps:
             if step.action == "register-candidates" and not settled:
                 self._settle()  # chains are anchored in distributions that stay
                 settled = True
-            if step.distribution in self.failed:
+            distribution = step.origin.distribution
+            if distribution in failed:
                 continue
-            problem = self._actions[step.action](step)
+            problem = actions[step.action](step)
             if problem is not None:
-                self.failed[step.distribution] = problem
+                failed[distribution] = problem
         self._settle()
         return self._finish()
 
@@ -362,10 +371,11 @@ class Executor:
             primary = kernel.kind.primary
             payload = attrs.evolve(payload, **{primary: counted(
                 kernel.op, kernel.key, label, getattr(payload, primary))})
-        return self._call_backend(planned.backend, kernel, f"the {kernel.key} kernel of {kernel.op}",
-                                  library=self.libs[step.distribution].get(kernel.namespace),
+        # the message is made only if the backend fails: thousands of kernels succeed
+        return self._call_backend(planned.backend, kernel, None,
+                                  library=self.libs[step.origin.distribution].get(step.namespace),
                                   op=op.op if op else None, kernel=kernel, payload=payload,
-                                  fn=getattr(payload, kernel.kind.primary))
+                                  fn=getattr(payload, payload.kind.primary))
 
     def _import_candidate(self, step: Step) -> Problem | None:
         planned = step.subject
@@ -411,9 +421,12 @@ class Executor:
 
     # -- calling backends -------------------------------------------------------------
 
-    def _call_backend(self, backend: str | None, culprit: Any, what: str,
+    def _call_backend(self, backend: str | None, culprit: Any, what: str | None,
                       **registration: Any) -> Problem | None:
-        """Call ``backend``'s materialize hook, contained: ``None``, or the problem that fails it."""
+        """Call ``backend``'s materialize hook, contained: ``None``, or the problem that fails it.
+
+        ``what`` names the registration in the message; ``None``: the culprit kernel's.
+        """
         hook = self.materializers[backend]  # type: ignore[index]
         with registering():
             done, exc = contain(hook, **registration)
@@ -421,6 +434,7 @@ class Executor:
             exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
         if exc is not None:
             # ``culprit``: the kernel whose distribution fails
+            what = what or f"the {culprit.key} kernel of {culprit.op}"
             return load_failure(culprit.origin, f"registering {what} (backend {backend})", exc,
                                 culprit.op, culprit.key, culprit.source)
         return None

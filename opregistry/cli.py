@@ -364,7 +364,36 @@ def _print_live(live: dict[str, list[dict[str, Any]]], t: Text) -> None:
                 empty="(no ops in the dispatcher, none declared)")
 
 
+def _whole_listing(args: argparse.Namespace, t: Text) -> bool:
+    """Whether this is the listing of everything as JSON for a program (not a terminal)."""
+    return (args.json and not args.live and not (args.namespace or args.backend or args.status)
+            and not _isatty(t.out))
+
+
+def _kept_listing(args: argparse.Namespace, t: Text) -> int | None:
+    """``list --json`` printed from the listing kept of this environment's cached plan.
+
+    The listing is a function of the plan alone: when the cached plan is the
+    one this command would use, its listing is printed as it was made (no
+    plan decoded, no listing built).  ``None`` when there is none.
+    """
+    if not _whole_listing(args, t):
+        return None
+    from .plancache import listing
+    from .registry import cached_plan_id
+
+    entry = cached_plan_id()
+    found = listing(entry, "list --json") if entry is not None else None
+    if found is None:
+        return None
+    t.out.write(found[0])
+    return EXIT_PROBLEMS if found[1] else EXIT_OK
+
+
 def cmd_list(args: argparse.Namespace, t: Text) -> int:
+    kept = _kept_listing(args, t)
+    if kept is not None:
+        return kept
     # --live compares with the plan the loaded registry was resolved to: a plan
     # made now would count opregistry's own namespaces, grown by fragments
     # registered outside it since, as held by torch.
@@ -379,11 +408,22 @@ def cmd_list(args: argparse.Namespace, t: Text) -> int:
                         for ns in report.live_namespaces(resolved, args.namespace or ())}
     if args.json:
         _dump(data, t.out)
+        _keep_listing(args, t, data, bool(resolved.errors))
     else:
         _print_list(data, t)
         if args.live:
             _print_live(data["live"], t)
     return EXIT_PROBLEMS if resolved.errors else EXIT_OK
+
+
+def _keep_listing(args: argparse.Namespace, t: Text, data: Any, errors: bool) -> None:
+    """Keep the listing of a plan that came from the cache as it is, for the next command."""
+    from .plancache import store_listing
+    from .state import process
+
+    entry = process().plan_entry
+    if entry is not None and _whole_listing(args, t):
+        store_listing(entry, "list --json", json.dumps(data, default=str) + "\n", errors)
 
 
 # -- show ------------------------------------------------------------------------------

@@ -182,6 +182,26 @@ class DiskCache:
                     _release(fd)
                 os.close(fd)
 
+    def prune(self, keep: int) -> int:
+        """Remove all but the ``keep`` most recently written entries; how many were removed."""
+        if self.folder is None:
+            return 0
+        found = []
+        try:
+            with os.scandir(self.folder) as listing:
+                for e in listing:
+                    if e.name.endswith(".json") and not e.name.startswith(".tmp-"):
+                        with contextlib.suppress(OSError):
+                            found.append((e.stat().st_mtime_ns, e.path))
+        except OSError:
+            return 0
+        removed = 0
+        for _, path in sorted(found, reverse=True)[keep:]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed += 1
+        return removed
+
     def clear(self) -> int:
         """Remove every entry of this cache; how many were removed."""
         if self.folder is None:

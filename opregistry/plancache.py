@@ -55,7 +55,8 @@ from .model import Declarations, Origin, Problem
 from .plan import Plan
 
 __all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backend_part",
-           "backends_to_load", "reuse", "info", "clear", "drift"]
+           "backends_to_load", "compare", "reuse", "listing", "store_listing", "info", "clear",
+           "drift"]
 
 log = get_logger()
 
@@ -65,6 +66,8 @@ CHECK_VAR = "OPREGISTRY_CACHE_CHECK"
 LOCK_TIMEOUT = 30.0
 #: the folder of the cache directory that holds the plans
 NAME = "plans"
+#: the folder that holds listings made of cached plans (``opregistry list --json``)
+LISTINGS = "listings"
 
 
 def _content_check(settings: Settings, environ: Mapping[str, str]) -> bool:
@@ -207,7 +210,7 @@ class PlanCache:
         if manifest is None:
             log.debug("plan not cached: sys.path changed while it was built")
             return False
-        entry: dict[str, Any] = {"manifest": manifest, "gate": gate,
+        entry: dict[str, Any] = {"manifest": manifest, "gate": gate, "id": os.urandom(12).hex(),
                                  "foreign": None if env.foreign is None else env.foreign.to_dict()}
         try:
             enc = Encoder()
@@ -218,7 +221,10 @@ class PlanCache:
         except Uncacheable as exc:
             log.debug("plan not cached", reason=str(exc))
             entry = {"manifest": manifest, "gate": gate, "uncacheable": str(exc)}
-        return self.disk.store(self.key, entry)
+        stored = self.disk.store(self.key, entry)
+        if stored:
+            self.disk.prune(KEEP_PLANS)
+        return stored
 
 
 def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
@@ -233,29 +239,65 @@ def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
     return found
 
 
-def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None,
-          resolve: Callable[[Declarations, Environment], Plan]
-          ) -> tuple[Plan, str] | None:
-    """The cached plan (and ``"hit"``, or ``"resolved"``), given the backends collected in
-    this load.
+def compare(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None
+            ) -> tuple[str, Environment] | None:
+    """How the cached plan stands, given the backends collected in this load.
 
     ``None`` when the backends differ from the cached ones in anything but
-    their availability (a miss).  The cached plan when the environment and
-    the availability are the same; else ``resolve`` of the cached
-    declarations in this environment (``"resolved"``).
+    their availability (a miss); ``("hit", env)`` when the environment and the
+    availability are the cached ones (the cached plan holds); ``("resolved",
+    env)`` when they are not (the cached declarations must be resolved again).
     """
     if backend_part(live) != entry["backends"]:
         log.debug("plan cache: the backends differ from the cached ones")
         return None
     env, env_data = _environment(entry, dispatcher)
+    same = (env_data == entry["environment"]
+            and entry["declarations"]["available"] == live.available)
+    return ("hit" if same else "resolved"), env
+
+
+def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None,
+          resolve: Callable[[Declarations, Environment], Plan]) -> tuple[Plan, str] | None:
+    """The cached plan, or the cached declarations resolved again (see :func:`compare`)."""
+    found = compare(entry, live, dispatcher)
+    if found is None:
+        return None
+    outcome, env = found
     live_backends = {(b.origin.distribution if b.origin else "", b.name): b
                      for b in live.backends}
     decoder = Decoder(entry["origins"], entry["declarations"], live_backends)
-    if env_data == entry["environment"] and entry["declarations"]["available"] == live.available:
+    if outcome == "hit":
         return decoder.plan(entry["plan"]), "hit"
     log.debug("plan cache: resolving the cached declarations in this environment")
     decl = attrs.evolve(decoder.declarations(), available=dict(live.available))
     return resolve(decl, attrs.evolve(env, foreign=_foreign(entry))), "resolved"
+
+
+def _listings() -> DiskCache:
+    return DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}")
+
+
+def listing(entry_id: str, kind: str) -> tuple[str, bool] | None:
+    """The listing ``kind`` (``"list --json"``) made of the cached plan ``entry_id``, and
+    whether that plan has errors; ``None`` when none was stored."""
+    found = _listings().load(f"{entry_id} {kind}")
+    if not isinstance(found, list) or len(found) != 2 or not isinstance(found[0], str):
+        return None
+    return found[0], bool(found[1])
+
+
+#: how many entries each folder keeps (the most recently written): one per environment, per
+#: working directory of ``python -c``, per set of ``OPREGISTRY_*`` variables
+KEEP_PLANS = 64
+KEEP_LISTINGS = 8
+
+
+def store_listing(entry_id: str, kind: str, text: str, errors: bool) -> None:
+    """Keep the listing ``kind`` of the cached plan ``entry_id`` for the next command."""
+    listings = _listings()
+    if listings.store(f"{entry_id} {kind}", [text, errors]):
+        listings.prune(KEEP_LISTINGS)
 
 
 def _status(cache: PlanCache) -> dict[str, Any]:
@@ -300,8 +342,9 @@ def info(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[s
 
 
 def clear(environ: Mapping[str, str] | None = None) -> tuple[str | None, int]:
-    """Remove every plan cache entry: the folder and how many were removed."""
+    """Remove every plan cache entry (and the listings made of them): the folder, how many."""
     disk = DiskCache.open(NAME, stamp=f"plan-{FORMAT}", environ=environ)
+    DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}", environ=environ).clear()
     return disk.folder, disk.clear()
 
 

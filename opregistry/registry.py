@@ -29,12 +29,11 @@ from .materializer import Materialized, defined_ops, gc_paused
 from .model import Problem, elide
 from .environment import Environment, TorchState, read_environment
 from .plan import KernelPlan, OpPlan, Plan
-from .plancache import PlanCache, Recorded, backends_to_load, drift, reuse
-from .resolver import resolve
+from .plancache import PlanCache, Recorded, backends_to_load, compare, drift, reuse
 from .state import process
 
 __all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock",
-           "check_cache"]
+           "check_cache", "cached_plan_id"]
 
 log = get_logger()
 
@@ -95,6 +94,13 @@ def _built(built: tuple[Collected, Plan, Environment, dict[str, bool]]
     return built[0].materializers, built[1]
 
 
+def _resolve(decl: Any, **kwargs: Any) -> Plan:
+    """The resolver, imported when a plan is resolved (a warm plan cache needs none of it)."""
+    from .resolver import resolve
+
+    return resolve(decl, **kwargs)
+
+
 def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchState | None]
            ) -> tuple[Collected, Plan, Environment, dict[str, bool]]:
     """Discover, collect and resolve; also the environment read and the dispatcher's answers."""
@@ -104,7 +110,7 @@ def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchS
     decl = collected.declarations
     dispatcher = Recorded(torch_state())
     env = read_environment(decl, dispatcher.state, read_foreign())
-    return collected, resolve(decl, policy=settings.policy, environment=env), env, \
+    return collected, _resolve(decl, policy=settings.policy, environment=env), env, \
         dispatcher.answers
 
 
@@ -128,7 +134,7 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
             return None
         live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
         found = reuse(entry, live.declarations, torch_state(),
-                      lambda decl, env: resolve(decl, policy=settings.policy, environment=env))
+                      lambda decl, env: _resolve(decl, policy=settings.policy, environment=env))
     except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
         log.debug("plan cache entry unusable", error=repr(exc))
         return None
@@ -136,7 +142,9 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
         return None
     resolved, outcome = found
     log.debug("plan cache", outcome=outcome)
-    process().plan_cache = outcome
+    state = process()
+    state.plan_cache = outcome
+    state.plan_entry = entry["id"] if outcome == "hit" else None
     return live.materializers, resolved
 
 
@@ -455,6 +463,30 @@ def _load(settings: Settings) -> Registry:
                         hint=elide(problem.hint))
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
     return registry
+
+
+def cached_plan_id() -> str | None:
+    """The id of this environment's cached plan when :func:`plan` would return it as it is.
+
+    The checks of a load (the entry's stamps, the backends collected again,
+    the environment read again), without decoding the plan: what ``opregistry
+    list --json`` needs to print a listing kept of it (:func:`opregistry.plancache.listing`).
+    """
+    settings = _settings(None, None, None, None)
+    with process().lock, _importing_plugins("plan"), gc_paused():
+        lock_gate = gate(settings)
+        cache = PlanCache(settings, torch_imported="torch" in sys.modules)
+        entry = cache.lookup() if cache.enabled else None
+        if entry is None or "uncacheable" in entry or entry["gate"] != _gate_part(lock_gate):
+            return None
+        try:
+            live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
+            dispatcher = _snapshot() if "torch" in sys.modules else None
+            found = compare(entry, live.declarations, dispatcher)
+        except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss
+            log.debug("plan cache entry unusable", error=repr(exc))
+            return None
+    return entry["id"] if found is not None and found[0] == "hit" else None
 
 
 def check_cache(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,

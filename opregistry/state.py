@@ -82,6 +82,8 @@ class ProcessState:
         #: ``"resolved"`` (cached declarations resolved again), ``"miss"``, ``"uncacheable"``,
         #: ``"off"``; ``None`` before any
         self.plan_cache: str | None = None
+        #: the id of the cached plan the last plan built came from, as it is (a ``"hit"``)
+        self.plan_entry: str | None = None
 
 
 _state = ProcessState()

@@ -647,3 +647,38 @@ def test_a_package_that_registers_with_torch_by_itself_changes(env: Env) -> None
     module.write_text(module.read_text().replace('"pcheld"', '"pcelsewhere"'))
     found = env.probe(torch=False)
     assert found["list"]["errors"] == [] and "pcheld::g" in found["list"]["ops"], found
+
+
+def test_list_json_is_printed_from_the_listing_of_the_cached_plan(env: Env) -> None:
+    """``opregistry list --json`` keeps the listing of a cached plan: the same bytes, never stale."""
+    env.op_dist("pc-one", "pcone", "f")
+
+    def listing(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "opregistry", "list", "--json", *args],
+                              capture_output=True, text=True, env=env.environ(),
+                              cwd=str(env.site.parent))
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first, second, third = listing(), listing(), listing()
+    assert first == second == third
+    [kept] = list((env.cache / "listings").glob("*.json"))
+    kept.write_text(kept.read_text().replace("pcone::f", "pcone::kept"))
+    assert '"pcone::kept"' in listing()  # printed from the kept listing, not made again
+    path = env.site / "pc_one.py"
+    path.write_text(path.read_text().replace('"f(', '"g('))
+    after = listing()
+    assert '"pcone::g"' in after and '"pcone::f"' not in after
+    assert listing() == after
+    assert json.loads(listing("-n", "pcone"))["ops"][0]["name"] == "pcone::g"
+
+
+def test_old_entries_are_pruned(tmp_path: Path) -> None:
+    from opregistry.diskcache import DiskCache
+
+    disk = DiskCache.open("things", stamp="v1", environ={"OPREGISTRY_CACHE_DIR": str(tmp_path)})
+    for i in range(5):
+        assert disk.store(f"k{i}", i)
+        os.utime(disk.path(f"k{i}"), ns=(i * 10**9, i * 10**9))
+    assert disk.prune(2) == 3
+    assert [disk.load(f"k{i}") for i in range(5)] == [None, None, None, 3, 4]

@@ -58,6 +58,9 @@ def _payload_classes() -> dict[str, type]:
         kinds.AutocastRule, kinds.TritonKernel, kinds.DispatchRule, kinds.NativeKernel)}
 
 
+#: per payload class, the names of its attrs fields
+_NAMES: dict[type, tuple[str, ...]] = {}
+
 #: the payload class of each built-in kind, by the kind's name
 _PAYLOADS: dict[str, type] = _payload_classes()
 
@@ -211,19 +214,25 @@ class Encoder:
 
     def payload(self, payload: Any, where: str, origin: Origin | None) -> list[Any]:
         cls = type(payload)
-        fields = attrs.fields(cls)
-        values = [_field(getattr(payload, a.name), f"{where} ({a.name})", origin)
-                  for a in fields]
+        names = _NAMES.get(cls)
+        if names is None:
+            names = _NAMES[cls] = tuple(a.name for a in attrs.fields(cls))
+        values = [getattr(payload, n) for n in names]
         if _PAYLOADS.get(payload.kind.name) is cls:
-            return [payload.kind.name, *values]
+            if all(v is None or type(v) is str for v in values):  # references: the common case
+                return [payload.kind.name, *values]
+            return [payload.kind.name, *(_field(v, f"{where} ({n})", origin)
+                                         for n, v in zip(names, values))]
         return [f"{cls.__module__}:{cls.__qualname__}",
-                {a.name: v for a, v in zip(fields, values)}]
+                {n: _field(v, f"{where} ({n})", origin) for n, v in zip(names, values)}]
 
     def kernel(self, k: Kernel) -> list[Any]:
         where = f"the {k.key} kernel of {k.op}"
+        predicate = k.predicate
+        if predicate is not None and type(predicate) is not str:
+            _ref(predicate, f"{where} (predicate)", k.origin)
         return [k.op, k.key, self.payload(k.payload, where, k.origin), k.override,
-                _condition(k.when), _ref(k.predicate, f"{where} (predicate)", k.origin),
-                k.priority, k.source, self.origin(k.origin)]
+                _condition(k.when), predicate, k.priority, k.source, self.origin(k.origin)]
 
     def op(self, op: OpDef) -> list[Any]:
         return [op.namespace, op.name, op.schema, op.overload,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import shutil
 import statistics
 import subprocess

@@ -33,6 +33,7 @@ try:
         SchemaError,
     )
     from .hookspecs import hookimpl, hookspec
+    from .keys import installed_torch
     from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary, OpDef,
                         Origin, Problem)
     from .selection import KernelCounts, kernel_counts
@@ -42,7 +43,6 @@ finally:
     if _collecting:
         _gc.enable()
     del _collecting
-
 
 __all__ = [
     "Backend",
@@ -74,6 +74,7 @@ __all__ = [
     "kernel_counts",
     "hookimpl",
     "hookspec",
+    "installed_torch",
     "load",
     "plan",
     "report",

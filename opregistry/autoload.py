@@ -55,6 +55,17 @@ def autoload() -> None:
 
 
 def _autoload() -> None:
+    from .registry import loading
+
+    if loading():
+        # a plugin opregistry is importing imported torch: the load (or plan) in progress
+        # goes on and registers what it found; what the plugin registers with torch from
+        # now on is watched, as when torch was imported first (whatever OPREGISTRY_AUTOLOAD
+        # says: this is opregistry's own plan, not an autoload)
+        from .guard import torch_arrived
+
+        torch_arrived()
+        return
     try:
         if not autoload_enabled():
             return
@@ -66,12 +77,8 @@ def _autoload() -> None:
             raise
         return
     try:
-        from .registry import load, loading
+        from .registry import load
 
-        if loading():
-            # a plugin opregistry is importing imported torch: the load (or plan) in
-            # progress goes on and registers what it found; nothing to do here
-            return
         load(strict=strict)
     except BaseException as exc:  # noqa: BLE001 - must never break a non-strict `import torch`
         if must_propagate(exc):  # a real Ctrl-C stops `import torch`, as the user asked

@@ -39,9 +39,14 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_CODES = {
     EXIT_OK: "healthy: no error, every check passed, the lockfile matches",
     EXIT_PROBLEMS: "problems found: an error in the registry, an op or plugin left out, "
-                   "a failed check, a difference from the lockfile",
+                   "a failed check, a difference from the lockfile, a lockfile `verify` "
+                   "cannot use (missing, unreadable, not JSON, another format version); "
+                   "`lock` with errors and no `--force`; `doctor` on an invalid "
+                   "configuration",
     EXIT_USAGE: "usage error: an unknown command, option or help topic; an op or check "
-                "target that names nothing, or several ops",
+                "target that names nothing, or several ops; an invalid configuration "
+                "(an `OPREGISTRY_*` value, `OPREGISTRY_CONFIG`) for every command but "
+                "`doctor`; a `lock -o` file that cannot be written",
     EXIT_INTERRUPTED: "interrupted: a real Ctrl-C (a KeyboardInterrupt a plugin raises "
                       "itself is that plugin's problem, not this)",
 }
@@ -188,10 +193,10 @@ def _usage_error(command: str, message: str) -> int:
     return EXIT_USAGE
 
 
-def _plan() -> Plan:
+def _plan(references: bool = False) -> Plan:
     from .registry import plan
 
-    return plan()
+    return plan(references=references)
 
 
 def _live_registry(imports: Sequence[str] = ()) -> Any:
@@ -499,7 +504,7 @@ def _show_live_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text
 def cmd_show(args: argparse.Namespace, t: Text) -> int:
     resolved = _live_registry(args.imports).plan if args.live else _plan()
     match = report.find_ops(resolved, args.op)
-    if match.kind == "unknown" and args.live:
+    if match.kind in ("unknown", "left-out") and args.live:
         found = report.live_ops(resolved, args.op)
         if found:  # registered with torch.library directly, by a package opregistry sees
             return _show_live_ops(found, args, t)
@@ -583,7 +588,7 @@ def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
         # and every planned kernel torch no longer dispatches to
         plan, problems = registry.plan, registry.problems + registry.drift()
     else:
-        plan = _plan()
+        plan = _plan(references=True)
         problems = plan.problems + _cache_drift()
     data = report.doctor_report(plan, problems, include_info=args.all, live=bool(args.live))
     summary, findings = data["summary"], data["problems"]
@@ -611,8 +616,9 @@ def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
     if not args.live:
         t.line()
         t.line("Not checked without torch: namespaces and kernels held by torch outside "
-               "opregistry (C++ TORCH_LIBRARY), and registration itself. "
-               "Run 'opregistry doctor --live' for those.", wrap="")
+               "opregistry (C++ TORCH_LIBRARY), and registration itself (what kernel modules "
+               "and native libraries do when they are imported or loaded; references are "
+               "checked statically). Run 'opregistry doctor --live' for those.", wrap="")
     return status
 
 
@@ -721,7 +727,7 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
 
 
 def cmd_lock(args: argparse.Namespace, t: Text) -> int:
-    from .lockfile import write_lock
+    from .lockfile import not_covered, write_lock
 
     resolved = _plan()
     if resolved.errors and not args.force:
@@ -729,31 +735,47 @@ def cmd_lock(args: argparse.Namespace, t: Text) -> int:
                          f"nothing written. See 'opregistry doctor', or lock what resolves "
                          f"anyway with --force.\n")
         return EXIT_PROBLEMS
-    data = write_lock(resolved, t.out if args.output == "-" else args.output)
+    try:
+        data = write_lock(resolved, t.out if args.output == "-" else args.output)
+    except OSError as exc:
+        return _usage_error("lock", f"cannot write {args.output}: {exc.strerror or exc}")
     if args.output != "-":
         t.line(f"wrote {args.output}: {data['fingerprint']} (torch {data['torch']}, "
                f"{len(data['distributions'])} distributions, {len(data['ops'])} ops)")
+    _print_not_covered(not_covered(data), "opregistry lock")
     return EXIT_OK
+
+
+def _print_not_covered(missing: list[str], command: str) -> None:
+    """Name every file the lock cannot prove, on stderr (stdout may be the lockfile)."""
+    if missing:
+        sys.stderr.write(f"{command}: files not covered (their content is not in the lock, so "
+                         f"a change to them goes unnoticed):\n"
+                         + "".join(f"  - {line}\n" for line in missing))
 
 
 def cmd_verify(args: argparse.Namespace, t: Text) -> int:
     from .errors import LockMismatchError
     from .lockfile import verify_plan
 
+    uncovered: list[str] = []
     try:
         # this process's plan, not a registry loaded earlier in it (tests call main())
-        current = verify_plan(args.lockfile, _plan())
+        current = verify_plan(args.lockfile, _plan(), uncovered=uncovered)
     except LockMismatchError as exc:
         if args.json:
             _dump(report.verify_report(args.lockfile, differences=exc.differences,
-                                       error=exc.message), t.out)
+                                       error=exc.message, not_covered=uncovered), t.out)
         else:
             sys.stderr.write(f"opregistry verify: {exc.message}\n")
+            _print_not_covered(uncovered, "opregistry verify")
         return EXIT_PROBLEMS
     if args.json:
-        _dump(report.verify_report(args.lockfile, fingerprint=current), t.out)
+        _dump(report.verify_report(args.lockfile, fingerprint=current, not_covered=uncovered),
+              t.out)
     else:
         t.line(f"{args.lockfile}: OK, this environment resolves the locked registry ({current})")
+        _print_not_covered(uncovered, "opregistry verify")
     return EXIT_OK
 
 

@@ -44,11 +44,39 @@ from .model import (Backend, Declarations, Kernel, Namespace, NativeLibrary, OpD
 from .plan import BackendPlan, KernelPlan, NamespacePlan, NativePlan, OpPlan, Plan
 from .schema import parse_signature
 
-__all__ = ["FORMAT", "Uncacheable", "Encoder", "Decoder", "encode_query", "decode_query",
+__all__ = ["FORMAT", "ENCODED", "Uncacheable", "Encoder", "Decoder", "encode_query", "decode_query",
            "encode_environment", "dispatcher_digest"]
 
 #: the encoding's version: an entry of another format is ignored
-FORMAT = 1
+FORMAT = 2
+
+#: every field of every record the codec writes, in the order it writes them: a record that
+#: gains a field must be written and read here too (tests/test_plan_cache.py compares)
+ENCODED: dict[str, tuple[str, ...]] = {
+    "Origin": ("distribution", "version", "group", "entry_point", "value"),
+    "Namespace": ("name", "kind", "closed", "description", "source", "origin", "native"),
+    "OpDef": ("namespace", "name", "schema", "overload", "mutates_args", "tags", "samples", "doc",
+              "source", "origin"),
+    "Kernel": ("op", "key", "payload", "override", "when", "predicate", "priority", "source",
+               "origin"),
+    "Backend": ("name", "keys", "device_type", "description", "kinds", "origin"),
+    "Problem": ("code", "message", "hint", "severity", "culprits", "others", "op", "key",
+                "namespace", "source", "error"),
+    "Skipped": ("origin", "reason", "deferred"),
+    "Declarations": ("namespaces", "ops", "kernels", "backends", "available", "distributions",
+                     "skipped", "problems", "hooks"),
+    "KernelPlan": ("kernel", "status", "backend", "reason", "overrides", "rank", "after"),
+    "OpPlan": ("op", "parsed", "kernels"),
+    "NamespacePlan": ("name", "owner", "fragments", "closed"),
+    "NativePlan": ("namespace", "kind", "library", "origin", "ops", "keys"),
+    "BackendPlan": ("backend", "available"),
+    "Plan": ("backends", "namespaces", "ops", "external_kernels", "problems", "distributions",
+             "excluded", "skipped", "hooks", "switches", "natives"),
+    "Condition": ("torch", "requires", "capability", "platform"),
+    "NativeLibrary": ("module", "path", "torch", "cxx11_abi", "cuda"),
+    "Environment": ("torch", "torch_build", "distributions", "modules", "natives",
+                    "natives_broken", "platform", "dispatcher", "foreign"),
+}
 
 def _payload_classes() -> dict[str, type]:
     from . import kinds
@@ -281,7 +309,7 @@ class Encoder:
     def kernel_plan(self, k: KernelPlan) -> list[Any]:
         at = self._kernel_at.get(id(k.kernel))
         return [at if at is not None else self.kernel(k.kernel), k.status, k.backend, k.reason,
-                k.overrides, k.rank]
+                k.overrides, k.rank, k.after]
 
     def plan(self, plan: Plan) -> dict[str, Any]:
         """``plan`` as data, naming the records of the declarations encoded last by index."""
@@ -415,10 +443,10 @@ class Decoder:
             problems=[self.problem(p) for p in d["problems"]], hooks=self.hooks(d["hooks"]))
 
     def kernel_plan(self, d: list[Any]) -> KernelPlan:
-        kernel, status, backend, reason, overrides, rank = d
+        kernel, status, backend, reason, overrides, rank, after = d
         return self._kernel_plan((self.kernel_at(kernel) if type(kernel) is int
                                   else self.kernel(kernel), status, backend, reason, overrides,
-                                  rank))
+                                  rank, after))
 
     def op_plan(self, d: list[Any]) -> OpPlan:
         op = self.op_at(d[0]) if type(d[0]) is int else self.op(d[0])
@@ -493,6 +521,7 @@ def encode_environment(env: Environment, kernels: Mapping[str, bool] | None = No
         "distributions": dict(sorted(env.distributions.items())),
         "modules": dict(sorted(env.modules.items())),
         "natives": dict(sorted(env.natives.items())),
+        "natives_broken": {k: list(v) for k, v in sorted(env.natives_broken.items())},
         "platform": env.platform,
         "dispatcher": None if state is None else {
             "digest": dispatcher_digest(state.ops, state.tags),

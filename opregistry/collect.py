@@ -23,6 +23,9 @@ import pluggy
 from attrs import field, frozen
 
 from . import guard, hookspecs
+from .ownership import (Owners, attributed, change_culprit, foreign_hook, is_op_library, not_owned,
+                        state_problem)
+from .seal import Seal
 from .discovery import BACKENDS_GROUP, OPS_GROUP, load_problem
 from .containment import describe
 from .errors import DOCS_URL, PluginLoadError, PluginValidationError
@@ -323,37 +326,25 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
     # with torch imported, what a hook registers with torch by itself is watched
     watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
 
+    seal = Seal()  # opregistry's own state, sealed while plugins' hooks run
+    owners = Owners(discovered.plugins)
     for plugin in discovered.plugins:
         origin = plugin.origin
-        # pluggy reads the plugin's attributes (a __getattr__ of the plugin's runs)
-        registered = guard.run(_register, pm, plugin, origin=origin, what="registering its hooks")
-        impls = registered.result if registered.error is None else _hook_problem(
-            origin, "registering its hooks: pluggy", registered.error)
-        if isinstance(impls, Problem):
-            problem = impls
-            problems.append(problem)
-            skipped.append(Skipped(origin, problem.message))
+        with guard.running(origin):
+            outcome = _collect_one(pm, plugin, owners, watched)
+        # an OpLibrary whose hooks are its class's own runs no third-party code here
+        changes = [] if _only_ours(plugin) else seal.check()
+        if changes:  # put back already; see opregistry.seal
+            problems.append(state_problem(change_culprit(changes, origin, owners), changes,
+                                          f"opregistry called the hooks of {origin.dist}"))
+        if isinstance(outcome, Problem):
+            problems.append(outcome)
+            skipped.append(Skipped(origin, outcome.message))
             continue
-        hooks = OP_HOOKS if origin.group == OPS_GROUP else BACKEND_HOOKS
-        own: dict[type, list[Any]] = {t: [] for t in gathered}
-        try:
-            for hook_name, record_type in hooks.items():
-                for impl in impls.get(hook_name, ()):
-                    result, warnings = _run_hook(impl, origin, hook_name, watched, _as_list)
-                    problems.extend(warnings)
-                    records, problem = _records(origin, hook_name, result, record_type,
-                                                impl.function)
-                    if problem is not None:
-                        raise _Failed(problem)
-                    own[record_type].extend(records)
-            if origin.group == BACKENDS_GROUP:
-                own_backend_state = _backend_state(impls, plugin, own[Backend], watched, problems)
-                available.update(own_backend_state[0])
-                materializers.update(own_backend_state[1])
-        except _Failed as failed:
-            problems.append(failed.problem)
-            skipped.append(Skipped(origin, failed.problem.message))
-            continue
+        own, impls, found, backend_state = outcome
+        problems.extend(found)
+        available.update(backend_state[0])
+        materializers.update(backend_state[1])
         for record_type, records in own.items():
             gathered[record_type].extend(records)
         distributions.append(origin)
@@ -378,6 +369,103 @@ def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> C
         problems=len(problems),
     )
     return Collected(declarations, materializers)
+
+
+def _only_ours(plugin: Plugin) -> bool:
+    """Whether collecting ``plugin`` runs only opregistry's code: an ``OpLibrary`` with no
+    hook of its own put on the instance (pluggy reads it with ``getattr_static``)."""
+    obj = plugin.obj
+    return is_op_library(obj) and not any(name.startswith("opregistry_") for name in vars(obj))
+
+
+_Outcome = tuple[dict[type, list[Any]], dict[str, list[Any]], list[Problem],
+                 tuple[dict[str, bool], dict[tuple[str, str], Callable[..., Any]]]]
+
+
+def _collect_one(pm: pluggy.PluginManager, plugin: Plugin, owners: Owners,
+                 watched: frozenset[str] | None) -> Problem | _Outcome:
+    """One plugin's records (what it owns), hooks, problems and backend state; or its problem."""
+    origin = plugin.origin
+    # pluggy reads the plugin's attributes (a __getattr__ of the plugin's runs)
+    registered = guard.run(_register, pm, plugin, origin=origin, what="registering its hooks")
+    impls = registered.result if registered.error is None else _hook_problem(
+        origin, "registering its hooks: pluggy", registered.error)
+    if isinstance(impls, Problem):
+        return impls
+    hooks = OP_HOOKS if origin.group == OPS_GROUP else BACKEND_HOOKS
+    own: dict[type, list[Any]] = {t: [] for t in (Namespace, OpDef, Kernel, Backend)}
+    problems: list[Problem] = []
+    state: tuple[dict[str, bool], dict[tuple[str, str], Callable[..., Any]]] = ({}, {})
+    foreign: dict[Origin, list[Any]] = {}
+    try:
+        for hook_name, record_type in hooks.items():
+            for impl in impls.get(hook_name, ()):
+                impl = _owned_hook(plugin, hook_name, impl, owners, problems)
+                if impl is None:
+                    continue
+                result, warnings = _run_hook(impl, origin, hook_name, watched, _as_list)
+                problems.extend(warnings)
+                records, problem = _records(origin, hook_name, result, record_type,
+                                            impl.function)
+                if problem is not None:
+                    raise _Failed(problem)
+                own[record_type].extend(_owned_records(plugin, records, owners, foreign))
+        if origin.group == BACKENDS_GROUP:
+            state = _backend_state(impls, plugin, own[Backend], watched, problems)
+    except _Failed as failed:
+        return failed.problem
+    return own, impls, problems + _not_owned_problems(plugin, foreign), state
+
+
+def _owned_hook(plugin: Plugin, hook_name: str, impl: Any, owners: Owners,
+                problems: list[Problem]) -> Any:
+    """``impl``, or -- when another distribution's code put it there -- the plugin's own.
+
+    An ``OpLibrary``'s own hook is its class's method, whatever was put on the
+    instance; a plugin of another kind has no other to fall back to (``None``).
+    """
+    culprit = foreign_hook(plugin, impl.function, owners)
+    if culprit is None:
+        return impl
+    problems.append(not_owned(culprit, plugin.origin, f"its own {hook_name}() on it",
+                              source_of(impl.function)))
+    if is_op_library(plugin.obj):
+        method = getattr(type(plugin.obj), hook_name).__get__(plugin.obj)
+        return types.SimpleNamespace(function=method, argnames=())
+    return None
+
+
+def _owned_records(plugin: Plugin, records: list[Any], owners: Owners,
+                   foreign: dict[Origin, list[Any]]) -> list[Any]:
+    """``records`` less those another distribution's code declared (into ``foreign``, by author)."""
+    author_of = attributed(plugin, owners)
+    if author_of is None:
+        return records  # every record declared where and while the library was made
+    kept = []
+    for record in records:
+        author, replaced = author_of(record)
+        if author.distribution == plugin.origin.distribution:
+            kept.append(record)
+            continue
+        if replaced is not None:  # what the plugin declared before the change: its own
+            kept.append(_stamped(replaced, plugin.origin))
+        foreign.setdefault(author, []).append(record)
+    return kept
+
+
+def _not_owned_problems(plugin: Plugin, foreign: dict[Origin, list[Any]]) -> list[Problem]:
+    """One problem per distribution that declared through ``plugin``'s library."""
+    return [not_owned(author, plugin.origin, ", ".join(map(_describe, theirs)),
+                      next((r.source for r in theirs if r.source), None))
+            for author, theirs in foreign.items()]
+
+
+def _describe(record: Any) -> str:
+    if isinstance(record, Kernel):
+        return f"a {record.key} kernel for {record.op}"
+    if isinstance(record, OpDef):
+        return f"the op {record.qualname}"
+    return f"{type(record).__name__} {getattr(record, 'name', '')}"
 
 
 class _Failed(Exception):

@@ -26,21 +26,27 @@ The entry point of the op package names the :class:`OpLibrary` object.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar, overload
 
 from .errors import DeclarationError
+from .seal import running_origin
 from .hookspecs import hookimpl
 from .schema import split_name
 from . import keys as _keys
 from .kinds import Kind, autocast_dtype
-from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, describe_ref,
-                    source_of)
+from .model import (Candidate, Kernel, KernelRef, Namespace, NativeLibrary, OpDef, Origin,
+                    describe_ref, source_of)
 
 __all__ = ["OpLibrary", "OpHandle"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 LibraryKind = Literal["DEF", "FRAGMENT", "IMPL"]
+
+
+#: opregistry's own folder: its frames are never the author of a declaration
+_OURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _source(depth: int) -> str | None:
@@ -122,6 +128,32 @@ def _schema_name(namespace: str, head: str, schema: str) -> tuple[str, str]:
 def _split_name(name: str) -> tuple[str, str]:
     base, _, overload = name.partition(".")
     return base, overload
+
+
+def _note(library: "OpLibrary", record: Any, author: str | None = None,
+          replaced: Any = None) -> None:
+    """Remember, on ``library``, whose code declared ``record``, where that is not plain from it.
+
+    The common case -- declared in the file that made the library, while the
+    same distribution's code runs -- records nothing.  Otherwise: whose code
+    was running, and the files of every frame of the code that declared it
+    (so that a helper called by the library's own code counts as its own);
+    ``author``: the ``file:line`` of a change made after the record's own
+    line (``register_samples``), whose record ``replaced`` was the one before.
+    Read at collection by :mod:`opregistry.ownership`.
+    """
+    now = running_origin()
+    if author is None and (now is library._made_during or now == library._made_during) and \
+            (record.source or "").startswith(library._made_in):
+        return
+    frame = sys._getframe(2)
+    files: list[str] = []
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_OURS) and name not in files:
+            files.append(name)
+        frame = frame.f_back
+    library._late[id(record)] = (now, tuple(files), replaced)
 
 
 class OpHandle:
@@ -212,7 +244,9 @@ class OpHandle:
 
     def register_samples(self, fn: KernelRef | None = None) -> Any:
         """Name the function that returns sample inputs for ``opcheck``."""
-        return _decorator_or_call(fn, lambda f: self._library._set_samples(self.qualname, f))
+        source = _source(1)
+        return _decorator_or_call(fn, lambda f: self._library._set_samples(self.qualname, f,
+                                                                           source))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         op = self._overload
@@ -221,7 +255,181 @@ class OpHandle:
         return op(*args, **kwargs)
 
 
-class OpLibrary:
+class _Records:
+    """The records an :class:`OpLibrary` holds, and the hooks that hand them over."""
+
+    namespace: str
+    kind: LibraryKind
+    native: NativeLibrary | None
+    _namespace: Namespace | None
+    _ops: dict[str, OpDef]
+    _kernels: list[Kernel]
+
+    def _check_define(self, schema: Any, native_keys: tuple[str, ...]) -> None:
+        """Refuse a ``define(...)`` this library cannot hold, before anything is recorded."""
+        if native_keys and self.native is None:
+            raise DeclarationError(
+                f"{self.namespace}: define(..., native={native_keys!r}) names C++ kernels, but "
+                f"OpLibrary({self.namespace!r}) declares no native library (native=NativeLibrary(...))")
+        if self.kind == "IMPL":
+            raise DeclarationError(
+                f"OpLibrary({self.namespace!r}, 'IMPL') only adds kernels; "
+                f"define ops in a DEF or FRAGMENT library"
+            )
+        if not isinstance(schema, str) or "(" not in schema:
+            raise DeclarationError(
+                f"{self.namespace}: schema {schema!r} must look like 'name(Tensor x) -> Tensor'"
+            )
+
+    def _add_op_kernels(self, qualname: str, source: str | None, *,
+                        kernels: Mapping[str, KernelRef] | None, fake: KernelRef | None,
+                        autograd: Any, vmap: KernelRef | None, autocast: Mapping[str, Any] | None,
+                        triton: Any, torch_dispatch: Mapping[KernelRef, KernelRef] | None,
+                        native_keys: tuple[str, ...]) -> None:
+        """The kernels ``define(...)`` declares with the op, each at the op author's line."""
+        for key, value in (kernels or {}).items():
+            for fn in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(fn, Candidate):
+                    self._add_kernel(qualname, key, fn.fn, when=fn.when, predicate=fn.predicate,
+                                     priority=fn.priority, source=source)
+                else:
+                    self._add_kernel(qualname, key, fn, source=source)
+        tritons = ({"cuda": triton} if isinstance(triton, str) or callable(triton)
+                   else dict(triton or {}))
+        for device, fn in tritons.items():
+            self._add_kernel(qualname, device, fn, triton=True, source=source)
+        if fake is None and tritons:
+            # as torch.library.triton_op: the function is traceable, so it is its own fake
+            fake = next(iter(tritons.values()))
+        for device, dtype in (autocast or {}).items():
+            self._add_autocast(qualname, device, dtype, source)
+        for cls, rule in (torch_dispatch or {}).items():
+            self._add_torch_dispatch(qualname, cls, rule, source)
+        for key in native_keys:
+            self._add_kernel(qualname, key, self.native.target,  # type: ignore[union-attr]
+                             native=True, source=source)
+        if fake is not None:
+            self._add_kernel(qualname, "Meta", fake, source=source)
+        if autograd is not None:
+            backward, setup = autograd if isinstance(autograd, tuple) else (autograd, None)
+            self._add_kernel(qualname, "Autograd", backward, setup_context=setup, source=source)
+        if vmap is not None:
+            self._add_kernel(qualname, "FuncTorchBatched", vmap, source=source)
+
+    def _add_native_impl(self, qualname: str, key: str | None, fn: Any, keys: tuple[str, ...],
+                         override: bool, source: str | None, extras: bool) -> None:
+        where = (f"OpLibrary({self.namespace!r}, {self.kind!r}).impl({qualname!r}, "
+                 f"native={list(keys)!r})")
+        if self.native is None:
+            raise DeclarationError(
+                f"{where} names C++ kernels, but the library declares no native library "
+                f"(OpLibrary(ns, 'IMPL', native=NativeLibrary(...)))", op=qualname)
+        if self.kind != "IMPL":
+            raise DeclarationError(
+                f"{where}: the C++ kernels of a {self.kind} library's own ops are declared with "
+                f"define(..., native=[...]); impl(..., native=...) belongs to an IMPL library "
+                f"(kernels for ops another distribution defines)", op=qualname)
+        if key is not None or fn is not None or extras:
+            raise DeclarationError(
+                f"{where}: a C++ kernel is registered by its library, so it takes no key, "
+                f"function, conditions or priority: impl(op, native=['CPU', ...])", op=qualname)
+        for k in keys:
+            self._add_kernel(qualname, k, self.native.target, native=True, library=self.native,
+                             override=override, source=source)
+
+    def _add_op(self, name: str, overload: str, schema: str, **kwargs: Any) -> OpHandle:
+        op = OpDef(namespace=self.namespace, name=name, overload=overload, schema=schema, **kwargs)
+        if op.qualname in self._ops:
+            raise DeclarationError(
+                f"{op.qualname} is declared twice in this OpLibrary "
+                f"(first at {self._ops[op.qualname].source}, again at {op.source})",
+                op=op.qualname,
+            )
+        self._ops[op.qualname] = op
+        _note(self, op)
+        return OpHandle(self, op)
+
+    def _add_kernel(self, qualname: str, key: str, fn: Any, **kwargs: Any) -> None:
+        if isinstance(getattr(type(fn), "kind", None), Kind):
+            # a payload of a registration kind (opregistry.kinds, or a backend's own)
+            given = sorted(k for k in ("triton", "setup_context", "dispatch_class", "native",
+                                       "library") if kwargs.pop(k, None))
+            if given:
+                raise DeclarationError(
+                    f"kernel for {qualname}: {type(fn).__name__}(...) is the whole "
+                    f"registration; {', '.join(given)}= belongs to a kernel given by reference",
+                    op=qualname)
+            kernel = Kernel(op=qualname, key=key, payload=fn, **kwargs)
+            self._kernels.append(kernel)
+            _note(self, kernel)
+            return
+        if (isinstance(key, str) and key.endswith("]") and kwargs.get("dispatch_class") is None
+                and _keys.family(key) == _keys.TORCH_DISPATCH):
+            # impl(op, "TorchDispatch[module:Mode]", rule): the class is named in the key
+            kwargs["dispatch_class"] = key[len(_keys.TORCH_DISPATCH) + 1:-1]
+        kernel = Kernel(op=qualname, key=key, fn=fn, **kwargs)
+        self._kernels.append(kernel)
+        _note(self, kernel)
+
+    def _add_autocast(self, qualname: str, device_type: str, cast_inputs: Any,
+                      source: str | None) -> None:
+        key = _keys.autocast_key(device_type) if isinstance(device_type, str) else None
+        if key is None:
+            raise DeclarationError(
+                f"autocast rule for {qualname}: torch has no autocast dispatch key for device "
+                f"type {device_type!r}; register_autocast serves "
+                f"{', '.join(repr(d) for d in _keys.AUTOCAST_KEYS.values())}",
+                op=qualname)
+        dtype = autocast_dtype(cast_inputs)
+        if not (isinstance(dtype, str) and dtype.startswith("torch:")):
+            raise DeclarationError(
+                f"autocast rule for {qualname} on {device_type}: cast_inputs must be a floating "
+                f"torch.dtype (torch.float16, torch.bfloat16, torch.float32 or torch.float64, "
+                f"or its name), got {cast_inputs!r}", op=qualname, key=key)
+        self._add_kernel(qualname, key, dtype, source=source)
+
+    def _add_torch_dispatch(self, qualname: str, cls: KernelRef, rule: KernelRef,
+                            source: str | None) -> None:
+        if not isinstance(cls, str) and not isinstance(cls, type):
+            raise DeclarationError(
+                f"torch_dispatch rule for {qualname}: the class must be a 'module:Class' "
+                f"string or the class itself, got {type(cls).__name__}", op=qualname)
+        key = _keys.torch_dispatch_key(describe_ref(cls) or "")
+        self._add_kernel(qualname, key, rule, dispatch_class=cls, source=source)
+
+    def _set_samples(self, qualname: str, fn: KernelRef, source: str | None = None) -> None:
+        from attrs import evolve
+
+        before = self._ops[qualname]
+        op = self._ops[qualname] = evolve(before, samples=fn)
+        _note(self, op, source, before)  # the line of register_samples: whoever chose them
+
+    def _lookup(self, op: OpDef) -> Any:
+        import torch
+
+        from .registry import load
+
+        namespace = getattr(torch.ops, op.namespace)
+        if not hasattr(namespace, op.name):
+            load()  # loads the registry, or completes the packages it deferred
+        packet = getattr(namespace, op.name)
+        return getattr(packet, op.overload or "default")
+
+    # -- hook implementations ---------------------------------------------
+    @hookimpl
+    def opregistry_namespaces(self) -> list[Namespace]:
+        return [self._namespace] if self._namespace is not None else []
+
+    @hookimpl
+    def opregistry_ops(self) -> list[OpDef]:
+        return list(self._ops.values())
+
+    @hookimpl
+    def opregistry_kernels(self) -> list[Kernel]:
+        return list(self._kernels)
+
+
+class OpLibrary(_Records):
     """The declarations of one distribution for one namespace.
 
     :param namespace: the namespace, a Python identifier.
@@ -267,6 +475,15 @@ class OpLibrary:
         )
         self._ops: dict[str, OpDef] = {}
         self._kernels: list[Kernel] = []
+        # which distribution's code was running when the library was made, and, for each
+        # record declared while another's was, that one: a declaration through someone
+        # else's library is found and attributed at collection (opregistry.ownership)
+        self._made_during = running_origin()
+        self._made_in = (_source(1) or "").rpartition(":")[0] + ":"  # "file:", the prefix
+        #: id(record) -> (whose code was running, the files of the code that declared it,
+        #: innermost first; the record it replaced), for the records declared elsewhere than
+        #: in the file that made the library, or while another distribution's code ran
+        self._late: dict[int, tuple[Origin | None, tuple[str, ...], Any]] = {}
 
     def __repr__(self) -> str:
         return f"<OpLibrary {self.namespace} {self.kind}: {len(self._ops)} ops>"
@@ -312,19 +529,7 @@ class OpLibrary:
             schema is then the one its ``TORCH_LIBRARY`` block defines.
         """
         native_keys = tuple(native)
-        if native_keys and self.native is None:
-            raise DeclarationError(
-                f"{self.namespace}: define(..., native={native_keys!r}) names C++ kernels, but "
-                f"OpLibrary({self.namespace!r}) declares no native library (native=NativeLibrary(...))")
-        if self.kind == "IMPL":
-            raise DeclarationError(
-                f"OpLibrary({self.namespace!r}, 'IMPL') only adds kernels; "
-                f"define ops in a DEF or FRAGMENT library"
-            )
-        if not isinstance(schema, str) or "(" not in schema:
-            raise DeclarationError(
-                f"{self.namespace}: schema {schema!r} must look like 'name(Tensor x) -> Tensor'"
-            )
+        self._check_define(schema, native_keys)
         source = _source(1)  # the op author's line, for the op and each of its kernels
         name, _, rest = schema.partition("(")
         base, overload = _schema_name(self.namespace, name, schema)
@@ -338,35 +543,9 @@ class OpLibrary:
             doc=doc,
             source=source,
         )
-        qualname = handle.qualname
-        for key, value in (kernels or {}).items():
-            for fn in (value if isinstance(value, (list, tuple)) else (value,)):
-                if isinstance(fn, Candidate):
-                    self._add_kernel(qualname, key, fn.fn, when=fn.when, predicate=fn.predicate,
-                                     priority=fn.priority, source=source)
-                else:
-                    self._add_kernel(qualname, key, fn, source=source)
-        tritons = ({"cuda": triton} if isinstance(triton, str) or callable(triton)
-                   else dict(triton or {}))
-        for device, fn in tritons.items():
-            self._add_kernel(qualname, device, fn, triton=True, source=source)
-        if fake is None and tritons:
-            # as torch.library.triton_op: the function is traceable, so it is its own fake
-            fake = next(iter(tritons.values()))
-        for device, dtype in (autocast or {}).items():
-            self._add_autocast(qualname, device, dtype, source)
-        for cls, rule in (torch_dispatch or {}).items():
-            self._add_torch_dispatch(qualname, cls, rule, source)
-        for key in native_keys:
-            self._add_kernel(qualname, key, self.native.target,  # type: ignore[union-attr]
-                             native=True, source=source)
-        if fake is not None:
-            self._add_kernel(qualname, "Meta", fake, source=source)
-        if autograd is not None:
-            backward, setup = autograd if isinstance(autograd, tuple) else (autograd, None)
-            self._add_kernel(qualname, "Autograd", backward, setup_context=setup, source=source)
-        if vmap is not None:
-            self._add_kernel(qualname, "FuncTorchBatched", vmap, source=source)
+        self._add_op_kernels(handle.qualname, source, kernels=kernels, fake=fake,
+                             autograd=autograd, vmap=vmap, autocast=autocast, triton=triton,
+                             torch_dispatch=torch_dispatch, native_keys=native_keys)
         return handle
 
     @overload
@@ -468,109 +647,3 @@ class OpLibrary:
             return handle
 
         return decorate
-
-    # -- records -------------------------------------------------------------
-    def _add_native_impl(self, qualname: str, key: str | None, fn: Any, keys: tuple[str, ...],
-                         override: bool, source: str | None, extras: bool) -> None:
-        where = (f"OpLibrary({self.namespace!r}, {self.kind!r}).impl({qualname!r}, "
-                 f"native={list(keys)!r})")
-        if self.native is None:
-            raise DeclarationError(
-                f"{where} names C++ kernels, but the library declares no native library "
-                f"(OpLibrary(ns, 'IMPL', native=NativeLibrary(...)))", op=qualname)
-        if self.kind != "IMPL":
-            raise DeclarationError(
-                f"{where}: the C++ kernels of a {self.kind} library's own ops are declared with "
-                f"define(..., native=[...]); impl(..., native=...) belongs to an IMPL library "
-                f"(kernels for ops another distribution defines)", op=qualname)
-        if key is not None or fn is not None or extras:
-            raise DeclarationError(
-                f"{where}: a C++ kernel is registered by its library, so it takes no key, "
-                f"function, conditions or priority: impl(op, native=['CPU', ...])", op=qualname)
-        for k in keys:
-            self._add_kernel(qualname, k, self.native.target, native=True, library=self.native,
-                             override=override, source=source)
-
-    def _add_op(self, name: str, overload: str, schema: str, **kwargs: Any) -> OpHandle:
-        op = OpDef(namespace=self.namespace, name=name, overload=overload, schema=schema, **kwargs)
-        if op.qualname in self._ops:
-            raise DeclarationError(
-                f"{op.qualname} is declared twice in this OpLibrary "
-                f"(first at {self._ops[op.qualname].source}, again at {op.source})",
-                op=op.qualname,
-            )
-        self._ops[op.qualname] = op
-        return OpHandle(self, op)
-
-    def _add_kernel(self, qualname: str, key: str, fn: Any, **kwargs: Any) -> None:
-        if isinstance(getattr(type(fn), "kind", None), Kind):
-            # a payload of a registration kind (opregistry.kinds, or a backend's own)
-            given = sorted(k for k in ("triton", "setup_context", "dispatch_class", "native",
-                                       "library") if kwargs.pop(k, None))
-            if given:
-                raise DeclarationError(
-                    f"kernel for {qualname}: {type(fn).__name__}(...) is the whole "
-                    f"registration; {', '.join(given)}= belongs to a kernel given by reference",
-                    op=qualname)
-            self._kernels.append(Kernel(op=qualname, key=key, payload=fn, **kwargs))
-            return
-        if (isinstance(key, str) and key.endswith("]") and kwargs.get("dispatch_class") is None
-                and _keys.family(key) == _keys.TORCH_DISPATCH):
-            # impl(op, "TorchDispatch[module:Mode]", rule): the class is named in the key
-            kwargs["dispatch_class"] = key[len(_keys.TORCH_DISPATCH) + 1:-1]
-        self._kernels.append(Kernel(op=qualname, key=key, fn=fn, **kwargs))
-
-    def _add_autocast(self, qualname: str, device_type: str, cast_inputs: Any,
-                      source: str | None) -> None:
-        key = _keys.autocast_key(device_type) if isinstance(device_type, str) else None
-        if key is None:
-            raise DeclarationError(
-                f"autocast rule for {qualname}: torch has no autocast dispatch key for device "
-                f"type {device_type!r}; register_autocast serves "
-                f"{', '.join(repr(d) for d in _keys.AUTOCAST_KEYS.values())}",
-                op=qualname)
-        dtype = autocast_dtype(cast_inputs)
-        if not (isinstance(dtype, str) and dtype.startswith("torch:")):
-            raise DeclarationError(
-                f"autocast rule for {qualname} on {device_type}: cast_inputs must be a floating "
-                f"torch.dtype (torch.float16, torch.bfloat16, torch.float32 or torch.float64, "
-                f"or its name), got {cast_inputs!r}", op=qualname, key=key)
-        self._add_kernel(qualname, key, dtype, source=source)
-
-    def _add_torch_dispatch(self, qualname: str, cls: KernelRef, rule: KernelRef,
-                            source: str | None) -> None:
-        if not isinstance(cls, str) and not isinstance(cls, type):
-            raise DeclarationError(
-                f"torch_dispatch rule for {qualname}: the class must be a 'module:Class' "
-                f"string or the class itself, got {type(cls).__name__}", op=qualname)
-        key = _keys.torch_dispatch_key(describe_ref(cls) or "")
-        self._add_kernel(qualname, key, rule, dispatch_class=cls, source=source)
-
-    def _set_samples(self, qualname: str, fn: KernelRef) -> None:
-        from attrs import evolve
-
-        self._ops[qualname] = evolve(self._ops[qualname], samples=fn)
-
-    def _lookup(self, op: OpDef) -> Any:
-        import torch
-
-        from .registry import load
-
-        namespace = getattr(torch.ops, op.namespace)
-        if not hasattr(namespace, op.name):
-            load()  # loads the registry, or completes the packages it deferred
-        packet = getattr(namespace, op.name)
-        return getattr(packet, op.overload or "default")
-
-    # -- hook implementations ---------------------------------------------
-    @hookimpl
-    def opregistry_namespaces(self) -> list[Namespace]:
-        return [self._namespace] if self._namespace is not None else []
-
-    @hookimpl
-    def opregistry_ops(self) -> list[OpDef]:
-        return list(self._ops.values())
-
-    @hookimpl
-    def opregistry_kernels(self) -> list[Kernel]:
-        return list(self._kernels)

@@ -42,6 +42,8 @@ import json
 import os
 from typing import Any, Iterable
 
+from .keys import installed_torch_dir
+
 __all__ = ["contents", "install_kind", "digest_of", "file_differences", "short"]
 
 _CHUNK = 1 << 20
@@ -204,13 +206,24 @@ def _walk(path: str, base: str) -> Iterable[tuple[str, str]]:
             yield os.path.relpath(full, base).replace(os.sep, "/"), full
 
 
-def contents(dist: Any, *, trust_record: bool = False,
-             entry_points: Any = None) -> dict[str, Any]:
+def contents(dist: Any, *, trust_record: bool = False, entry_points: Any = None,
+             references: Iterable[str] = ()) -> dict[str, Any]:
     """The content record of ``dist``: install kind, per-file sha256 and a digest.
 
     ``{"install": kind, "digest": "sha256:...", "files": {name: hex}}``; a file
     that RECORD lists but that is missing on disk has ``None``.
     ``entry_points``: ``dist.entry_points``, when the caller has read them.
+
+    ``references``: the modules the plan may import for ``dist`` (its
+    declarations modules, and the modules of its kernel, fake, autograd, vmap,
+    dispatch-rule, predicate and sample references): each is located without
+    running it (:func:`opregistry.locate.locate_module`), and every file its
+    import runs that the install's own list lacks is hashed on disk and added.
+    The record then says which modules added files (``"references"``, so that
+    the locked mode hashes the same files before importing anything) and, in
+    ``"not_covered"``, every module whose files cannot be hashed (not found,
+    inside an archive, found by a finder that names no file).  Both keys are
+    only present when not empty.
     """
     record = _read_text(dist, "RECORD") or ""
     kind = install_kind(dist, record)
@@ -232,8 +245,68 @@ def contents(dist: Any, *, trust_record: bool = False,
             for path, base in _locate(module):
                 for name, full in _walk(path, base):
                     files.setdefault(name, _sha256_file(full))
+    added, not_covered = _reference_files(references, files)
     ordered = dict(sorted(files.items()))
-    return {"install": kind, "digest": digest_of(ordered), "files": ordered}
+    record_out: dict[str, Any] = {"install": kind, "digest": digest_of(ordered), "files": ordered}
+    if added:
+        record_out["references"] = added
+    if not_covered:
+        record_out["not_covered"] = not_covered
+    return record_out
+
+
+def _outside(path: str) -> bool:
+    """Whether a reference's file is one the lock does not record.
+
+    Python's standard library and torch's package: both are pinned by version
+    (the lock records torch's), and a CPU and a CUDA build of one torch
+    release must lock the same.  Site-packages folders inside the standard
+    library's folder (a Python without a virtualenv) are not the library.
+    """
+    full = os.path.abspath(path)
+    torch_dir = installed_torch_dir()
+    if torch_dir and full.startswith(os.path.join(os.path.abspath(torch_dir), "")):
+        return True
+    if not full.startswith(_STDLIB):
+        return False
+    import site
+    import sysconfig
+
+    sites = {sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
+             *site.getsitepackages(), site.getusersitepackages()}
+    return not any(s and full.startswith(os.path.join(os.path.abspath(s), "")) for s in sites)
+
+
+#: the standard library's folder (where ``os`` lives: the real one, not a virtualenv's)
+_STDLIB = os.path.join(os.path.dirname(os.path.abspath(os.__file__)), "")
+
+
+def _reference_files(references: Iterable[str], files: dict[str, str | None]
+                     ) -> tuple[list[str], list[str]]:
+    """Add the files of each referenced module that ``files`` lacks; ``(modules, not covered)``."""
+    from .locate import locate_module
+
+    wanted = sorted(set(references))
+    if not wanted:
+        return [], []
+    added: list[str] = []
+    not_covered: list[str] = []
+    for module in wanted:
+        if module.startswith(("file:", "path:")):
+            _native_file(module, files, added, not_covered)
+            continue
+        found = locate_module(module)
+        if found.found in ("missing", "archive", "other"):
+            not_covered.append(f"module {module}: {found.why}")
+        grew = False
+        for name, path in zip(found.names, found.files):
+            if name in files or _outside(path):
+                continue
+            files[name] = _sha256_file(path)
+            grew = True
+        if grew:
+            added.append(module)
+    return added, not_covered
 
 
 def file_differences(distribution: str, old: dict[str, Any], new: dict[str, Any],
@@ -260,3 +333,25 @@ def file_differences(distribution: str, old: dict[str, Any], new: dict[str, Any]
         out.append(f"distribution {distribution}: installed as {old.get('install')} {in_a}, "
                    f"as {new.get('install')} {in_b}")
     return out
+
+
+def _native_file(ref: str, files: dict[str, str | None], added: list[str],
+                 not_covered: list[str]) -> None:
+    """A native library named by path: ``file:<name under a sys.path entry>``, or ``path:<abs>``."""
+    import sys
+
+    kind, _, name = ref.partition(":")
+    if kind == "path":
+        not_covered.append(f"native library {name}: outside every sys.path entry, so no name "
+                           f"that holds on another machine")
+        return
+    if name in files:
+        return
+    for entry in sys.path:
+        full = os.path.join(os.path.abspath(entry or os.curdir), *name.split("/"))
+        if os.path.isfile(full):
+            files[name] = _sha256_file(full)
+            added.append(ref)
+            return
+    files[name] = None  # recorded as missing: the lock says it was expected
+    added.append(ref)

@@ -22,7 +22,9 @@ from .config import Settings, canonical_name
 from .containment import describe
 from .errors import DeclarationError, PluginLoadError
 from .logs import get_logger
-from .model import Discovered, Origin, Plugin, Problem, Skipped, source_of
+from .model import Discovered, Origin, Plugin, Problem, Skipped
+from .ownership import Owners, change_culprit, state_problem
+from .seal import Seal
 
 __all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "DEFERRED", "discover", "entry_points",
            "load_problem", "still_importing", "load_origins"]
@@ -203,6 +205,34 @@ def _duplicate_problem(name: str, copies: list[Any], groups: Iterable[str]) -> P
     )
 
 
+def _import(ep: Any, origin: Origin, settings: Settings, seal: Seal,
+            owners: Owners) -> tuple[Plugin | None, list[Problem]]:
+    """Import one entry point, contained; the plugin (``None`` if it failed) and the problems."""
+    # a plugin's failure is its own, never ours: SystemExit (a module that parses
+    # sys.argv at import) and any BaseException but a real Ctrl-C included.
+    # With torch imported, what a plugin registers with torch by itself is watched; a
+    # plugin that imports torch itself (torch was not imported before) is watched from
+    # then on (guard.torch_arrived): the same verdict with torch imported first or not
+    torch_imported = "torch" in sys.modules
+    with guard.running(origin):
+        guarded = guard.run(ep.load, origin=origin, what=f"importing {ep.value}",
+                            protected=frozenset() if torch_imported else None,
+                            policy=settings.policy, owns=guard.owned_by(ep.module),
+                            until_torch=not torch_imported)
+    problems = list(guarded.problems)
+    changes = seal.check()
+    if changes:
+        # put back already; the culprit is whoever's file made the change, else this plugin
+        culprit = change_culprit(changes, origin, owners)
+        problems.append(state_problem(culprit, changes, f"{origin.dist} was imported"))
+    if guarded.error is not None:
+        problem = load_problem(origin, guarded.error)
+        log.warning("plugin failed to load", distribution=origin.dist,
+                    error=describe(guarded.error))
+        return None, problems + [problem]
+    return Plugin(origin, guarded.result), problems
+
+
 def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovered:
     """Find and import the plugins that ``settings`` admits."""
     groups = tuple(groups)
@@ -227,8 +257,9 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
     for (group, ep), origin in zip(found, origins):
         names[(origin.distribution, group, ep.name)] += 1
     reported: set[tuple[str, str, str]] = set()
-    # with torch imported, what a plugin registers with torch by itself is watched
-    watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
+    # opregistry's own state, sealed while plugins are imported; who owns which file
+    seal = Seal()
+    owners = Owners([Plugin(origin, None) for origin in origins])
     for (group, ep), origin in zip(found, origins):
         reason = settings.admits(origin.distribution)
         if reason is not None:
@@ -250,32 +281,18 @@ def discover(settings: Settings, *, groups: Iterable[str] = GROUPS) -> Discovere
                 ))
             skipped.append(Skipped(origin, f"entry point name {ep.name!r} is used twice"))
             continue
-        _load(ep, origin, settings, watched, plugins, skipped, problems)
+        if still_importing(ep.module):
+            # it imported torch (whose autoload brought us here) before defining its ops:
+            # what it declares does not exist yet; the registry completes it later
+            skipped.append(Skipped(origin, DEFERRED, deferred=True))
+            continue
+        plugin, found_problems = _import(ep, origin, settings, seal, owners)
+        problems.extend(found_problems)
+        if plugin is None:  # its problems name it: the resolver leaves it out
+            skipped.append(Skipped(origin, found_problems[-1].message))
+            continue
+        plugins.append(plugin)
     return Discovered(tuple(plugins), tuple(skipped), tuple(problems))
-
-
-def _load(ep: Any, origin: Origin, settings: Settings, watched: frozenset[str] | None,
-          plugins: list[Plugin], skipped: list[Skipped], problems: list[Problem]) -> None:
-    """Import one admitted entry point, contained; the outcome goes to the three lists."""
-    if still_importing(ep.module):
-        # it imported torch (whose autoload brought us here) before defining its ops:
-        # what it declares does not exist yet; the registry completes it later
-        skipped.append(Skipped(origin, DEFERRED, deferred=True))
-        return
-    # a plugin's failure is its own, never ours: SystemExit (a module that parses
-    # sys.argv at import) and any BaseException but a real Ctrl-C included
-    guarded = guard.run(ep.load, origin=origin, what=f"importing {ep.value}",
-                        protected=watched, policy=settings.policy,
-                        owns=guard.owned_by(ep.module))
-    problems.extend(guarded.problems)
-    if guarded.error is not None:
-        problem = load_problem(origin, guarded.error)
-        log.warning("plugin failed to load", distribution=origin.dist,
-                    error=describe(guarded.error))
-        problems.append(problem)
-        skipped.append(Skipped(origin, problem.message))
-        return
-    plugins.append(Plugin(origin, guarded.result))
 
 
 class _KnownEntryPoint:
@@ -302,11 +319,21 @@ def load_origins(settings: Settings, origins: Iterable[Origin]) -> Discovered:
     the installed distributions, no allow/block list or duplicate checks --
     those were made when the origins were found.
     """
+    origins = list(origins)
     plugins: list[Plugin] = []
     skipped: list[Skipped] = []
     problems: list[Problem] = []
-    watched: frozenset[str] | None = frozenset() if "torch" in sys.modules else None
+    seal = Seal()
+    owners = Owners([Plugin(origin, None) for origin in origins])
     for origin in origins:
-        _load(_KnownEntryPoint(origin.value), origin, settings, watched, plugins, skipped,
-              problems)
+        ep = _KnownEntryPoint(origin.value)
+        if still_importing(ep.module):
+            skipped.append(Skipped(origin, DEFERRED, deferred=True))
+            continue
+        plugin, found = _import(ep, origin, settings, seal, owners)
+        problems.extend(found)
+        if plugin is None:
+            skipped.append(Skipped(origin, found[-1].message))
+            continue
+        plugins.append(plugin)
     return Discovered(tuple(plugins), tuple(skipped), tuple(problems))

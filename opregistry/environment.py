@@ -19,10 +19,11 @@ from attrs import field, frozen
 
 from .config import canonical_name
 from .keys import KNOWN_TAGS, TorchFacts, installed_torch, installed_torch_build
+from .locate import locate_module
 from .references import NativeLibrary
 
 __all__ = ["TorchState", "Environment", "EnvironmentQuery", "environment_query", "read_query",
-           "read_environment", "native_missing"]
+           "read_environment", "native_missing", "native_broken", "not_a_library"]
 
 
 @frozen(kw_only=True)
@@ -58,6 +59,9 @@ class Environment:
     distributions: Mapping[str, str] = field(factory=dict)
     modules: Mapping[str, bool] = field(factory=dict)
     natives: Mapping[str, str] = field(factory=dict)
+    #: per native library target that exists but cannot be a shared library of this
+    #: platform: ``(file, why)``
+    natives_broken: Mapping[str, tuple[str, str]] = field(factory=dict)
     platform: str = sys.platform
     dispatcher: TorchState | None = None
     #: what installed distributions that do not use opregistry register with torch, read
@@ -79,17 +83,56 @@ class Environment:
 
 
 def native_missing(library: NativeLibrary) -> str | None:
-    """Why ``library`` cannot be found without loading it, or ``None``."""
-    import importlib.util
+    """Why ``library`` cannot be found without loading it, or ``None``.
+
+    A module is located statically (:func:`opregistry.locate.locate_module`):
+    ``importlib.util.find_spec("pkg.ext")`` would import ``pkg`` to find it.
+    """
     import os
 
     if library.path is not None:
         return None if os.path.isfile(library.path) else f"the file {library.path} does not exist"
+    found = locate_module(library.module)  # type: ignore[arg-type]
+    return f"module {library.module} does not exist ({found.why})" \
+        if found.found == "missing" else None
+
+
+#: the first bytes of a shared library on each platform that has one format for them
+_MAGIC: dict[str, tuple[bytes, ...]] = {
+    "linux": (b"\x7fELF",),
+    "darwin": (b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe",
+               b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca"),
+    "win32": (b"MZ",),
+}
+
+
+def not_a_library(path: str) -> str | None:
+    """Why the file at ``path`` cannot be a shared library of this platform, or ``None``.
+
+    Its first bytes are compared with the platform's formats (ELF, Mach-O, PE):
+    a file that is none of them fails to load, whatever else it is.
+    """
+    formats = next((m for p, m in _MAGIC.items() if sys.platform.startswith(p)), None)
+    if formats is None:
+        return None
     try:
-        found = importlib.util.find_spec(library.module)  # type: ignore[arg-type]
-    except (ImportError, ValueError) as exc:
-        return f"module {library.module} cannot be found ({exc})"
-    return None if found is not None else f"module {library.module} does not exist"
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if any(head.startswith(m) for m in formats):
+        return None
+    return f"it is not a shared library of this platform (it starts with {head!r})"
+
+
+def native_broken(library: NativeLibrary) -> tuple[str, str] | None:
+    """``(file, why)`` when ``library`` exists but is no shared library of this platform."""
+    file = library.path if library.path is not None else \
+        locate_module(library.module).file  # type: ignore[arg-type]
+    if file is None or file.endswith(".py"):
+        return None
+    why = not_a_library(file)
+    return (file, why) if why is not None else None
 
 
 def _importable(module: str) -> bool:
@@ -145,15 +188,20 @@ def environment_query(decl: Any) -> EnvironmentQuery:
 def read_query(query: EnvironmentQuery, dispatcher: TorchState | None = None,
                foreign: Any = None) -> Environment:
     """The :class:`Environment` that answers ``query`` on this machine (the only I/O)."""
-    natives = {}
+    natives, broken = {}, {}
     for library in query.libraries:
         why = native_missing(library)
         if why is not None:
             natives[library.target] = why
+            continue
+        found = native_broken(library)
+        if found is not None:
+            broken[library.target] = found
     return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
                        distributions=_versions(query.distributions),
                        modules={m: _importable(m) for m in query.modules},
-                       natives=natives, dispatcher=dispatcher, foreign=foreign)
+                       natives=natives, natives_broken=broken, dispatcher=dispatcher,
+                       foreign=foreign)
 
 
 def read_environment(decl: Any, dispatcher: TorchState | None = None,

@@ -37,8 +37,11 @@ from .containment import contain
 from .errors import DOCS_URL
 from .keys import RESERVED_NAMESPACES
 from .model import Origin, Problem, source_of
+from .seal import running, running_origin
+from .state import process
 
-__all__ = ["Guarded", "run", "owned_by", "raised_at", "resolve_ref", "initializing"]
+__all__ = ["Guarded", "run", "owned_by", "raised_at", "resolve_ref", "initializing",
+           "torch_arrived", "running", "running_origin"]
 
 #: frames in these places are machinery, not the line a plugin author must fix
 _MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<attrs generated",
@@ -118,9 +121,51 @@ def owned_by(module: str) -> Callable[[str], bool]:
     return owns
 
 
+def torch_arrived() -> None:
+    """torch has just been imported, from inside third-party code :func:`run` is running.
+
+    Called by the autoload entry point (:mod:`opregistry.autoload`), which torch
+    runs at the end of ``import torch``, while opregistry is importing plugins.
+    From here on, what that code registers with torch is watched exactly as it
+    is when torch was imported first: a plugin that imports torch and makes a
+    ``Library`` of its own at import is judged the same under ``opregistry
+    doctor`` (no torch) as under ``import torch``.
+    """
+    frames = process().thread.torch_watches
+    if not frames or frames[-1]:
+        return
+    from .torch_state import watch_registrations
+
+    manager = watch_registrations()
+    frames[-1].extend((manager, manager.__enter__()))
+
+
+def _contained(fn: Callable[..., Any], args: tuple[Any, ...]) -> Guarded:
+    return Guarded(*contain(fn, *args))
+
+
+def _until_torch(fn: Callable[..., Any], args: tuple[Any, ...], origin: Origin, what: str,
+                 policy: Policy | None, owns: Callable[[str], bool] | None) -> Guarded:
+    """Contain ``fn`` (torch not imported); watch it from the moment it imports torch."""
+    frame: list[Any] = []
+    frames = process().thread.torch_watches
+    frames.append(frame)
+    try:
+        outcome = _contained(fn, args)
+    finally:
+        frames.pop()
+        if frame:
+            frame[0].__exit__(None, None, None)
+    if not frame:
+        return outcome
+    problems = _unplanned(frame[1], origin, what, RESERVED_NAMESPACES, policy or Policy(),
+                          owns or (lambda where: False))
+    return Guarded(outcome.result, outcome.error, problems)
+
+
 def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
         protected: Iterable[str] | None = None, policy: Policy | None = None,
-        owns: Callable[[str], bool] | None = None) -> Guarded:
+        owns: Callable[[str], bool] | None = None, until_torch: bool = False) -> Guarded:
     """Call ``fn(*args)``, third-party code, contained.
 
     :param origin: the distribution whose code this is (named in problems).
@@ -129,12 +174,16 @@ def run(fn: Callable[..., Any], *args: Any, origin: Origin, what: str,
         (besides torch's reserved ones); ``None`` switches the watch on torch off.
     :param policy: the override policy; a registration it allows is kept, with a warning.
     :param owns: whether a ``file:line`` belongs to the distribution (for new ``DEF``s).
+    :param until_torch: torch is not imported yet: watch the code from the moment it
+        imports torch (:func:`torch_arrived`), as if torch had been imported first.
     """
     if protected is None or "torch" not in sys.modules:
+        if until_torch and "torch" not in sys.modules:
+            return _until_torch(fn, args, origin, what, policy, owns)
         # nothing to watch: containment only.  The materializer resolves thousands
         # of kernel references in modules imported already through here, so this
         # path costs one call and one record, no context manager
-        return Guarded(*contain(fn, *args))
+        return _contained(fn, args)
     from .torch_state import watch_registrations
 
     with watch_registrations() as watch:

@@ -64,6 +64,12 @@ __all__ = [
     "TorchFacts",
     "installed_torch",
     "installed_torch_build",
+    "installed_torch_dir",
+    "TORCH_OPS_ATTRIBUTES",
+    "OP_NAMESPACE_ATTRIBUTES",
+    "OP_PACKET_ATTRIBUTES",
+    "unreachable_name",
+    "PYTHON_DUNDERS",
     "tags_of",
     "tag_since",
     "type_since",
@@ -431,6 +437,11 @@ def _torch_dir() -> str | None:
     return list(spec.submodule_search_locations)[0]
 
 
+def installed_torch_dir() -> str | None:
+    """The folder of the installed ``torch`` package, found without importing it."""
+    return _torch_dir()
+
+
 @functools.lru_cache(maxsize=4)
 def _facts(torch_dir: str, stamp: int) -> TorchFacts | None:
     """Cached per torch installation (its version.py's mtime changes when pip replaces it)."""
@@ -489,6 +500,62 @@ def installed_torch_build() -> tuple[str, str | None] | None:
     if version is None:
         return None
     return version.group(1), (cuda.group(1) if cuda else None)
+
+
+#: Names ``torch.ops.<name>`` cannot reach as a namespace: attributes of ``torch.ops``
+#: itself (``torch._ops._Ops``: an instance of ``types.ModuleType``), found before its
+#: ``__getattr__`` makes a namespace.  The same on 2.8, 2.13 and 2.15 (dunders aside:
+#: :data:`PYTHON_DUNDERS`).
+TORCH_OPS_ATTRIBUTES: frozenset[str] = frozenset({
+    "_dir", "higher_order", "import_module", "load_library", "loaded_libraries"})
+#: The dunder names ``torch.ops`` and a namespace object (``_OpNamespace``, a
+#: ``types.ModuleType``) answer themselves on any supported Python (3.10 to 3.14):
+#: those of a module and of a class defined in Python, and ``__origin__`` and
+#: ``__self__``, which the namespace refuses.  Any other dunder (``__and__``, an op of
+#: ``aten``) reaches the op as any name does.
+PYTHON_DUNDERS: frozenset[str] = frozenset({
+    "__annotate__", "__annotations__", "__class__", "__delattr__", "__dict__", "__dir__",
+    "__doc__", "__eq__", "__file__", "__firstlineno__", "__format__", "__ge__", "__getattr__",
+    "__getattribute__", "__getstate__", "__gt__", "__hash__", "__init__", "__init_subclass__",
+    "__iter__", "__le__", "__loader__", "__lt__", "__module__", "__name__", "__ne__", "__new__",
+    "__origin__", "__package__", "__reduce__", "__reduce_ex__", "__repr__", "__self__",
+    "__setattr__", "__sizeof__", "__slots__", "__spec__", "__static_attributes__", "__str__",
+    "__subclasshook__", "__weakref__"})
+#: Names ``torch.ops.<ns>.<name>`` cannot reach as an op: attributes of a namespace
+#: object (``torch._ops._OpNamespace``); ``Library.define`` of such a name fails inside
+#: torch (``'str' object has no attribute '_qualified_op_name'``).  Same on 2.8-2.15.
+OP_NAMESPACE_ATTRIBUTES: frozenset[str] = frozenset({"_dir", "name"})
+#: Names ``torch.ops.<ns>.<op>.<name>`` cannot reach as an overload: attributes of an
+#: op packet (``torch._ops.OpOverloadPacket``; ``op_overloads`` from 2.13), and
+#: ``default``, which torch refuses as an overload name.
+OP_PACKET_ATTRIBUTES: frozenset[str] = frozenset({
+    "_dir", "_has_torchbind_op_overload", "_is_protocol", "_op", "_overload_names",
+    "_qualified_op_name", "_schemas", "default", "op", "op_overloads", "overloads"})
+
+
+def unreachable_name(name: str, kind: str) -> str | None:
+    """Why ``torch.ops`` cannot reach ``name`` as a ``namespace``, ``op`` or ``overload``.
+
+    ``None`` when it can.  A dunder name a Python object answers itself
+    (:data:`PYTHON_DUNDERS`) is unreachable as a namespace or an op; an
+    overload name starting with ``__`` always is (an op packet passes those to
+    its C++ op).
+    """
+    table = {"namespace": (TORCH_OPS_ATTRIBUTES, "torch.ops"),
+             "op": (OP_NAMESPACE_ATTRIBUTES, "torch.ops.<namespace>"),
+             "overload": (OP_PACKET_ATTRIBUTES, "torch.ops.<namespace>.<op>")}[kind]
+    names, owner = table
+    if kind == "overload" and name.startswith("__"):
+        return (f"which torch.ops cannot reach ({owner} looks a name starting with '__' up "
+                f"on its C++ op, never as an overload)")
+    if name in PYTHON_DUNDERS:
+        return f"which torch.ops cannot reach (a dunder name {owner} answers itself)"
+    if name in names:
+        if kind == "overload" and name == "default":
+            return ("which torch refuses as an overload name ('default' names the overload "
+                    "without a name)")
+        return f"which torch.ops cannot reach ({owner}.{name} is an attribute of torch's own)"
+    return None
 
 
 #: Namespaces torch owns, in any release of the supported range; no distribution

@@ -81,9 +81,9 @@ class Kind:
 
     #: the kind's name in listings, JSON and the lock
     name: ClassVar[str] = ""
-    #: the payload fields holding references, imported when it is materialized, each
-    #: with whether it must import as a callable (an autocast dtype need not)
-    references: ClassVar[tuple[tuple[str, bool], ...]] = (("fn", True),)
+    #: the payload fields holding references, imported when it is materialized, each with
+    #: what it must import as: ``"callable"``, ``"class"`` or ``"object"`` (an autocast dtype)
+    references: ClassVar[tuple[tuple[str, str], ...]] = (("fn", "callable"),)
     #: the payload field listings show as "the kernel"
     primary: ClassVar[str] = "fn"
     #: whether a kernel of this kind may be a candidate (``when=``, ``predicate=``, ``priority=``)
@@ -196,7 +196,7 @@ _FIXES = {
 class _AutogradKind(_OneKeyKind):
     name = "autograd"
     key = "Autograd"
-    references = (("backward", True), ("setup_context", True))
+    references = (("backward", "callable"), ("setup_context", "callable"))
     primary = "backward"
 
     def fit(self, schema: Any, tags: tuple[str, ...]) -> Misfit | None:
@@ -232,7 +232,7 @@ class VmapRule:
 
 class _AutocastKind(Kind):
     name = "autocast"
-    references = (("dtype", False),)
+    references = (("dtype", "object"),)
     primary = "dtype"
 
     def accepts(self, key: str) -> bool:
@@ -305,7 +305,7 @@ class TritonKernel:
 
 class _DispatchKind(Kind):
     name = "torch_dispatch"
-    references = (("fn", True), ("cls", True))
+    references = (("fn", "callable"), ("cls", "class"))
 
     def accepts(self, key: str) -> bool:
         return key != _keys.TORCH_DISPATCH and _keys.family(key) == _keys.TORCH_DISPATCH

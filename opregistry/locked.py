@@ -151,7 +151,10 @@ def _mismatch(name: str, version: str, dist: Any, entry_points: Any,
         return [f"version {version} is installed, the lockfile has {versions[name]}"]
     if name not in recorded:
         return [f"the lockfile records no content for {name}"]
-    here = contents(dist, trust_record=False, entry_points=entry_points)
+    # the files of the modules the locked plan referenced outside the install's own list
+    # (a kernel module beside the package, say): hashed too, before anything is imported
+    here = contents(dist, trust_record=False, entry_points=entry_points,
+                    references=recorded[name].get("references", ()))
     if here["digest"] == recorded[name].get("digest") and here["files"] == recorded[name].get(
             "files"):
         return []

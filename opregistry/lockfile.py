@@ -54,11 +54,13 @@ __all__ = [
     "verify_plan",
     "installed",
     "contents_of",
+    "not_covered",
 ]
 
 #: Version of the lock format; bumped when a field is added or changes meaning
 #: (2: the torch version; 3: ``contents``, the sha256 of every installed file;
-#: 4: every kernel's registration ``kind``, which replaces 3's ``triton`` flag).
+#: 4: every kernel's registration ``kind``, which replaces 3's ``triton`` flag, and the
+#: files of every module the plan references, wherever it is installed).
 LOCK_VERSION = 4
 #: The file ``opregistry lock`` writes and ``opregistry verify`` reads by default.
 DEFAULT_LOCKFILE = "opregistry.lock"
@@ -153,15 +155,26 @@ def installed(names: Any) -> dict[str, Any]:
     return found
 
 
-def contents_of(distributions: Mapping[str, str], *, on_disk: bool) -> dict[str, Any]:
+def contents_of(distributions: Mapping[str, str], *, on_disk: bool,
+                references: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``contents`` of the lock: per installed distribution, its files' sha256 and digest.
 
     ``on_disk=False`` takes a wheel's hashes from its ``RECORD`` (what ``lock``
     records: the content as installed); ``on_disk=True`` reads every file
-    (what ``verify`` compares: the content as it is now).
+    (what ``verify`` compares: the content as it is now).  ``references``:
+    per distribution, the modules its plan may run
+    (:func:`opregistry.plan_modules.modules_by_distribution`), whose files are
+    added where the install's own file list lacks them.
     """
-    return {name: contents(dist, trust_record=not on_disk)
+    refs = references or {}
+    return {name: contents(dist, trust_record=not on_disk, references=refs.get(name, ()))
             for name, dist in sorted(installed(distributions).items())}
+
+
+def not_covered(data: Mapping[str, Any]) -> list[str]:
+    """``dist: what`` for every file a lock's ``contents`` could not hash (empty: all covered)."""
+    return [f"{name}: {what}" for name, record in sorted((data.get("contents") or {}).items())
+            if isinstance(record, dict) for what in record.get("not_covered", ())]
 
 
 def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
@@ -170,6 +183,8 @@ def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
     ``on_disk``: hash every installed file rather than trust a wheel's
     ``RECORD`` (see :func:`contents_of`).
     """
+    from .plan_modules import modules_by_distribution
+
     excluded = {o.distribution for o in plan.excluded}
     distributions = {o.distribution: o.version for o in plan.distributions
                      if o.distribution not in excluded}
@@ -212,7 +227,8 @@ def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
         },
         "external_kernels": {name: _kernels(ks) for name, ks in sorted(external.items())},
         **switches,
-        "contents": contents_of(distributions, on_disk=on_disk),
+        "contents": contents_of(distributions, on_disk=on_disk,
+                                references=modules_by_distribution(plan)),
     }
 
 
@@ -263,9 +279,13 @@ def read_lock(path: PathLike) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         found = data.get("lock_version") if isinstance(data, dict) else None
-        older = (" (an older opregistry's lock: it records names and versions, not the "
-                 "content of the installed files)"
-                 if isinstance(found, int) and found < LOCK_VERSION else "")
+        older = ""
+        if isinstance(found, int) and found < 3:
+            older = (" (an older opregistry's lock: it records names and versions, not the "
+                     "content of the installed files)")
+        elif found == 3:
+            older = (" (an older opregistry's lock: it leaves out the files of modules the "
+                     "plan references outside a distribution's own file list)")
         raise LockMismatchError(
             f"lockfile {str(p)!r} has lock_version {found!r}{older}, this opregistry reads "
             f"{LOCK_VERSION}; regenerate it with 'opregistry lock -o {p}'"
@@ -434,20 +454,25 @@ def _left_out_contents(locked: Mapping[str, Any], current: Mapping[str, Any]) ->
     out = []
     for name, dist in sorted(installed(missing).items()):
         if dist.version == versions[name]:
-            out += file_differences(name, recorded[name], contents(dist), "in the lockfile",
+            here = contents(dist, references=recorded[name].get("references", ()))
+            out += file_differences(name, recorded[name], here, "in the lockfile",
                                     "in this environment")
     return out
 
 
-def verify_plan(path: PathLike, plan: Plan) -> str:
+def verify_plan(path: PathLike, plan: Plan, *, uncovered: list[str] | None = None) -> str:
     """Check that ``plan`` is the registry recorded in the lockfile ``path``.
 
     Returns the fingerprint when they agree; raises
     :class:`~opregistry.LockMismatchError` listing every difference otherwise.
     :func:`opregistry.verify_lock` is this, with the current plan as default.
+    ``uncovered``, when given, receives the files neither side could hash
+    (:func:`not_covered`): what the comparison could not prove.
     """
     locked = read_lock(path)
     current = lock_data(plan, on_disk=True)
+    if uncovered is not None:
+        uncovered.extend(sorted(set(not_covered(locked)) | set(not_covered(current))))
     differences = diff_lock(locked, current)
     differences += _left_out_contents(locked, current)
     recorded = locked.get("fingerprint")

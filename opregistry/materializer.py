@@ -18,7 +18,7 @@ import contextlib
 import gc
 import sys
 from types import ModuleType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import attrs
 from attrs import define, field
@@ -27,6 +27,7 @@ from . import guard
 from .config import Policy
 from .errors import MaterializationError
 from .containment import contain
+from .imports import after_import
 from .logs import get_logger
 from .kinds import DeviceKernel
 from .model import Origin, Problem, describe_ref
@@ -57,9 +58,26 @@ class Materialized:
     ops: list[str] = field(factory=list)
     problems: list[Problem] = field(factory=list)
     failed: dict[str, Origin] = field(factory=dict)
+    #: unloaded: registrations still waiting for a package's import are dropped
+    destroyed: bool = False
+
+    def roll_back(self, origin: Origin, ops: Iterable[str], problem: Problem) -> None:
+        """Unregister one distribution after the fact (``ops``: those it defined), with its problem.
+
+        For a verdict reached once registration is over (its code changed
+        opregistry's own state while it ran: :mod:`opregistry.seal`).
+        """
+        for lib in reversed(self.libraries.pop(origin.distribution, [])):
+            destroy_library(lib)
+        gone = set(ops)
+        self.ops[:] = [op for op in self.ops if op not in gone]
+        process().defined.difference_update(gone)
+        self.failed[origin.distribution] = origin
+        self.problems.append(problem)
 
     def destroy(self) -> None:
         """Unregister everything, in reverse order of registration."""
+        self.destroyed = True
         for libs in reversed(list(self.libraries.values())):
             for lib in reversed(libs):
                 destroy_library(lib)
@@ -188,6 +206,11 @@ def _counting() -> bool:
 _MISSING = object()
 
 
+def _imported_in_full(module: str) -> bool:
+    loaded = sys.modules.get(module)
+    return loaded is not None and not guard.initializing(loaded)
+
+
 def _read(ref: Any, must_call: bool) -> Any:
     """What ``ref`` names when its module is imported in full already; ``_MISSING`` otherwise.
 
@@ -246,10 +269,11 @@ class _Importer:
         payload = kernel.payload
         changes = {}
         read = self.read
-        for name, must_call in payload.kind.references:
+        for name, want in payload.kind.references:
             ref = getattr(payload, name)
             if ref is None:
                 continue
+            must_call = want != "object"
             value = read.get((ref, must_call), _MISSING) if isinstance(ref, str) else ref
             if value is _MISSING:
                 value, problem = self.reference(ref, kernel, must_call)
@@ -289,6 +313,25 @@ class _Importer:
                                       outcome.error, kernel.op, kernel.key,
                                       guard.raised_at(outcome.error) or kernel.source)
         return outcome.result, error
+
+
+def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, what: str | None,
+                  **registration: Any) -> Problem | None:
+    """Call ``backend``'s materialize ``hook``, contained: ``None``, or the problem that fails it.
+
+    ``culprit``: the kernel whose distribution fails; ``what`` names the
+    registration in the message (``None``: the culprit kernel's, made only
+    on failure -- thousands of kernels succeed).
+    """
+    with registering():
+        done, exc = contain(hook, **registration)
+    if exc is None and not done:
+        exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
+    if exc is not None:
+        what = what or f"the {culprit.key} kernel of {culprit.op}"
+        return load_failure(culprit.origin, f"registering {what} (backend {backend})", exc,
+                            culprit.op, culprit.key, culprit.source)
+    return None
 
 
 class Executor:
@@ -362,6 +405,10 @@ class Executor:
 
     def _register(self, step: Step) -> Problem | None:
         op, planned = step.subject
+        if planned.after and not _imported_in_full(planned.after):
+            # a kernel for a package's op: once the package registered its own, or it wins
+            self._defer(step, planned)
+            return None
         kernel = planned.kernel
         payload, problem = self.importer.payload(kernel)
         if problem is not None:
@@ -371,11 +418,41 @@ class Executor:
             primary = kernel.kind.primary
             payload = attrs.evolve(payload, **{primary: counted(
                 kernel.op, kernel.key, label, getattr(payload, primary))})
-        # the message is made only if the backend fails: thousands of kernels succeed
-        return self._call_backend(planned.backend, kernel, None,
-                                  library=self.libs[step.origin.distribution].get(step.namespace),
-                                  op=op.op if op else None, kernel=kernel, payload=payload,
-                                  fn=getattr(payload, payload.kind.primary))
+        return _call_backend(self.materializers[planned.backend], planned.backend, kernel, None,
+                             library=self.libs[step.origin.distribution].get(step.namespace),
+                             op=op.op if op else None, kernel=kernel, payload=payload,
+                             fn=getattr(payload, payload.kind.primary))
+
+    def _defer(self, step: Step, planned: Any) -> None:
+        """Register ``step`` right after the package registers its own kernel for the key
+        (seen by the recorder), or after its module is imported (a C++ kernel): the first."""
+        done: list[bool] = []
+
+        def once(*_: Any) -> None:
+            if not done:
+                done.append(True)
+                self._register_late(step)
+
+        kernel = planned.kernel
+        slots = [(kernel.op, kernel.key)] + ([(kernel.op, "Fake")] if kernel.key == "Meta" else [])
+        for slot in slots:
+            process().after_registration.setdefault(slot, []).append(once)
+        after_import(planned.after, once)
+
+    def _register_late(self, step: Step) -> None:
+        """``step``, once the package whose op it targets has registered its own kernel."""
+        if step.distribution in self.failed or self.result.destroyed:
+            return
+        _, planned = step.subject
+        planned = attrs.evolve(planned, after=None)
+        problem = self._register(step._replace(subject=(step.subject[0], planned)))
+        if problem is not None:
+            process().late_problems.append(problem)
+            log.warning("a kernel registered after its package's import failed",
+                        distribution=step.origin.dist, problem=problem.message)
+            return
+        dl = self.libs[step.distribution]
+        self.result.libraries[step.distribution] = list(dl.libs.values())
 
     def _import_candidate(self, step: Step) -> Problem | None:
         planned = step.subject
@@ -411,32 +488,12 @@ class Executor:
         fn = chain(qualname, key, candidates,
                    observer(qualname, key, [c.label for c in candidates]) if self.count else None,
                    keywords=any(a.kwarg_only for a in op.parsed.arguments))
-        problem = self._call_backend(
-            alive[-1].backend, anchor, f"the {key} kernel candidates of {qualname}",
+        problem = _call_backend(
+            self.materializers[alive[-1].backend], alive[-1].backend, anchor, f"the {key} kernel candidates of {qualname}",
             library=self.libs[anchor.origin.distribution].get(anchor.namespace), op=op.op,
             kernel=attrs.evolve(anchor, payload=DeviceKernel(fn)), payload=DeviceKernel(fn), fn=fn)
         if problem is not None:
             self.failed[anchor.origin.distribution] = problem
-        return None
-
-    # -- calling backends -------------------------------------------------------------
-
-    def _call_backend(self, backend: str | None, culprit: Any, what: str | None,
-                      **registration: Any) -> Problem | None:
-        """Call ``backend``'s materialize hook, contained: ``None``, or the problem that fails it.
-
-        ``what`` names the registration in the message; ``None``: the culprit kernel's.
-        """
-        hook = self.materializers[backend]  # type: ignore[index]
-        with registering():
-            done, exc = contain(hook, **registration)
-        if exc is None and not done:
-            exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
-        if exc is not None:
-            # ``culprit``: the kernel whose distribution fails
-            what = what or f"the {culprit.key} kernel of {culprit.op}"
-            return load_failure(culprit.origin, f"registering {what} (backend {backend})", exc,
-                                culprit.op, culprit.key, culprit.source)
         return None
 
     # -- roll-back ------------------------------------------------------------------

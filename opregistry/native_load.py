@@ -140,7 +140,7 @@ def _verify_native(native: NativePlan, where: str, all_ops: frozenset[str],
                 "native-mismatch", origin, native,
                 f"{origin}: {where} was loaded but does not define {qualname}, which "
                 f"{origin.distribution} declares.{stays}",
-                f"declare what its TORCH_LIBRARY block defines, or rebuild it", op=qualname)
+                "declare what its TORCH_LIBRARY block defines, or rebuild it", op=qualname)
         if torch_state.normal_schema(found) != torch_state.normal_schema(declared):
             return _native_problem(
                 "native-mismatch", origin, native,
@@ -154,7 +154,7 @@ def _verify_native(native: NativePlan, where: str, all_ops: frozenset[str],
                 "native-mismatch", origin, native,
                 f"{origin}: {where} was loaded but registers no {key} kernel for {qualname}, "
                 f"which {origin.distribution} declares (native=[{key!r}]).{stays}",
-                f"declare the keys its TORCH_LIBRARY_IMPL blocks fill, or rebuild it",
+                "declare the keys its TORCH_LIBRARY_IMPL blocks fill, or rebuild it",
                 op=qualname, key=key)
     own = f"{ns}::"
     undeclared = sorted(op for op in all_ops if op.startswith(own) and op not in planned)

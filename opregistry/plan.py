@@ -10,7 +10,7 @@ dispatcher holds outside opregistry, read by :mod:`opregistry.torch_state`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from attrs import field, frozen
 
@@ -69,6 +69,9 @@ class KernelPlan:
     overrides: str | None = None
     #: for candidates of one (op, key): the position in the order they are tried (0 first)
     rank: int | None = None
+    #: a kernel for an op a package defines with torch.library at its own import: the
+    #: module whose import registers the package's kernel; this one is registered after it
+    after: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         k = self.kernel

@@ -46,7 +46,6 @@ from . import inputs
 from .codec import (FORMAT, Decoder, Encoder, Uncacheable, decode_query, encode_environment,
                     encode_query)
 from .config import CONFIG_VAR, Settings
-from .discovery import BACKENDS_GROUP
 from .diskcache import DiskCache
 from .errors import DOCS_URL
 from .environment import Environment, TorchState, environment_query, read_query
@@ -64,6 +63,8 @@ log = get_logger()
 CHECK_VAR = "OPREGISTRY_CACHE_CHECK"
 #: seconds a process waits for another that builds the same entry, then builds it too
 LOCK_TIMEOUT = 30.0
+#: the entry-point group of backends (``discovery.BACKENDS_GROUP``; discovery is a layer above)
+BACKENDS_GROUP = "opregistry.backends"
 #: the folder of the cache directory that holds the plans
 NAME = "plans"
 #: the folder that holds listings made of cached plans (``opregistry list --json``)

@@ -31,12 +31,12 @@ from .environment import Environment, TorchState, read_environment
 from .plan import KernelPlan, OpPlan, Plan
 from .plancache import PlanCache, Recorded, backends_to_load, compare, drift, reuse
 from .state import process
+from .seal import Seal
 
 __all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock",
            "check_cache", "cached_plan_id"]
 
 log = get_logger()
-
 
 
 def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterable[str] | None,
@@ -53,10 +53,42 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
 Materializers = Dict[Tuple[str, str], Callable[..., Any]]
 
 
-def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None]
-                         ) -> tuple[Materializers, Plan]:
+def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None],
+                         references: bool = False) -> tuple[Materializers, Plan]:
     with gc_paused(), interrupts_watched():
-        return _collect_and_resolve_unpaused(settings, torch_state)
+        if not references:
+            return _collect_and_resolve_unpaused(settings, torch_state)
+        # the references checked (doctor): built from the declarations, never from the cache
+        collected, resolved, env, _ = _build(settings, gate(settings), torch_state)
+        collected, resolved = _with_reference_checks(collected, resolved, settings, env)
+        return collected.materializers, resolved
+
+
+def _with_reference_checks(collected: Collected, resolved: Plan, settings: Settings,
+                           env: Environment) -> tuple[Collected, Plan]:
+    """Resolve again, leaving out each distribution with a reference that cannot be imported.
+
+    What the materializer would find at registration, found statically
+    (:func:`opregistry.plan_modules.check_references`), with the same
+    consequence: the distribution is left out whole, and what depended on it
+    with it (rule 9).  Repeated until no new problem appears: leaving one
+    out can make another's kernel the active one.
+    """
+    from .plan_modules import check_references
+
+    seen = {(p.code, p.message) for p in collected.declarations.problems}
+    while True:
+        found = [p for p in check_references(resolved) if (p.code, p.message) not in seen]
+        if not found:
+            return collected, resolved
+        # what this pass left out stays out, as registration keeps the plan's verdicts and
+        # only rolls back (a conflict is reported beside the typo, not hidden by it)
+        found += [p for p in resolved.errors if (p.code, p.message) not in seen]
+        seen.update((p.code, p.message) for p in found)
+        declarations = attrs.evolve(collected.declarations,
+                                    problems=collected.declarations.problems + tuple(found))
+        collected = attrs.evolve(collected, declarations=declarations)
+        resolved = _resolve(declarations, policy=settings.policy, environment=env)
 
 
 def _collect_and_resolve_unpaused(settings: Settings,
@@ -194,11 +226,16 @@ def _importing_plugins(caller: str) -> Iterator[None]:
 
 
 def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
-         policy: Policy | None = None) -> Plan:
+         policy: Policy | None = None, references: bool = False) -> Plan:
     """Discover, collect and resolve, without registering anything.
 
     Does not import torch.  When torch is already imported, what its
     dispatcher holds is taken into account (rules 4 and 5).
+
+    ``references=True`` also checks, statically, that every reference the
+    materializer would import names a module and an attribute that exist
+    (``kernel-ref-missing``, ``kernel-ref-invalid``), leaving out what
+    registration would: what ``opregistry doctor`` does.
     """
     settings = _settings(None, plugins, block, policy)
 
@@ -211,7 +248,7 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
     # plugins are imported here too: one that calls load() at import must meet
     # the same refusal as under load(), not start registering from inside plan()
     with process().lock, _importing_plugins("plan"):
-        return _collect_and_resolve(settings, torch_state)[1]
+        return _collect_and_resolve(settings, torch_state, references)[1]
 
 
 def _snapshot() -> TorchState:
@@ -239,7 +276,9 @@ class Registry:
 
     @property
     def problems(self) -> tuple[Problem, ...]:
-        return self.loaded.problems
+        """Every problem: the plan's, registration's, and those of kernels registered after a
+        package's import (a kernel for an op the package defines with torch.library)."""
+        return self.loaded.problems + tuple(process().late_problems)
 
     @property
     def ops(self) -> tuple[OpPlan, ...]:
@@ -247,7 +286,7 @@ class Registry:
 
     @property
     def errors(self) -> tuple[Problem, ...]:
-        return self.loaded.errors
+        return tuple(p for p in self.problems if p.severity == "error")
 
     @property
     def namespaces(self) -> tuple[str, ...]:
@@ -451,8 +490,10 @@ def _load(settings: Settings) -> Registry:
     materializers, resolved = _collect_and_resolve(settings, _snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
+    seal = Seal()  # kernel modules and backends run now: opregistry's own state is sealed
     with interrupts_watched():
         materialized = materialize(resolved, materializers, settings.policy)
+    _undo_state_changes(seal, resolved, materialized)
     if settings.strict and materialized.problems:
         materialized.destroy()
         raise ResolutionError(materialized.problems)
@@ -463,6 +504,63 @@ def _load(settings: Settings) -> Registry:
                         hint=elide(problem.hint))
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
     return registry
+
+
+def _undo_state_changes(seal: Seal, resolved: Plan, materialized: Materialized) -> None:
+    """Put back what registration's third-party code changed of opregistry; roll its author back.
+
+    The author is the distribution owning the file of the code that made the
+    change (a kernel module is its distribution's, wherever it lies); with
+    none, the problem names nobody and nothing is rolled back.  The
+    distributions whose kernels are for the rolled-back one's ops go with it.
+    """
+    changes = seal.check()
+    if not changes:
+        return
+    from .ownership import Owners, change_culprit, state_problem
+    from .plan_modules import modules_by_distribution
+
+    origins = {o.distribution: o for o in resolved.distributions}
+    owners = Owners([], files=_reference_files(modules_by_distribution(resolved), origins))
+    culprit = change_culprit(changes, None, owners)
+    if culprit is None:
+        materialized.problems.append(state_problem(None, changes, "registering kernels"))
+        return
+    out = {culprit.distribution}
+    materialized.roll_back(culprit, _ops_of(resolved, out), state_problem(
+        culprit, changes, "its kernels were registered"))
+    for k in resolved.kernels():
+        origin = k.kernel.origin
+        if k.status == "active" and origin is not None and origin.distribution not in out and \
+                k.kernel.op in _ops_of(resolved, {culprit.distribution}):
+            out.add(origin.distribution)
+            materialized.roll_back(origin, _ops_of(resolved, {origin.distribution}), Problem(
+                code="materialize-dependency-failed",
+                message=f"{origin}: left out because the op {k.kernel.op} it implements was "
+                        f"rolled back with {culprit.dist}", hint=f"fix {culprit.distribution} first",
+                culprits=(origin,), op=k.kernel.op, key=k.kernel.key))
+
+
+def _ops_of(plan: Plan, distributions: set[str]) -> list[str]:
+    return [op.op.qualname for op in plan.ops
+            if op.op.origin is not None and op.op.origin.distribution in distributions]
+
+
+def _reference_files(modules: dict[str, set[str]], origins: dict[str, Any]) -> dict[str, Any]:
+    """file -> the distribution whose plan references the module it belongs to."""
+    import os
+
+    from .locate import locate_module
+
+    files = {}
+    for dist, names in modules.items():
+        for module in names:
+            if module.startswith(("file:", "path:")) or dist not in origins:
+                continue
+            found = locate_module(module).file
+            if found is not None:
+                files.setdefault(os.path.abspath(found), origins[dist])
+    return files
 
 
 def cached_plan_id() -> str | None:

@@ -589,11 +589,16 @@ def check_report(plan: Plan, results: Sequence[CheckResult], *,
 
 
 def verify_report(lockfile: str, *, fingerprint: str | None = None,
-                  differences: Sequence[str] = (), error: str | None = None) -> dict[str, Any]:
-    """``opregistry verify --json``: ``ok`` when this environment resolves the locked registry."""
+                  differences: Sequence[str] = (), error: str | None = None,
+                  not_covered: Sequence[str] = ()) -> dict[str, Any]:
+    """``opregistry verify --json``: ``ok`` when this environment resolves the locked registry.
+
+    ``not_covered``: ``dist: what`` for each file neither the lock nor this
+    environment could hash (``ok`` does not prove those).
+    """
     return {"format_version": FORMAT_VERSION, "ok": not differences and error is None,
             "lockfile": lockfile, "fingerprint": fingerprint, "differences": list(differences),
-            "error": error}
+            "error": error, "not_covered": list(not_covered)}
 
 
 def cache_report(settings: Any = None) -> dict[str, Any]:

@@ -514,8 +514,8 @@ class _Types(_Tokens):
         for word in ("torch", "classes"):
             self.expect(".")
             if self.next() != word:
-                raise self.error(f"a custom class type is written __torch__.torch.classes.NS."
-                                 f"Class", at=self.i - 1)
+                raise self.error("a custom class type is written __torch__.torch.classes.NS."
+                                 "Class", at=self.i - 1)
         self.expect(".")
         ns = self.ident("a custom class namespace")
         self.expect(".", "'.' and the class name")
@@ -1017,7 +1017,7 @@ def _check_out(schema: Schema, bad: Callable[[str, str], SchemaError]) -> None:
             name = written.name
             raise bad("out", f"must return '{arg.name}' as "
                              + (f"'Tensor({name}!)'" if name else "the same alias set: annotate "
-                                f"both 'Tensor(a!)' ('Tensor!' gives each its own set)"))
+                                "both 'Tensor(a!)' ('Tensor!' gives each its own set)"))
 
 
 def _check_inplace(schema: Schema, bad: Callable[[str, str], SchemaError]) -> None:

@@ -25,6 +25,7 @@ from attrs import frozen
 
 from .conditions import Condition
 from .containment import must_propagate
+from .references import describe_ref
 from .state import process
 
 __all__ = ["chain", "Step", "counted", "observer", "kernel_counts", "KernelCounts",
@@ -58,7 +59,7 @@ def _declined(label: str, qualname: str) -> Callable[[BaseException], bool]:
             import warnings
 
             warnings.warn(
-                f"opregistry: the per-call condition of {label} for {qualname} raised "
+                f"opregistry: the predicate {label} for {qualname} raised "
                 f"{type(exc).__name__}: {exc}; the next candidate serves the call (and every "
                 f"call it raises on; reported once)", RuntimeWarning, stacklevel=3)
         return False
@@ -67,8 +68,12 @@ def _declined(label: str, qualname: str) -> Callable[[BaseException], bool]:
 
 
 def _contained(predicate: Callable[..., Any], label: str, qualname: str) -> Callable[..., bool]:
-    """``predicate``, an exception from which declines the call instead of failing it."""
-    declined = _declined(label, qualname)
+    """``predicate``, an exception from which declines the call instead of failing it.
+
+    The warning names the predicate (``module:function``) and the candidate it
+    guards: the function whose bug it is, and the kernel that did not serve.
+    """
+    declined = _declined(f"{describe_ref(predicate)} of the candidate {label}", qualname)
 
     def accepts(*args: Any, **kwargs: Any) -> bool:
         try:
@@ -106,7 +111,7 @@ def _predicate_or_fallback(qualname: str, first: Step, fallback: Callable[..., A
     """The common case, a fast kernel with a predicate and a fallback: one predicate call
     per call, the exception handling inline (free in Python >= 3.11)."""
     predicate, fast = first.predicate, first.fn
-    declined = _declined(first.label, qualname)
+    declined = _declined(f"{describe_ref(predicate)} of the candidate {first.label}", qualname)
     assert predicate is not None
 
     if keywords:
@@ -182,8 +187,10 @@ def counting_forced() -> bool:
 def counted(qualname: str, key: str, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, counting its calls under (``qualname``, ``key``, ``label``)."""
     slot = (qualname, key, label)
-    calls = process().calls
+    state = process()
+    calls = state.calls
     calls.setdefault(slot, 0)
+    state.counting_registered += 1
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         calls[slot] += 1
@@ -202,6 +209,7 @@ def observer(qualname: str, key: str, labels: Sequence[str]) -> Callable[[int], 
         calls.setdefault(slot, 0)
     pair = (qualname, key)
     fallbacks.setdefault(pair, 0)
+    state.counting_registered += 1
 
     def observe(index: int) -> None:
         calls[slots[index]] += 1
@@ -224,15 +232,16 @@ class KernelCounts:
         self.counting = False
         self._start: dict[Any, int] = {}
         self._start_fallbacks: dict[Any, int] = {}
+        self._registered_before = 0
         self.rows: list[tuple[str, str, str, int, int]] = []
 
     def _begin(self) -> None:
         state = process()
         self._start, self._start_fallbacks = dict(state.calls), dict(state.fallbacks)
+        self._registered_before = state.counting_registered
 
     def _end(self) -> None:
         state = process()
-        self.counting = bool(state.calls)
         self.rows = []
         for (op, key, label), n in sorted(state.calls.items()):
             calls = n - self._start.get((op, key, label), 0)
@@ -240,6 +249,11 @@ class KernelCounts:
                          - self._start_fallbacks.get((op, key), 0))
             if calls:
                 self.rows.append((op, key, label, calls, fallbacks))
+        # counting, for this block: its calls reached counting kernels, it loaded counting,
+        # or the switch says every load counts -- not whether some earlier load in the
+        # process counted (the counters are process-wide)
+        self.counting = bool(self.rows) or state.counting_registered > self._registered_before \
+            or _switch_on()
 
     def table(self) -> str:
         if not self.counting:
@@ -253,6 +267,17 @@ class KernelCounts:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _switch_on() -> bool:
+    import os
+
+    from .config import COUNTS_VAR, parse_flag
+
+    try:
+        return parse_flag(os.environ.get(COUNTS_VAR), False, COUNTS_VAR)
+    except Exception:  # noqa: BLE001 - an invalid value is reported where it is read at load
+        return False
 
 
 class kernel_counts:  # noqa: N801 - a context manager, used as ``with opregistry.kernel_counts()``

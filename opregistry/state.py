@@ -39,6 +39,9 @@ class _PerThread(threading.local):
         self.watches: list[Any] = []
         #: opregistry itself is registering (its own registrations are not recorded)
         self.registering = False
+        #: per guard.run of code that may import torch: the watch torch's arrival starts
+        #: (opregistry.guard.torch_arrived), innermost last
+        self.torch_watches: list[list[Any]] = []
 
 
 class ProcessState:
@@ -53,6 +56,14 @@ class ProcessState:
         self.loading = False
         #: ops defined through opregistry by a live registry (``ns::name[.overload]``)
         self.defined: set[str] = set()
+        #: module name -> what waits for its import to finish (opregistry.imports)
+        self.after_import: dict[str, list[Callable[[Any], None]]] = {}
+        #: ``(op, slot)`` -> what waits for a package to register it (the Recorder runs it
+        #: right after the package's own registration)
+        self.after_registration: dict[tuple[str, str], list[Callable[[], None]]] = {}
+        #: problems of registrations made after the load (a kernel for a package's op,
+        #: registered once the package is imported)
+        self.late_problems: list[Any] = []
         #: the ``file:line`` torch records for opregistry's own ``Library`` objects (their
         #: declarations'): a kernel registered there is opregistry's, not a replacement
         self.library_sites: set[str] = set()
@@ -68,6 +79,9 @@ class ProcessState:
         self.fallbacks: dict[tuple[str, str], int] = {}
         #: open ``kernel_counts()`` blocks (the next load registers counting while > 0)
         self.counting_blocks = 0
+        #: counting kernels and chains registered so far (a block that saw it grow loaded
+        #: counting, whatever earlier loads in the process did)
+        self.counting_registered = 0
         self.counts_printed_at_exit = False
         #: a real SIGINT arrived while third-party code ran (opregistry.containment)
         self.interrupted = threading.Event()

@@ -365,6 +365,20 @@ _SLOTS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str]] = {
 }
 
 
+#: Library methods whose ``_stacklevel`` argument (3rd) says where torch reads the
+#: registering line (``torch._library.utils.get_source``)
+_STACKLEVEL = {"_register_fake": 2}
+
+
+def _one_frame_deeper(args: tuple[Any, ...], kwargs: dict[str, Any]
+                      ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``_register_fake``'s arguments with ``_stacklevel`` one frame deeper (this wrapper's)."""
+    index = _STACKLEVEL["_register_fake"]
+    if len(args) > index:
+        return (*args[:index], args[index] + 1, *args[index + 1:]), kwargs
+    return args, {**kwargs, "_stacklevel": kwargs.get("_stacklevel", 1) + 1}
+
+
 class Recorder:
     """Records every registration Python code makes through ``torch.library.Library``.
 
@@ -427,8 +441,12 @@ class Recorder:
 
     def _wrap(self, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
         slot_of = _SLOTS[method]
+        # torch reads its caller's line this many frames up: one more through this wrapper
+        deeper = method in _STACKLEVEL
 
         def recording(library: Any, *args: Any, **kwargs: Any) -> Any:
+            if deeper:
+                args, kwargs = _one_frame_deeper(args, kwargs)
             result = original(library, *args, **kwargs)
             thread = process().thread
             if not thread.registering and args:
@@ -457,6 +475,10 @@ class Recorder:
             self.sites[(registration.op, registration.slot)] = registration.site
         for watch in thread.watches:
             watch.events.append(registration)
+        waiting = process().after_registration
+        if waiting:  # an override opregistry holds back until the package registered its own
+            for callback in waiting.pop((registration.op, registration.slot), ()):
+                callback()
 
 
 

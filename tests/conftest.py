@@ -235,3 +235,39 @@ def native_test_library(native_libraries: dict[str, Path]) -> Path:
 def native_rival_library(native_libraries: dict[str, Path]) -> Path:
     """A second ``TORCH_LIBRARY(extension_cpp)``: the example package's namespace, claimed again."""
     return native_libraries["rival"]
+
+
+#: real packages from the index that register ops with torch.library at their own import
+REAL_PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
+
+
+@pytest.fixture(scope="session")
+def real_packages() -> Path:
+    """:data:`REAL_PINS`, installed once per machine under the temporary directory.
+
+    ``pip install --no-deps --target``: they never pull another torch (bitsandbytes
+    needs numpy and packaging at import, which the development environment has).
+    """
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
+        p.replace("==", "-") for p in REAL_PINS)
+    if (root / ".complete").exists():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".install-", dir=root.parent))
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          "--disable-pip-version-check", "--target", str(work), *REAL_PINS],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, (f"could not install {' '.join(REAL_PINS)} from the index:\n"
+                                 f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    (work / ".complete").touch()
+    try:
+        os.replace(work, root)  # atomic: a concurrent session's copy, if any, wins
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+    return root
+

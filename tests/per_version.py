@@ -1,14 +1,16 @@
 """What the installed example distributions do on the torch that runs the tests.
 
 The suite runs on the pinned torch and, in CI's compatibility pass, on the
-floor and the newest release of the supported range.  nnkit's
-``silu_and_mul.out`` is tagged ``out``, a ``torch.Tag`` from torch 2.13: on an
-older torch the resolver refuses nnkit whole (``op-tag-needs-newer-torch``),
-and nnkit-contrib, whose kernels are for nnkit's ops, with it
-(``kernel-for-undefined-op``).  The expectations here are derived from the
-same facts the resolver uses -- the tags nnkit declares and the installed
-torch's tags (``keys.installed_torch()``) -- so a test that uses them still
-fails if opregistry refuses too much, too little, or says it differently.
+floor and the newest release of the supported range.  nnkit declares
+``silu_and_mul.out``, tagged ``out`` (a ``torch.Tag`` from torch 2.13), only
+where the installed torch has that tag, so it loads on every supported
+release; were it to declare a tag the installed torch lacks, the resolver would refuse nnkit
+whole (``op-tag-needs-newer-torch``), and nnkit-contrib, whose kernels are for
+nnkit's ops, with it (``kernel-for-undefined-op``).  The expectations here are
+derived from the same facts the resolver uses -- the tags nnkit declares and
+the installed torch's tags (``keys.installed_torch()``) -- so a test that uses
+them still fails if opregistry refuses too much, too little, or says it
+differently.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from opregistry.keys import installed_torch, tag_since
 _FACTS = installed_torch()
 assert _FACTS is not None, "the tests run with torch installed"
 TORCH = _FACTS.version
+#: the installed torch's tags (torch.Tag members), read from its files
+TORCH_TAGS: frozenset[str] = _FACTS.tags
+
+
+def release() -> tuple[int, int]:
+    """The installed torch's ``(major, minor)``."""
+    return _FACTS.release
 
 
 def _nnkit_tags() -> frozenset[str]:

@@ -54,11 +54,15 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 @functools.lru_cache(maxsize=None)
-def _imports(path: Path, *, runtime_only: bool) -> list[tuple[str, list[str]]]:
-    """``(module, names)`` for every import in ``path``, relative imports made absolute."""
+def _imports(path: Path, *, runtime_only: bool, name: str | None = None
+             ) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` for every import in ``path``, relative imports made absolute.
+
+    ``name``: the module's name, when ``path`` is not where it lives (a test's copy).
+    """
     tree = ast.parse(path.read_text(), str(path))
     nodes = _runtime_nodes(tree) if runtime_only else list(ast.walk(tree))
-    here = _module_name(path)
+    here = name or _module_name(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found = []
     for node in nodes:
@@ -84,24 +88,43 @@ def test_module_map_names_every_module():
     assert set(_layers()) == set(_modules())
 
 
-def test_imports_follow_the_layers():
-    """Each module imports only modules of a lower layer: the imports form a DAG."""
-    layers = _layers()
+def _layer_violations(modules: dict[str, Path], layers: dict[str, int]) -> list[str]:
+    """Every import of ``modules`` (name -> file) of a module of the same or a higher layer."""
     wrong = []
-    for name, path in sorted(_modules().items()):
-        for module, _ in _imports(path, runtime_only=True):
+    for name, path in sorted(modules.items()):
+        for module, _ in _imports(path, runtime_only=True, name=name):
             if module in layers and module != name and layers[module] >= layers[name]:
                 wrong.append(f"{name} (layer {layers[name]}) imports {module} "
                              f"(layer {layers[module]})")
+    return wrong
+
+
+def test_imports_follow_the_layers():
+    """Each module imports only modules of a lower layer: the imports form a DAG."""
+    wrong = _layer_violations(_modules(), _layers())
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_layers_forbid_a_cycle():
-    """The check can fail: an upward import (the lockfile reaching for the registry) is caught."""
+def test_the_layers_forbid_a_cycle(tmp_path):
+    """The checker itself fails on an upward import: the lockfile reaching for the registry --
+    at module level, inside a function, relative or absolute -- but not under TYPE_CHECKING."""
     layers = _layers()
     assert layers["opregistry.lockfile"] < layers["opregistry.registry"]
-    assert layers["opregistry.torch_state"] < layers["opregistry.materializer"]
-    assert layers["opregistry.resolver"] > layers["opregistry.resolver.context"]
+    real = _modules()["opregistry.lockfile"]
+    for bad, caught in (("from .registry import plan\n", True),
+                        ("def f():\n    from .registry import load\n", True),
+                        ("import opregistry.registry\n", True),
+                        ("def f():\n    from . import registry\n", True),
+                        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                         "    from .registry import Registry\n", False),
+                        ("from .model import Origin\n", False)):
+        copy = tmp_path / f"case{len(list(tmp_path.iterdir()))}" / "lockfile.py"
+        copy.parent.mkdir()
+        copy.write_text(real.read_text() + "\n" + bad)
+        found = _layer_violations({**_modules(), "opregistry.lockfile": copy}, layers)
+        expected = [f"opregistry.lockfile (layer {layers['opregistry.lockfile']}) imports "
+                    f"opregistry.registry (layer {layers['opregistry.registry']})"]
+        assert (found == expected) is caught, (bad, found)
 
 
 @pytest.mark.parametrize("module", sorted(_modules()))
@@ -264,3 +287,15 @@ def _imports_of(path: Path, module: str) -> list[str]:
                     "importlib.") and any(a.name == module.split(".")[1] for a in node.names))):
             hits.append(f"line {node.lineno}")
     return hits
+
+
+def test_no_undefined_name_or_unused_import():
+    """pyflakes' rules (ruff ``F``) over the core, plugins, examples, benchmarks and tests."""
+    import subprocess
+    import sys
+
+    dirs = ["opregistry", "plugins", "examples", "benchmarks", "tests"]
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F", "--no-cache",
+                           "--output-format", "concise", *dirs],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -118,8 +118,11 @@ def test_a_raising_predicate_declines_and_warns_once(dists, ns) -> None:
     registry = load(dists)
     assert not registry.errors, registry.errors
     op = getattr(torch.ops, ns).scale
-    with pytest.warns(RuntimeWarning, match="raised ValueError: bug in a predicate"):
+    with pytest.warns(RuntimeWarning, match="raised ValueError: bug in a predicate") as caught:
         assert torch.equal(op(torch.ones(2)), torch.full((2,), 2.0))
+    # the predicate is named (the function with the bug), and the candidate it guards
+    [message] = [str(w.message) for w in caught if "bug in a predicate" in str(w.message)]
+    assert "the predicate cand_fast:broken of the candidate cand_fast:fast" in message
     import warnings
 
     with warnings.catch_warnings():

@@ -504,20 +504,28 @@ def test_cli_doc_torchrun_example_runs(tmp_path):
 
 
 def test_list_into_a_closed_pipe_is_quiet():
-    """`opregistry list | head -1` ends without a BrokenPipeError traceback."""
+    """`opregistry list | head -1` ends without a BrokenPipeError traceback.
+
+    The pipe's reading end is closed before the child starts, so its very
+    first write fails (EPIPE): the child does write into a closed pipe, however
+    little it prints -- reading a line and then closing, as ``head`` does,
+    would let a short listing fit whole in the pipe's buffer and never fail.
+    """
     import os
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "opregistry", "list"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stdout is not None and proc.stderr is not None
-    first = proc.stdout.readline()
-    proc.stdout.close()  # what `head -1` does after its line
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == 0, err
-    assert first.startswith(b"Backends")
-    assert "BrokenPipeError" not in err and "Traceback" not in err
+    read, write = os.pipe()
+    os.close(read)  # `head` already gone
+    try:
+        proc = subprocess.run([sys.executable, "-m", "opregistry", "list"], stdout=write,
+                              stderr=subprocess.PIPE, timeout=120,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        os.close(write)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "BrokenPipeError" not in err and "Traceback" not in err and "Exception" not in err
 
 
 # -- issue 17: one command line, one JSON, text that fits ------------------------------------
@@ -595,6 +603,30 @@ def test_exit_status_table_is_the_code_and_every_command_follows_it(tmp_path, ca
                  ["show", "nosuch::op"], ["check", "nosuch::op", "-q"], ["help", "nosuch"],
                  ["completion", "tcsh"], ["completion"]):
         assert main(argv) == 2, argv
+    capsys.readouterr()
+
+
+def test_every_case_the_exit_table_names(tmp_path, capsys, monkeypatch, dists, ns):
+    """Each case the rows of the exit table list exits as the table says (0, 1 and 2)."""
+    from .conftest import op_dist
+
+    for text in (None, "{not json", json.dumps({"lock_version": 3}), json.dumps({"x": 1})):
+        lockfile = tmp_path / f"unusable{hash(text)}.lock"
+        if text is not None:
+            lockfile.write_text(text)
+        assert main(["verify", str(lockfile)]) == 1, text
+        assert main(["verify", "--json", str(lockfile)]) == 1, text
+    assert main(["lock", "-o", str(tmp_path / "no" / "such" / "dir.lock")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    op_dist(dists, "broken", ns, "lib.define('f(Tensr x) -> Tensor')\n")
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, *dists.names]))
+    assert main(["lock", "-o", str(tmp_path / "errors.lock")]) == 1  # errors, no --force
+    assert main(["lock", "--force", "-o", str(tmp_path / "errors.lock")]) == 0
+    monkeypatch.setenv("OPREGISTRY_STRICT", "ture")
+    for argv in (["list"], ["show", "x::y"], ["plugins"], ["lock", "-o", "-"],
+                 ["verify", str(tmp_path / "errors.lock")]):
+        assert main(argv) == 2, argv
+    assert main(["doctor"]) == 1
     capsys.readouterr()
 
 

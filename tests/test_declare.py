@@ -73,7 +73,10 @@ def test_decorator_style_infers_schema_and_loads(dists, ns):
 
 
 def test_define_records_kernels_by_canonical_key():
+    import inspect
+
     lib = OpLibrary("recorded")
+    defined_at = inspect.currentframe().f_lineno + 1  # the line of the define() call, below
     lib.define("f(Tensor x) -> Tensor", kernels={"cpu": "m:f", "cuda": "m:g"}, fake="m:fake",
                autograd=("m:bw", "m:setup"), vmap="m:vmap")
     keys = {k.key: k for k in lib.opregistry_kernels()}
@@ -81,8 +84,11 @@ def test_define_records_kernels_by_canonical_key():
     assert keys["Autograd"].payload.setup_context == "m:setup"
     [ns] = lib.opregistry_namespaces()
     assert (ns.name, ns.kind) == ("recorded", "DEF")
+    assert ns.source == f"{__file__}:{defined_at - 2}", "the OpLibrary(...) line"
     [op] = lib.opregistry_ops()
-    assert op.source and op.source.endswith("test_declare.py:" + str(op.source.rsplit(":", 1)[1]))
+    # the author's line, computed here, not read from the value under test
+    assert op.source == f"{__file__}:{defined_at}"
+    assert {k.source for k in keys.values()} == {op.source}, "each kernel: the same line"
 
 
 def test_define_twice_is_refused_with_both_places():

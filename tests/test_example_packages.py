@@ -39,6 +39,10 @@ NNKIT_OPS = {
     "nnkit::gelu_and_mul": "nnkit-contrib==0.1.0",
     "nnkit::fused_add_rms_norm": "nnkit-contrib==0.1.0",
 }
+#: nnkit declares its out= overload where torch has torch.Tag.out (2.13+, docs/op-authors.md)
+HAS_OUT_OVERLOAD = "out" in per_version.TORCH_TAGS
+if not HAS_OUT_OVERLOAD:
+    del NNKIT_OPS["nnkit::silu_and_mul.out"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -90,7 +94,7 @@ def test_declarations_import_neither_torch_nor_kernels():
     )
     proc = _run("-c", code)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "7"
+    assert proc.stdout.strip() == ("7" if HAS_OUT_OVERLOAD else "6")  # .out: torch >= 2.13
 
 
 def test_cuda_kernel_modules_are_not_imported_without_gpu(installed):
@@ -150,9 +154,12 @@ def test_silu_and_mul_and_its_out_overload(installed):
     expected = F.silu(x[..., :5]) * x[..., 5:]
     torch.testing.assert_close(torch.ops.nnkit.silu_and_mul(x), expected)
     out = torch.empty(2, 3, 5, dtype=torch.double)
-    returned = torch.ops.nnkit.silu_and_mul.out(x, out=out)
-    assert returned is out
-    torch.testing.assert_close(out, expected)
+    if HAS_OUT_OVERLOAD:
+        returned = torch.ops.nnkit.silu_and_mul.out(x, out=out)
+        assert returned is out
+        torch.testing.assert_close(out, expected)
+    else:  # torch < 2.13 cannot compile an op returning the tensor it mutates: not declared
+        assert not hasattr(torch.ops.nnkit.silu_and_mul, "out")
     torch.testing.assert_close(torch.vmap(torch.ops.nnkit.silu_and_mul, in_dims=2)(
         x.movedim(0, 2)), expected)
     with pytest.raises(RuntimeError, match="last dimension of x must be even"):
@@ -204,7 +211,10 @@ def test_nms_compiles_with_a_data_dependent_size(installed):
         return scores[torch.ops.nnkit.nms(boxes, scores, 0.3)]
 
     torch._dynamo.reset()
-    got = kept_scores(boxes, scores)
+    # torch 2.8 traces a data-dependent output size only with this switch (docs/op-authors.md)
+    with torch._dynamo.config.patch(
+            capture_dynamic_output_shape_ops=per_version.release() < (2, 13)):
+        got = kept_scores(boxes, scores)
     assert counter.frame_count == 1
     torch.testing.assert_close(got, scores[_reference_nms(boxes, scores, 0.3)])
 

@@ -566,6 +566,79 @@ def edited_after_lock_in_locked_mode(env: Env) -> Fault:
                  entry_point=False)
 
 
+def kernel_module_edited_after_lock_in_locked_mode(env: Env) -> Fault:
+    """Locked mode: a kernel module of its own beside the package (no RECORD), edited after the
+    lock: refused before anything of the distribution is imported."""
+    d = env.op_dist("kedited", define("foo", kernels="{'cpu': 'NS_kedited:k'}"),
+                    modules={"NS_kedited": "def k(x):\n    return x.clone()\n"})
+    from opregistry.lockfile import write_lock
+
+    lock = env.dists.root / "opregistry.lock"
+    write_lock(plan(env.dists, plugins=scope(env)), lock)
+    kernels = env.dists.root / f"{env.ns}_kedited.py"
+    kernels.write_text(kernels.read_text().replace(
+        "return x.clone()", "__import__('os').system('true'); return x.clone()"))
+    env.request.getfixturevalue("monkeypatch").setenv("OPREGISTRY_LOCK", str(lock))
+    declarations = env.module_name(d)
+    sys.modules.pop(declarations)  # imported by the plan that was locked
+
+    def unchanged() -> None:
+        assert declarations not in sys.modules, "the declarations module was imported"
+        assert f"{env.ns}_kedited" not in sys.modules, "the edited kernel module was imported"
+
+    return Fault({d}, absent=(env.op("foo"),), says=f"{kernels.name} changed",
+                 unchanged=unchanged, entry_point=False)
+
+
+def declares_through_another_library(env: Env) -> Fault:
+    """The plugin imports the bystander's module and declares through its OpLibrary."""
+    victim = env.module_name("bystander")
+    d = env.op_dist("bad", define("foo") + f"import {victim}\n"
+                    f"{victim}.lib.define('evil(Tensor x) -> Tensor', "
+                    f"kernels={{'cpu': '{env.kmod}:twice'}})\n")
+    return Fault({d}, absent=(env.op("foo"), f"{env.ns}ok::evil"), source=env.at(d, BODY_LINE + 2),
+                 says="through a library of bystander==1.0")
+
+
+def hook_put_on_another_library(env: Env) -> Fault:
+    """The plugin replaces the bystander's opregistry_ops with a function of its own."""
+    victim = env.module_name("bystander")
+    d = env.op_dist("bad", define("foo") + f"import {victim}\n"
+                    f"def _nothing():\n    return []\n{victim}.lib.opregistry_ops = _nothing\n")
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 says="its own opregistry_ops() on it")
+
+
+def rebinds_opregistry_at_import(env: Env) -> Fault:
+    """``opregistry.OpLibrary = None`` at import: refused, the plugin named, the rest loads."""
+    d = env.op_dist("bad", define("foo") + "import opregistry\nopregistry.OpLibrary = None\n")
+
+    def unchanged() -> None:
+        import opregistry.declare
+
+        assert opregistry.OpLibrary is opregistry.declare.OpLibrary
+
+    return Fault({d}, absent=(env.op("foo"),), source=env.at(d, BODY_LINE + 2),
+                 says="changed opregistry's own state", unchanged=unchanged)
+
+
+def kernel_module_rebinds_opregistry(env: Env) -> Fault:
+    """A kernel module rebinds opregistry's tables when registration imports it: put back, its
+    distribution rolled back."""
+    d = env.op_dist("bad", define("foo", kernels="{'cpu': 'NS_rebinds:k'}"),
+                    modules={"NS_rebinds": "import opregistry.keys\n"
+                                           "opregistry.keys.DEVICE_KEYS = {}\n"
+                                           "def k(x):\n    return x\n"})
+
+    def unchanged() -> None:
+        import opregistry.keys
+
+        assert "CPU" in opregistry.keys.DEVICE_KEYS
+
+    return Fault({d}, absent=(env.op("foo"),), source=f"{env.ns}_rebinds.py:2",
+                 says="changed opregistry's own state", unchanged=unchanged, live=True)
+
+
 def kernel_module_exits(env: Env) -> Fault:
     """A kernel module calls sys.exit(3) at import: left out, import torch goes on."""
     d = env.op_dist("exits", define("foo", kernels="{'cpu': 'NS_exits:k'}"),
@@ -654,6 +727,21 @@ def schema_keyword_as_name(env: Env) -> Fault:
     d = env.op_dist("bad", define("ok") + define("def"))
     return Fault({d}, absent=(env.op("ok"), env.op("def")), source=env.at(d, BODY_LINE + 1),
                  says="keyword")
+
+
+def op_named_like_an_attribute(env: Env) -> Fault:
+    # torch.ops.<ns>.name is the namespace's own name: Library.define fails inside torch
+    d = env.op_dist("bad", define("ok") + define("name"))
+    return Fault({d}, absent=(env.op("ok"), env.op("name")), source=env.at(d, BODY_LINE + 1),
+                 says="attribute of torch's own")
+
+
+def overload_torch_cannot_reach(env: Env) -> Fault:
+    # torch.ops.<ns>.f.overloads is the packet's method: torch defines it, no one reaches it
+    d = env.op_dist("bad", define("ok") + define("f.overloads"))
+    return Fault({d}, absent=(env.op("ok"), env.op("f.overloads")),
+                 source=env.at(d, BODY_LINE + 1), says="overload 'overloads', which torch.ops "
+                                                      "cannot reach")
 
 
 def type_torch_refuses_for_custom_ops(env: Env) -> Fault:
@@ -875,6 +963,9 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "namespace-leading-digit": ("namespace-invalid", _namespace("1abc")),
     "namespace-dot": ("namespace-invalid", _namespace("a.b")),
     "namespace-underscore": ("namespace-reserved", _namespace("_")),
+    "namespace-torch-ops-attribute": ("namespace-invalid", _namespace("load_library")),
+    "op-named-like-a-namespace-attribute": ("op-name-invalid", op_named_like_an_attribute),
+    "overload-torch-cannot-reach": ("op-name-invalid", overload_torch_cannot_reach),
     "kernel-ref-unresolvable": ("materialize-failed", kernel_ref_unresolvable),
     "kernel-ref-not-callable": ("materialize-failed", kernel_ref_not_callable),
     "torch-rejects-halfway": ("materialize-failed", torch_rejects_halfway),
@@ -885,6 +976,8 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
                                                     replaces_torch_kernel_through_older_library),
     "kernel-module-exits": ("materialize-failed", kernel_module_exits),
     "edited-after-lock-in-locked-mode": ("lock-mismatch", edited_after_lock_in_locked_mode),
+    "kernel-module-edited-after-lock-in-locked-mode": (
+        "lock-mismatch", kernel_module_edited_after_lock_in_locked_mode),
     "kernel-module-raises-base-exception": ("materialize-failed",
                                             kernel_module_raises_base_exception),
     "declaration-raises-keyboard-interrupt": ("plugin-import-error",
@@ -894,6 +987,12 @@ CASES: dict[str, tuple[str, Callable[[Env], Fault]]] = {
     "kernel-module-replaces-another-distributions-kernel": (
         "plugin-registered-outside-plan", kernel_module_replaces_another_distributions_kernel),
     "plugin-calls-load-at-import": ("plugin-import-error", plugin_calls_load_at_import),
+    "declares-through-another-library": ("declaration-not-owned",
+                                         declares_through_another_library),
+    "hook-put-on-another-library": ("declaration-not-owned", hook_put_on_another_library),
+    "rebinds-opregistry-at-import": ("opregistry-state-changed", rebinds_opregistry_at_import),
+    "kernel-module-rebinds-opregistry": ("opregistry-state-changed",
+                                         kernel_module_rebinds_opregistry),
     "replaces-torch-kernel-at-import": ("plugin-registered-outside-plan",
                                         replaces_torch_kernel_at_import),
     "hookimpl-returns-wrong-type": ("plugin-invalid", hookimpl_returns_wrong_type),
@@ -1052,6 +1151,69 @@ def test_reported_by_doctor(env: Env, case: str, capsys: pytest.CaptureFixture[s
     assert any({x["name"] + "==" for x in f["distributions"]} == expected for f in found)
     if fault.source is not None:
         assert any((f["source"] or "").endswith("/" + fault.source) for f in found)
+
+
+#: in a fresh interpreter: the distributions left out by plain ``opregistry doctor``
+#: (``{"left_out": [...], "torch": whether doctor imported torch}``), by ``doctor --live``,
+#: or by ``import torch``
+_VERDICT = {
+    "doctor": """
+import contextlib, io, json, sys
+from opregistry.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    main(["doctor", "--json", *sys.argv[1:]])
+report = json.loads(out.getvalue())
+print(json.dumps(sorted({d["name"] for p in report["problems"] if p["severity"] == "error"
+                         for d in p["distributions"]})))
+""",
+    "import torch": """
+import json, torch, opregistry
+registry = opregistry.get_registry()
+print(json.dumps(sorted({o.distribution for p in registry.errors for o in p.culprits})))
+""",
+}
+
+
+def fresh_verdict(env: Env, how: str, *argv: str) -> list[str]:
+    """What a fresh interpreter decides for the case's distributions (see :data:`_VERDICT`)."""
+    import os
+    import subprocess
+
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    environ.update(OPREGISTRY_PLUGINS=",".join(scope(env)), PYTHONPATH=os.pathsep.join(
+        filter(None, [str(env.dists.root), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", _VERDICT[how], *argv], capture_output=True,
+                          text=True, env=environ, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+#: cases whose fault shows only when code runs at registration -- a kernel module's import
+#: (sys.exit, a BaseException, a Library of its own), a backend hook that torch refuses, what
+#: a native library registers when loaded: ``doctor`` without torch cannot know it without
+#: running that code (``--live`` does, and is compared instead); each is checked to really
+#: differ, so that a case doctor learns to see leaves this set
+FOUND_BY_REGISTRATION: frozenset[str] = frozenset({
+    "kernel-module-replaces-torch-kernel",
+    "kernel-module-replaces-another-distributions-kernel", "torch-rejects-halfway",
+    "native-undeclared-op", "native-replaces-kernel", "kernel-module-rebinds-opregistry",
+})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_doctor_and_import_torch_agree(env: Env, case: str) -> None:
+    """Each case, in fresh interpreters: plain ``opregistry doctor`` (no torch) leaves out the
+    distributions a fresh ``import torch`` leaves out -- no more, no fewer."""
+    build(env, case)
+    imported = fresh_verdict(env, "import torch")
+    doctor = fresh_verdict(env, "doctor")
+    if case in FOUND_BY_REGISTRATION:
+        assert doctor != imported, f"doctor now sees {case}: remove it from FOUND_BY_REGISTRATION"
+        assert fresh_verdict(env, "doctor", "--live") == imported
+    else:
+        assert doctor == imported, f"doctor: {doctor}, import torch: {imported}"
 
 
 def test_same_entry_point_name_in_two_distributions_is_not_a_fault(env: Env) -> None:

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,7 +39,8 @@ import pytest
 from opregistry.foreign import ForeignDistribution, ForeignScan
 from opregistry.keys import RESERVED_NAMESPACES
 
-PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
+from .conftest import REAL_PINS as PINS
+
 PACKAGES = {"bitsandbytes": "bitsandbytes", "torchao": "torchao"}
 
 SCAN = """
@@ -73,25 +72,8 @@ print(json.dumps({"package": sorted(after_package - before),
 
 
 @pytest.fixture(scope="module")
-def real_site() -> Path:
-    """The pinned wheels, installed once per machine under the temporary directory."""
-    root = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
-        p.replace("==", "-") for p in PINS)
-    if (root / ".complete").exists():
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".install-", dir=root.parent))
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                          "--disable-pip-version-check", "--target", str(work), *PINS],
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, (f"could not install {' '.join(PINS)} from the index:\n"
-                                 f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    (work / ".complete").touch()
-    try:
-        os.replace(work, root)  # atomic: a concurrent session's copy, if any, wins
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
-    return root
+def real_site(real_packages: Path) -> Path:
+    return real_packages
 
 
 def _env(site: Path, **extra: str) -> dict[str, str]:

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -405,7 +404,7 @@ lib.define("add(Tensor x, Tensor y) -> Tensor", triton="KMOD:add")
     compiled = torch.compile(lambda a, b: op(a, b) * 2, fullgraph=True)
     torch.testing.assert_close(compiled(x, y), (x + y) * 2)
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
+    from torch._subclasses.functional_tensor import dispatch_functionalize
     graph = make_fx(dispatch_functionalize(lambda a, b: op(a, b)))(x, y)
     assert "triton_kernel_wrapper" in graph.code
     ep = torch.export.export(type("M", (torch.nn.Module,), {"forward": lambda s, a, b: op(a, b)})(),

@@ -411,3 +411,91 @@ def test_bench_lock_runs(tmp_path):
     data = json.loads(out.read_text())
     assert data["ops"] == 4 and len(data["targets"]) == 2
     assert set(data["gate_seconds"]) == {"wheel", "source"}
+
+
+# -- every file the plan runs, whatever installed it ------------------------------------
+
+
+def _beside(dists, ns: str, kernel_ref: str, modules: dict[str, str] | None = None) -> str:
+    """A distribution without RECORD (a dist-info on sys.path) whose kernel is ``kernel_ref``.
+
+    Its entry point names ``beside_<ns>``; ``modules`` are written beside it.
+    """
+    return dists.make("beside", ops={"ops": f"beside_{ns}:lib"}, modules={
+        f"beside_{ns}": "from opregistry import OpLibrary\n"
+                        f"lib = OpLibrary({ns!r})\n"
+                        f"lib.define('f(Tensor x) -> Tensor', kernels={{'cpu': {kernel_ref!r}}})\n",
+        **(modules or {})})
+
+
+def test_the_lock_covers_a_kernel_module_beside_the_package(dists, ns, tmp_path):
+    """No RECORD, a top-level kernel module the entry point does not name: locked all the same."""
+    from .conftest import plan
+
+    d = _beside(dists, ns, f"{ns}_kernels:clone", {f"{ns}_kernels": KERNELS.replace("f(x)", "clone(x)")})
+    lock = tmp_path / "opregistry.lock"
+    data = write_lock(plan(dists), lock)
+    entry = data["contents"][d]
+    assert entry["install"] == "source" and f"{ns}_kernels.py" in entry["files"]
+    assert entry["references"] == [f"{ns}_kernels"] and "not_covered" not in entry
+    kernels = dists.root / f"{ns}_kernels.py"
+    kernels.write_text(kernels.read_text() + "import os\nos.system('true')\n")
+    with pytest.raises(LockMismatchError) as info:
+        verify_lock(lock, plan=plan(dists))
+    assert f"distribution {d}: file {ns}_kernels.py changed" in "\n".join(info.value.differences)
+
+
+def test_the_lock_covers_packages_on_the_way_to_a_reference(dists, ns, tmp_path):
+    """``pkg.sub.mod:f``: pkg/__init__.py and pkg/sub/__init__.py run too, so they are locked."""
+    from .conftest import plan
+
+    d = _beside(dists, ns, f"k{ns}.sub.mod:f", {f"k{ns}.sub.mod": "def f(x):\n    return x\n"})
+    for package in (dists.root / f"k{ns}", dists.root / f"k{ns}" / "sub"):
+        (package / "__init__.py").write_text("")
+    importlib.invalidate_caches()
+    entry = write_lock(plan(dists), tmp_path / "opregistry.lock")["contents"][d]
+    assert {f"k{ns}/__init__.py", f"k{ns}/sub/__init__.py", f"k{ns}/sub/mod.py"} <= set(entry["files"])
+
+
+def test_lock_and_verify_name_files_not_covered(dists, ns, tmp_path, monkeypatch, capsys):
+    """A kernel module inside a zip archive on sys.path cannot be hashed file by file: said."""
+    import zipfile
+
+    from opregistry.cli import main
+
+    archive = tmp_path / "kernels.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr(f"zipped_{ns}.py", "def f(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(archive))
+    d = _beside(dists, ns, f"zipped_{ns}:f")
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join([*BACKENDS, *dists.names]))
+    lock = tmp_path / "opregistry.lock"
+    assert main(["lock", "-o", str(lock)]) == 0
+    err = capsys.readouterr().err
+    assert "files not covered" in err and f"{d}: module zipped_{ns}:" in err
+    assert "inside an archive" in err
+    assert main(["verify", str(lock)]) == 0
+    captured = capsys.readouterr()
+    assert "OK" in captured.out and f"{d}: module zipped_{ns}:" in captured.err
+    assert main(["verify", "--json", str(lock)]) == 0
+    [line] = json.loads(capsys.readouterr().out)["not_covered"]
+    assert line.startswith(f"{d}: module zipped_{ns}:")
+
+
+def test_locked_mode_refuses_an_edited_kernel_module_before_importing(dists, ns, tmp_path,
+                                                                      monkeypatch):
+    """The kernel module beside the package edited after the lock: nothing of it is imported."""
+    from .conftest import load, plan
+
+    d = _beside(dists, ns, f"{ns}_kernels:clone", {f"{ns}_kernels": KERNELS.replace("f(x)", "clone(x)")})
+    lock = tmp_path / "opregistry.lock"
+    write_lock(plan(dists), lock)
+    for module in dists.modules:
+        sys.modules.pop(module, None)
+    kernels = dists.root / f"{ns}_kernels.py"
+    kernels.write_text(kernels.read_text().replace("x.clone()", "x.clone() * 2 "))
+    monkeypatch.setenv("OPREGISTRY_LOCK", str(lock))
+    registry = load(dists)
+    [problem] = [p for p in registry.errors if p.code == "lock-mismatch"]
+    assert f"file {ns}_kernels.py changed" in problem.message and f"{d}==1.0" in problem.message
+    assert not any(m in sys.modules for m in dists.modules), "nothing of it was imported"

@@ -228,7 +228,7 @@ def test_load_verify_and_python_pieces_from_two_distributions(dists, native_test
     """The library loads, its ops run, and Python pieces come from it and from an IMPL package."""
     d = native_dist(dists, "goodnative", f"NativeLibrary(path={str(native_test_library)!r})",
                     TWICE + HIDDEN)
-    v = native_dist(dists, "vmapper", "None", f"lib.impl('twice', 'vmap', 'KMOD:vmap')\n",
+    v = native_dist(dists, "vmapper", "None", "lib.impl('twice', 'vmap', 'KMOD:vmap')\n",
                     kind="IMPL")
     registry = load(dists)
     assert not [e for e in registry.errors if e.culprits and

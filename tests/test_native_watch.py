@@ -18,8 +18,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
-import torch
 
 from .conftest import BACKENDS, DistFactory, op_dist
 from .native_build import NS

@@ -682,3 +682,22 @@ def test_old_entries_are_pruned(tmp_path: Path) -> None:
         os.utime(disk.path(f"k{i}"), ns=(i * 10**9, i * 10**9))
     assert disk.prune(2) == 3
     assert [disk.load(f"k{i}") for i in range(5)] == [None, None, None, 3, 4]
+
+
+def test_the_backends_group_is_discoverys() -> None:
+    from opregistry.discovery import BACKENDS_GROUP
+
+    assert plancache.BACKENDS_GROUP == BACKENDS_GROUP
+
+
+def test_the_codec_writes_every_field_of_every_record() -> None:
+    """A field added to a record must be added to the codec: this fails until it is."""
+    import importlib
+
+    import attrs
+
+    modules = [importlib.import_module(f"opregistry.{m}")
+               for m in ("model", "plan", "conditions", "references", "environment")]
+    for name, fields in codec.ENCODED.items():
+        [cls] = {getattr(m, name) for m in modules if isinstance(getattr(m, name, None), type)}
+        assert tuple(a.name for a in attrs.fields(cls)) == fields, name

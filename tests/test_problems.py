@@ -17,7 +17,7 @@ PAGE = ROOT / "docs" / "problems.md"
 
 #: functions returning ``(reason, why)`` pairs that are no problem code (the reason is part
 #: of a ``schema-invalid`` message)
-NOT_CODES = {"deliberate_refusal"}
+NOT_CODES = {"deliberate_refusal", "_status_in", "attribute_status"}
 
 
 def _literal_codes(tree: ast.AST) -> list[tuple[int, str]]:

@@ -98,6 +98,122 @@ def test_static_tables_match_this_torch():
     assert not missing, f"torch defines namespaces the resolver does not reserve: {sorted(missing)}"
 
 
+#: run in a fresh interpreter: the names torch.ops and its objects answer themselves
+_OPS_ATTRIBUTES_PROBE = """
+import json, torch
+
+def names(obj):
+    found = set(vars(obj))
+    for cls in type(obj).__mro__:
+        found |= set(vars(cls))
+    return found
+
+ops = torch.ops
+namespace = type(ops.aten)("zz_probe_namespace")  # a fresh namespace object, as torch makes
+packet = ops.aten.add
+print(json.dumps({"ops": sorted(names(ops) - set(ops._dir)),
+                  "namespace": sorted(names(namespace)),
+                  "packet": sorted(names(packet) - set(packet._overload_names))}))
+"""
+
+
+def test_torch_ops_attribute_tables_match_this_torch():
+    """keys.TORCH_OPS_ATTRIBUTES & co. are exactly what a fresh ``import torch`` answers itself.
+
+    A namespace, op or overload with one of these names is unreachable through
+    ``torch.ops``; the resolver refuses them before torch is imported.  When a
+    release adds an attribute to ``torch.ops`` (or a namespace object, or an op
+    packet), this test names it.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from opregistry.keys import (OP_NAMESPACE_ATTRIBUTES, OP_PACKET_ATTRIBUTES, PYTHON_DUNDERS,
+                                 TORCH_OPS_ATTRIBUTES, installed_torch, unreachable_name)
+
+    env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}
+    proc = subprocess.run([sys.executable, "-c", _OPS_ATTRIBUTES_PROBE], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+
+    def plain(names):  # the dunders, Python's own, are checked against PYTHON_DUNDERS below
+        return {n for n in names if not (n.startswith("__") and n.endswith("__"))}
+
+    for where in ("ops", "namespace"):  # every dunder this Python and torch answer themselves
+        dunders = set(found[where]) - plain(found[where])
+        assert dunders <= PYTHON_DUNDERS, (where, dunders - PYTHON_DUNDERS)
+
+    assert plain(found["ops"]) == TORCH_OPS_ATTRIBUTES
+    assert plain(found["namespace"]) == OP_NAMESPACE_ATTRIBUTES
+    facts = installed_torch()
+    assert facts is not None
+    # op_overloads exists from 2.13; "default" is refused as a name whether or not the
+    # packet of the probed op has bound it
+    expected = OP_PACKET_ATTRIBUTES - {"default"} - (
+        {"op_overloads"} if facts.release < (2, 13) else set())
+    assert plain(found["packet"]) - {"default"} == expected
+    for kind, names in (("namespace", found["ops"]), ("op", found["namespace"]),
+                        ("overload", found["packet"])):
+        assert all(unreachable_name(n, kind) for n in names), kind
+
+
+def test_unreachable_names_are_unreachable_in_torch(ns):
+    """What keys says of each table is what torch does: the name cannot be reached, or is refused."""
+    from opregistry.keys import OP_NAMESPACE_ATTRIBUTES, OP_PACKET_ATTRIBUTES
+
+    for name in sorted(OP_NAMESPACE_ATTRIBUTES):
+        lib = torch.library.Library(f"{ns}_{name.strip('_')}", "DEF")
+        try:
+            try:
+                lib.define(f"{name}(Tensor x) -> Tensor")
+            except Exception:
+                continue  # refused by torch: what the resolver says first
+            assert not isinstance(getattr(getattr(torch.ops, lib.ns), name),
+                                  torch._ops.OpOverloadPacket), name
+        finally:
+            lib._destroy()
+    from opregistry.keys import installed_torch
+
+    facts = installed_torch()
+    assert facts is not None
+    # refused on every release of the range, reachable before the release that adds it
+    newer = {"op_overloads"} if facts.release < (2, 13) else set()
+    for name in sorted(OP_PACKET_ATTRIBUTES - newer):
+        lib = torch.library.Library(f"{ns}_p{name.strip('_')}", "DEF")
+        try:
+            try:
+                lib.define(f"f.{name}(Tensor x) -> Tensor")
+            except Exception:
+                continue
+            overload = getattr(getattr(torch.ops, lib.ns).f, name)
+            assert not isinstance(overload, torch._ops.OpOverload), name
+        finally:
+            lib._destroy()
+
+
+def test_dunder_op_names_reach_torch_as_keys_says(ns):
+    """A dunder op name is reachable unless Python's object answers it (keys.PYTHON_DUNDERS)."""
+    from opregistry.keys import unreachable_name
+
+    for i, name in enumerate(("__and__", "__foo__", "__repr__", "__init__", "__origin__")):
+        lib = torch.library.Library(f"{ns}_d{i}", "DEF")
+        try:
+            try:
+                lib.define(f"{name}(Tensor x) -> Tensor")
+            except Exception:  # torch fails inside (the name is found on the namespace object)
+                reached = False
+            else:
+                found = getattr(getattr(torch.ops, lib.ns), name, None)
+                reached = isinstance(found, torch._ops.OpOverloadPacket)
+            assert reached == (unreachable_name(name, "op") is None), name
+        finally:
+            lib._destroy()
+    assert unreachable_name("__foo__", "overload") is not None
+
+
 def torch_version_of_this_process() -> str:
     import torch
 
@@ -284,3 +400,34 @@ def test_replaced_kernels_passes_other_stderr_output_on(capfd):
         os.write(2, b"a line of someone else's\n")
     assert found == []
     assert "a line of someone else's" in capfd.readouterr().err
+
+
+def test_the_recorder_wraps_what_torch_still_has(ns):
+    """The Library methods and the C++ call the recorder wraps exist with the arguments it reads,
+    and torch still records the registering code's line through the wrapper (a fake kernel's
+    source is read ``_stacklevel`` frames up, one more through the recorder)."""
+    import inspect
+
+    from torch._library.simple_registry import singleton
+
+    from opregistry.torch_state import _SLOTS, _STACKLEVEL, recorder
+
+    library = torch.library.Library
+    for method in _SLOTS:
+        assert callable(getattr(library, method, None)), method
+    assert list(inspect.signature(library.impl).parameters)[1:4] == ["op_name", "fn", "dispatch_key"]
+    assert list(inspect.signature(library._register_fake).parameters)[1:4] == [
+        "op_name", "fn", "_stacklevel"] and _STACKLEVEL["_register_fake"] == 2
+    assert list(inspect.signature(library._register_torch_dispatch_rule).parameters)[1:3] == [
+        "op_name", "torch_dispatch_class"]
+    assert callable(torch._C._dispatch_library)
+    recorder()
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        line = inspect.currentframe().f_lineno + 1
+        torch.library.register_fake(f"{ns}::probe", lambda x: torch.empty_like(x), lib=lib)
+        source = singleton.find(f"{ns}::probe").fake_impl.kernel.source
+        assert source == f"{__file__}:{line}", source
+    finally:
+        lib._destroy()

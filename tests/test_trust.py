@@ -358,3 +358,62 @@ def test_doctor_live_reports_a_replaced_kernel(dists: DistFactory, ns: str, scop
     finally:
         intruder._destroy()
     assert main(["doctor", "--live", "--json"]) == 0
+
+
+# -- doctor (no torch) and import torch: one verdict -------------------------------------
+
+#: a fresh interpreter's verdict: the distributions left out, by plain `opregistry doctor`
+#: (which must not import torch itself) or by `import torch` (autoload)
+VERDICT_OF = {
+    "doctor": """
+import contextlib, io, json, sys
+from opregistry.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    main(["doctor", "--json"])
+report = json.loads(out.getvalue())
+print(json.dumps(sorted({d["name"] for p in report["problems"] if p["severity"] == "error"
+                         for d in p["distributions"]})))
+""",
+    "import torch": """
+import json, torch, opregistry
+registry = opregistry.get_registry()
+print(json.dumps(sorted({o.distribution for p in registry.errors for o in p.culprits})))
+""",
+}
+
+
+def verdicts(dists: DistFactory, *paths: str, **env: str) -> dict[str, list[str]]:
+    import json
+
+    found = {}
+    for how, code in VERDICT_OF.items():
+        proc = run_python(code, dists, PYTHONPATH=os.pathsep.join(paths or (str(dists.root),)),
+                          **env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        found[how] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+@pytest.mark.parametrize("raw_first", [True, False])
+def test_a_raw_def_beside_a_declarer_gets_one_verdict(dists: DistFactory, ns: str, tmp_path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      raw_first: bool) -> None:
+    """A plugin that imports torch and makes Library(ns, "DEF") at its import, another that
+    declares ns: undone and left out, the declarer kept, by doctor without torch as by
+    import torch, whichever is discovered first."""
+    from .conftest import DistFactory as Factory
+
+    other = Factory(tmp_path / "raw", monkeypatch)
+    other.root.mkdir()
+    raw = other.make("rawdef", ops={"ops": f"rawdef_{ns}:lib"}, modules={f"rawdef_{ns}": (
+        "import torch\n"
+        f"_mine = torch.library.Library({ns!r}, 'DEF')\n"
+        "_mine.define('held(Tensor x) -> Tensor')\n"
+        "from opregistry import OpLibrary\n"
+        f"lib = OpLibrary('{ns}raw')\n")})
+    dists.names.append(raw)
+    op_dist(dists, "declarer", ns, "lib.define('f(Tensor x) -> Tensor', kernels={'cpu': 'KMOD:clone'})\n")
+    paths = [str(other.root), str(dists.root)]
+    found = verdicts(dists, *(paths if raw_first else paths[::-1]))
+    assert found == {"doctor": [raw], "import torch": [raw]}, found

@@ -96,6 +96,10 @@ def _plan_group(ctx: Context, qualname: str, key: str, declared: list[Kernel],
                                   backend=backend.name if backend else None))
     overrides = existing or (names(l.origin for l in losers) if losers else None)
     entry = _status(ctx, winner, owners, overrides)
+    if op_plan is None and qualname in ctx.foreign.ops:
+        # registered after the package's own registration, or the package's would win
+        held = ctx.foreign.kernels.get((qualname, key)) or ctx.foreign.ops[qualname]
+        entry = attrs.evolve(entry, after=held[1].module or None)
     if conditioned:
         planned.extend(_candidates(ctx, conditioned, entry, owners))
     else:

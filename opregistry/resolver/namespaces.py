@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from ..keys import RESERVED_NAMESPACES
+from ..keys import RESERVED_NAMESPACES, unreachable_name
 from ..model import Namespace, is_identifier
 from ..plan import NamespacePlan
 from ..schema import SCHEMA_KEYWORDS
@@ -23,6 +23,9 @@ def namespace_refusal(name: str) -> tuple[str, str] | None:
     if name in SCHEMA_KEYWORDS:
         return ("a keyword of torch's schema language, which torch cannot parse as a namespace",
                 name.lower() + "_ops")
+    unreachable = unreachable_name(name, "namespace")
+    if unreachable is not None:
+        return unreachable, name.strip("_") + "_ops"
     return None
 
 
@@ -62,17 +65,6 @@ def check_namespaces(ctx: Context) -> dict[str, NamespacePlan]:
                        "uninstall one of them, or block it with OPREGISTRY_BLOCK=<distribution>",
                        (n.origin for n in owners), namespace=name, source=owners[0].source)
             continue
-        if ctx.torch is not None and name in ctx.torch.namespaces and owners and \
-                owners[0].native is None:
-            # a native DEF held by torch is its library, loaded already (by opregistry, or
-            # by an import of its extension module): loading checks it is that library
-            ctx.refuse("namespace-held-by-torch",
-                       f"namespace {name!r} already exists in torch (a C++ TORCH_LIBRARY or a "
-                       f"Library('{name}', 'DEF') made outside opregistry); "
-                       f"{names(n.origin for n in owners)} cannot DEF it",
-                       "rename the namespace, or declare it FRAGMENT to add ops to it",
-                       (n.origin for n in owners), namespace=name, source=owners[0].source)
-            continue
         held = ctx.foreign.namespaces.get(name)
         if held is not None and owners:
             ctx.refuse("namespace-held-by-package",
@@ -83,6 +75,17 @@ def check_namespaces(ctx: Context) -> dict[str, NamespacePlan]:
                        "rename the namespace, or declare it FRAGMENT to add ops of new names "
                        "to it", (n.origin for n in owners), namespace=name,
                        source=owners[0].source)
+            continue
+        if ctx.torch is not None and name in ctx.torch.namespaces and owners and \
+                owners[0].native is None:
+            # a native DEF held by torch is its library, loaded already (by opregistry, or
+            # by an import of its extension module): loading checks it is that library
+            ctx.refuse("namespace-held-by-torch",
+                       f"namespace {name!r} already exists in torch (a C++ TORCH_LIBRARY or a "
+                       f"Library('{name}', 'DEF') made outside opregistry); "
+                       f"{names(n.origin for n in owners)} cannot DEF it",
+                       "rename the namespace, or declare it FRAGMENT to add ops to it",
+                       (n.origin for n in owners), namespace=name, source=owners[0].source)
             continue
         owner = owners[0] if owners else None
         plans[name] = NamespacePlan(

@@ -13,6 +13,9 @@ This module adds what only a compiled library has:
   compared when the library is loaded: only a running torch says it.)
 * ``native-library-missing``: the module to import or the file to load is
   not there (a build that did not happen, a wheel without its ``.so``).
+* ``native-load-failed``, before loading: the file is no shared library of
+  this platform (its first bytes are not ELF, Mach-O or PE): loading it
+  would fail the same way.
 
 An IMPL library's native library (``OpLibrary(ns, "IMPL", native=...)``) only
 adds C++ kernels, each declared (``impl(op, native=[keys])``) and judged by the
@@ -50,6 +53,16 @@ def _refuse(ctx: Context, library: NativeLibrary, origin: Origin | None, namespa
                    f"{missing}; nothing of {dist_name(origin)} is loaded",
                    f"reinstall {dist_name(origin)} (its build may have failed), or block it "
                    f"with OPREGISTRY_BLOCK={dist_name(origin)}",
+                   (origin,), namespace=namespace, source=source)
+        return
+    broken = ctx.env.natives_broken.get(library.target)
+    if broken is not None:
+        file, why = broken
+        ctx.refuse("native-load-failed",
+                   f"{origin}: the native library {file} of namespace {namespace!r} cannot be "
+                   f"loaded: {why}; nothing of {dist_name(origin)} is loaded",
+                   f"reinstall {dist_name(origin)} (its build may have failed or been "
+                   f"replaced), or block it with OPREGISTRY_BLOCK={dist_name(origin)}",
                    (origin,), namespace=namespace, source=source)
         return
     installed = ctx.env.torch_build

@@ -7,7 +7,7 @@ from collections import defaultdict
 from ..errors import DOCS_URL, SchemaError
 from ..keys import (CLASS_PREFIX, DTYPE_SINCE, KNOWN_TAGS, class_known, dtypes_lacking,
                     installed_torch_build, shadowed_op_name, tag_since, type_since, type_until,
-                    types_lacking)
+                    types_lacking, unreachable_name)
 from ..model import OpDef, is_identifier
 from ..plan import NamespacePlan, OpPlan
 from ..schema import (SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, overload_refusal,
@@ -26,10 +26,18 @@ def name_refusal(op: OpDef) -> str | None:
     if keywords:
         return (f"{keywords[0]!r} is a keyword of torch's schema language, which torch cannot "
                 f"parse as a name")
+    why = unreachable_name(op.name, "op")
+    if why is not None:
+        return f"name {op.name!r}, {why}"
     if shadowed_op_name(op.name):
         return (f"torch.ops.{op.namespace}.{op.name} is an attribute of torch's namespace object, "
                 f"so Library.define fails for an op of that name (after registering it)")
-    return overload_refusal(op.overload) if op.overload else None
+    if op.overload:
+        why = unreachable_name(op.overload, "overload")
+        if why is not None:
+            return f"overload {op.overload!r}, {why}"
+        return overload_refusal(op.overload)
+    return None
 
 
 def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
@@ -49,7 +57,7 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
     why = name_refusal(op)
     if why is not None:
         ctx.refuse("op-name-invalid", f"{op.origin} defines op {op.qualname!r}: {why}",
-                   "rename the op", (op.origin,), op=op.qualname, source=where)
+                   "rename the op (or its overload)", (op.origin,), op=op.qualname, source=where)
         return None
     if not _tags_known(ctx, op):
         return None
@@ -65,13 +73,6 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
         return None
     if not _release_takes(ctx, op, schema):
         return None
-    if ctx.torch is not None and op.qualname in ctx.torch.ops and \
-            (op.namespace, dist_name(op.origin)) not in ctx.natives:  # a native op: loaded already
-        ctx.refuse("op-held-by-torch",
-                   f"{op.origin} defines {op.qualname}, which torch already has "
-                   f"(registered outside opregistry)",
-                   "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
-        return None
     held = ctx.foreign.ops.get(op.qualname)
     if held is not None:
         ctx.refuse("op-held-by-package",
@@ -80,6 +81,13 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"crashing whichever is imported last",
                    "rename the op or its overload (a FRAGMENT may add ops of new names)",
                    (op.origin,), op=op.qualname, source=where)
+        return None
+    if ctx.torch is not None and op.qualname in ctx.torch.ops and \
+            (op.namespace, dist_name(op.origin)) not in ctx.natives:  # a native op: loaded already
+        ctx.refuse("op-held-by-torch",
+                   f"{op.origin} defines {op.qualname}, which torch already has "
+                   f"(registered outside opregistry)",
+                   "rename the op or its overload", (op.origin,), op=op.qualname, source=where)
         return None
     return schema
 

@@ -6,7 +6,7 @@ without importing torch; kernels (``nnkit.kernels``), the Triton CUDA kernel
 only when opregistry registers them with torch.
 """
 
-from opregistry import OpLibrary
+from opregistry import OpLibrary, installed_torch
 
 lib = OpLibrary("nnkit", description="ops that model code registers: norms, activations, NMS, ...")
 
@@ -38,16 +38,21 @@ lib.define(
     doc="silu(x[..., :d]) * x[..., d:] with d = x.shape[-1] // 2",
 )
 
-# Its out= overload: writes into a caller-provided buffer, returns it.
-lib.define(
-    "silu_and_mul.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)",
-    mutates_args=["out"],
-    kernels={"cpu": f"{K}:silu_and_mul_out", "cuda": f"{K}:silu_and_mul_out"},
-    fake=f"{K}:silu_and_mul_out_fake",
-    samples=f"{S}:silu_and_mul_out",
-    tags=["out"],
-    doc="silu_and_mul written into `out`",
-)
+# Its out= overload: writes into a caller-provided buffer, returns it.  torch compiles an
+# op that returns the tensor it mutates from 2.13, where such an out= variant is tagged
+# `out` (torch.Tag.out); nnkit supports torch>=2.8 and declares the overload where the
+# installed torch has that tag.  installed_torch() reads torch's files: no torch import.
+_TORCH = installed_torch()
+if _TORCH is None or "out" in _TORCH.tags:
+    lib.define(
+        "silu_and_mul.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)",
+        mutates_args=["out"],
+        kernels={"cpu": f"{K}:silu_and_mul_out", "cuda": f"{K}:silu_and_mul_out"},
+        fake=f"{K}:silu_and_mul_out_fake",
+        samples=f"{S}:silu_and_mul_out",
+        tags=["out"],
+        doc="silu_and_mul written into `out`",
+    )
 
 # Data-dependent output size: how many boxes survive depends on the values.
 # Only a CPU kernel here; the nnkit-contrib distribution adds a CUDA one.

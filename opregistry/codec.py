@@ -38,7 +38,7 @@ import attrs
 
 from .conditions import Condition
 from .environment import Environment, EnvironmentQuery
-from .kinds import BUILTIN_KINDS, Kind
+from .kinds import Kind
 from .model import (Backend, Declarations, Kernel, Namespace, NativeLibrary, OpDef, Origin,
                     Problem, Skipped)
 from .plan import BackendPlan, KernelPlan, NamespacePlan, NativePlan, OpPlan, Plan

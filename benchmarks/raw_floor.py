@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-CHILD = r'''
+#: the registrations alone (``python -c REGISTER N``): what startup_targets.py times
+REGISTER = r'''
 import gc, json, sys, time
 import torch
 n = int(sys.argv[1])
@@ -49,6 +50,8 @@ if n:
                 lib._registration_handles.append(entry.fake_impl.register(fake, "raw", lib=lib))
             else:
                 torch.library.register_fake(f"rawfloor{d}::{name}", fake, lib=lib)
+'''
+CHILD = REGISTER + r'''
 objects = len(gc.get_objects())
 t = time.perf_counter()
 gc.collect()

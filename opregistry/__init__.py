@@ -9,28 +9,41 @@ does not import torch.
 
 from __future__ import annotations
 
-from .config import Policy, Settings
-from .adoption import Adoption
-from .declare import OpHandle, OpLibrary, kernel
-from .errors import (
-    ConfigError,
-    DeclarationError,
-    LockMismatchError,
-    MaterializationError,
-    OpRegistryError,
-    PluginLoadError,
-    PluginValidationError,
-    ReentrantLoadError,
-    ResolutionError,
-    SchemaError,
-)
-from .hookspecs import hookimpl, hookspec
-from .keys import installed_torch, installed_torch_build
-from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary, OpDef, Origin,
-                    Problem)
-from .selection import KernelCounts, kernel_counts
-from . import report
-from .registry import Registry, get_registry, load, plan, verify_lock
+import gc as _gc
+
+# the collector is paused while the package is imported: torch's autoload imports it at
+# the end of `import torch`, with torch's million objects on the heap, where the
+# allocations of these imports would set off a full collection (about a tenth of
+# `import torch`); it is restored, and runs as usual, right after
+_collecting = _gc.isenabled()
+_gc.disable()
+try:
+    from .config import Policy, Settings
+    from .adoption import Adoption
+    from .declare import OpHandle, OpLibrary, kernel
+    from .errors import (
+        ConfigError,
+        DeclarationError,
+        LockMismatchError,
+        MaterializationError,
+        OpRegistryError,
+        PluginLoadError,
+        PluginValidationError,
+        ReentrantLoadError,
+        ResolutionError,
+        SchemaError,
+    )
+    from .hookspecs import hookimpl, hookspec
+    from .keys import installed_torch, installed_torch_build
+    from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary, OpDef,
+                        Origin, Problem)
+    from .selection import KernelCounts, kernel_counts
+    from . import report
+    from .registry import Registry, get_registry, load, plan, verify_lock
+finally:
+    if _collecting:
+        _gc.enable()
+    del _collecting
 
 __all__ = [
     "Adoption",

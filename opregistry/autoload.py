@@ -23,6 +23,8 @@ ours).  ``OPREGISTRY_AUTOLOAD=0`` turns it off.
 
 from __future__ import annotations
 
+import gc
+
 from .config import Settings, autoload_enabled, strict_requested
 from .containment import must_propagate
 from .errors import ConfigError
@@ -34,7 +36,25 @@ log = get_logger()
 
 
 def autoload() -> None:
-    """Load the registry at ``import torch``; raises only in strict mode."""
+    """Load the registry at ``import torch``; raises only in strict mode.
+
+    The cyclic garbage collector is paused for the whole of it, opregistry's
+    own imports included: with torch's million objects on the heap, a full
+    collection costs about a tenth of ``import torch``, and the allocations
+    of a load would otherwise set one off in the middle of it (the load
+    creates no garbage cycles worth collecting; the collector is restored,
+    and runs as usual, afterwards).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _autoload()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _autoload() -> None:
     from .registry import loading
 
     if loading():

@@ -15,6 +15,7 @@ lives in torch's dispatcher.
 from __future__ import annotations
 
 import argparse
+import gc
 import difflib
 import json
 import os
@@ -395,7 +396,36 @@ def _print_live(live: dict[str, list[dict[str, Any]]], t: Text) -> None:
                 empty="(no ops in the dispatcher, none declared)")
 
 
+def _whole_listing(args: argparse.Namespace, t: Text) -> bool:
+    """Whether this is the listing of everything as JSON for a program (not a terminal)."""
+    return (args.json and not args.live and not (args.namespace or args.backend or args.status)
+            and not _isatty(t.out))
+
+
+def _kept_listing(args: argparse.Namespace, t: Text) -> int | None:
+    """``list --json`` printed from the listing kept of this environment's cached plan.
+
+    The listing is a function of the plan alone: when the cached plan is the
+    one this command would use, its listing is printed as it was made (no
+    plan decoded, no listing built).  ``None`` when there is none.
+    """
+    if not _whole_listing(args, t):
+        return None
+    from .plancache import listing
+    from .registry import cached_plan_id
+
+    entry = cached_plan_id()
+    found = listing(entry, "list --json") if entry is not None else None
+    if found is None:
+        return None
+    t.out.write(found[0])
+    return EXIT_PROBLEMS if found[1] else EXIT_OK
+
+
 def cmd_list(args: argparse.Namespace, t: Text) -> int:
+    kept = _kept_listing(args, t)
+    if kept is not None:
+        return kept
     # --live compares with the plan the loaded registry was resolved to: a plan
     # made now would count opregistry's own namespaces, grown by fragments
     # registered outside it since, as held by torch.
@@ -410,11 +440,22 @@ def cmd_list(args: argparse.Namespace, t: Text) -> int:
                         for ns in report.live_namespaces(resolved, args.namespace or ())}
     if args.json:
         _dump(data, t.out)
+        _keep_listing(args, t, data, bool(resolved.errors))
     else:
         _print_list(data, t)
         if args.live:
             _print_live(data["live"], t)
     return EXIT_PROBLEMS if resolved.errors else EXIT_OK
+
+
+def _keep_listing(args: argparse.Namespace, t: Text, data: Any, errors: bool) -> None:
+    """Keep the listing of a plan that came from the cache as it is, for the next command."""
+    from .plancache import store_listing
+    from .state import process
+
+    entry = process().plan_entry
+    if entry is not None and _whole_listing(args, t):
+        store_listing(entry, "list --json", json.dumps(data, default=str) + "\n", errors)
 
 
 # -- show ------------------------------------------------------------------------------
@@ -598,6 +639,13 @@ def cmd_plugins(args: argparse.Namespace, t: Text) -> int:
 # -- doctor ----------------------------------------------------------------------------
 
 
+def _cache_drift() -> tuple[Any, ...]:
+    """The declarations read again, compared with the plan cache's (``cache-declarations-differ``)."""
+    from .registry import check_cache
+
+    return check_cache()
+
+
 def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
     if args.live:
         registry = _live_registry(args.imports)
@@ -605,7 +653,7 @@ def cmd_doctor(args: argparse.Namespace, t: Text) -> int:
         plan, problems = registry.plan, registry.problems + registry.drift()
     else:
         plan = _plan(references=True)
-        problems = plan.problems
+        problems = plan.problems + _cache_drift()
     data = report.doctor_report(plan, problems, include_info=args.all, live=bool(args.live))
     summary, findings = data["summary"], data["problems"]
     status = EXIT_PROBLEMS if summary["errors"] else EXIT_OK
@@ -836,9 +884,42 @@ def cmd_completion(args: argparse.Namespace, t: Text) -> int:
     return EXIT_OK
 
 
+# -- cache -----------------------------------------------------------------------------
+
+
+def cmd_cache(args: argparse.Namespace, t: Text) -> int:
+    from .plancache import clear
+
+    if args.action == "clear":
+        folder, removed = clear()
+        if args.json:
+            _dump({"format_version": report.FORMAT_VERSION, "directory": folder,
+                   "removed": removed}, t.out)
+        else:
+            t.line(f"removed {removed} plan cache entr{'y' if removed == 1 else 'ies'}"
+                   + (f" from {folder}" if folder else " (the cache is off)"))
+        return EXIT_OK
+    data = report.cache_report()
+    if args.json:
+        _dump(data, t.out)
+        return EXIT_OK
+    folder = data["directory"] or "off (OPREGISTRY_CACHE=0, or no home directory)"
+    t.line(f"plan cache: {folder}")
+    t.line(f"  entries: {data['entries']} ({data['bytes']:,} bytes)")
+    t.line(f"  inputs checked by: {'content' if data['check'] == 'content' else 'size and time'}")
+    for what, status in data["this_environment"].items():
+        detail = {"valid": lambda s: f"valid ({s['ops']} ops, {s['distributions']} "
+                                     f"distributions)",
+                  "stale": lambda s: f"stale ({s['changed']} changed)",
+                  "uncacheable": lambda s: f"not cached: {s['reason']}"}.get(
+            status["status"], lambda s: s["status"])(status)
+        t.line(f"  {what}: {detail}", wrap="    ")
+    return EXIT_OK
+
+
 # -- parser ----------------------------------------------------------------------------
 
-_COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "help",
+_COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "cache", "help",
              "completion")
 
 
@@ -975,6 +1056,19 @@ def _add_lock_and_verify(add: _Add) -> None:
                    help=f"the lockfile (default: {DEFAULT_LOCKFILE})")
 
 
+def _add_cache(add: _Add) -> None:
+    p = add("cache", cmd_cache, "the plan cache: where it is and what it holds, or clear it",
+            "The resolved plan is cached on disk and reused at import torch and by the "
+            "commands while none of its inputs changed (installed distributions, sys.path, "
+            "the op and backend packages' files, OPREGISTRY_* variables, the configuration "
+            "file, Python). 'info' shows the directory (OPREGISTRY_CACHE_DIR, else the "
+            "platform's cache directory), its entries, and whether this environment's are "
+            "valid; 'clear' removes every entry. OPREGISTRY_CACHE=0 turns it off. Does not "
+            "import torch.")
+    p.add_argument("action", choices=("info", "clear"), metavar="ACTION",
+                   help="info or clear")
+
+
 def _add_help_and_completion(add: _Add) -> None:
     p = add("help", cmd_help, "a help topic, from the documentation",
             "Print a help topic (a section of the documentation, shipped with opregistry), "
@@ -1018,7 +1112,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     for adding in (_add_list_and_show, _add_plugins_and_doctor, _add_check,
-                   _add_lock_and_verify, _add_help_and_completion):
+                   _add_lock_and_verify, _add_cache, _add_help_and_completion):
         adding(add)
     return parser
 
@@ -1066,6 +1160,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     _configure_logging(args.verbose)
     out = Text(sys.stdout, _width(args, sys.stdout), _color(sys.stdout))
+    enabled = gc.isenabled()
+    if args.command != "check" and not getattr(args, "live", False):
+        # a command that does not import torch makes no garbage cycles worth collecting:
+        # the collector's passes over its records would only cost time
+        gc.disable()
+    try:
+        return _run(args, out)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run(args: argparse.Namespace, out: Text) -> int:
+    """Run the parsed command, turning the errors every command can meet into a status."""
     try:
         return int(args.func(args, out) or 0)
     except ConfigError as exc:

@@ -56,6 +56,7 @@ KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_KERNEL_COUNTS",  # which kernel ran: opregistry.selection, read by the materializer
     "OPREGISTRY_CACHE", "OPREGISTRY_CACHE_DIR",  # the on-disk caches: opregistry/diskcache.py
     ADOPT_VAR, ADOPT_BLOCK_VAR,  # adoption: Policy.adopt, Policy.adopt_block
+    "OPREGISTRY_CACHE_CHECK",  # the plan cache's inputs by content: opregistry/plancache.py
 }
 #: count which kernel serves each op call (``opregistry.kernel_counts``)
 COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"

@@ -75,14 +75,15 @@ def must_propagate(exc: BaseException) -> bool:
     return isinstance(exc, GeneratorExit)
 
 
-def contain(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
-    """``(fn(*args), None)``, or ``(None, exc)`` for whatever it raised but a real Ctrl-C.
+def contain(fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+            ) -> tuple[Any, BaseException | None]:
+    """``(fn(*args, **kwargs), None)``, or ``(None, exc)`` for whatever it raised but a real Ctrl-C.
 
     The one way opregistry catches what code it did not write raises
     (:func:`opregistry.guard.run` adds the watch on torch around it).
     """
     try:
-        return fn(*args), None
+        return fn(*args, **kwargs), None
     except BaseException as exc:  # noqa: BLE001 - third-party code: contained by this rule
         if must_propagate(exc):
             raise

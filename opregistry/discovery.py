@@ -28,7 +28,7 @@ from .ownership import Owners, change_culprit, state_problem
 from .seal import Seal
 
 __all__ = ["BACKENDS_GROUP", "OPS_GROUP", "GROUPS", "DEFERRED", "discover", "entry_points",
-           "load_problem", "still_importing", "self_declared"]
+           "load_problem", "still_importing", "self_declared", "load_origins"]
 
 BACKENDS_GROUP = "opregistry.backends"
 OPS_GROUP = "opregistry.ops"
@@ -359,3 +359,47 @@ def _discovered(plugins: list[Plugin], skipped: list[Skipped], problems: list[Pr
     """The record of discovery, with the packages' own adoptions and their problems."""
     adoptions, invalid = adopting
     return Discovered(tuple(plugins), tuple(skipped), tuple(problems + invalid), tuple(adoptions))
+
+
+class _KnownEntryPoint:
+    """An entry point known from an :class:`~opregistry.model.Origin`: loaded as
+    importlib-metadata's ``EntryPoint.load`` does, without importing importlib-metadata."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+        self.module = value.partition(":")[0].strip()
+
+    def load(self) -> Any:
+        import importlib
+
+        found: Any = importlib.import_module(self.module)
+        for part in filter(None, self.value.partition(":")[2].strip().split(".")):
+            found = getattr(found, part)
+        return found
+
+
+def load_origins(settings: Settings, origins: Iterable[Origin]) -> Discovered:
+    """Import the entry points ``origins`` name, as :func:`discover` would, without the scan.
+
+    For entry points known already (the plan cache's backends): no walk over
+    the installed distributions, no allow/block list or duplicate checks --
+    those were made when the origins were found.
+    """
+    origins = list(origins)
+    plugins: list[Plugin] = []
+    skipped: list[Skipped] = []
+    problems: list[Problem] = []
+    seal = Seal()
+    owners = Owners([Plugin(origin, None) for origin in origins])
+    for origin in origins:
+        ep = _KnownEntryPoint(origin.value)
+        if still_importing(ep.module):
+            skipped.append(Skipped(origin, DEFERRED, deferred=True))
+            continue
+        plugin, found = _import(ep, origin, settings, seal, owners)
+        problems.extend(found)
+        if plugin is None:
+            skipped.append(Skipped(origin, found[-1].message))
+            continue
+        plugins.append(plugin)
+    return Discovered(tuple(plugins), tuple(skipped), tuple(problems))

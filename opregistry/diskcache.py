@@ -27,12 +27,14 @@ loading one never runs code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import tempfile
-from typing import Any, Mapping
+import time
+from typing import Any, Iterator, Mapping
 
 from attrs import frozen
 
@@ -153,6 +155,53 @@ class DiskCache:
                     pass
             return False
 
+    @contextlib.contextmanager
+    def lock(self, key: str, timeout: float) -> Iterator[bool]:
+        """Hold the lock of ``key``'s entry while the block runs; yields whether it is held.
+
+        A ``.lock`` file beside the entry, locked with ``flock`` (``msvcrt`` on
+        Windows): the operating system releases it when its holder exits,
+        however it exits.  Waits up to ``timeout`` seconds for another
+        process's lock; then, or where no lock file can be made (caching off,
+        a read-only folder), yields ``False`` and the caller goes on without.
+        """
+        path = self.path(key)
+        fd = None
+        if path is not None:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path[:-len(".json")] + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                log.debug("cache lock not made", path=path, error=str(exc))
+        held = fd is not None and _acquire(fd, timeout)
+        try:
+            yield held
+        finally:
+            if fd is not None:
+                if held:
+                    _release(fd)
+                os.close(fd)
+
+    def prune(self, keep: int) -> int:
+        """Remove all but the ``keep`` most recently written entries; how many were removed."""
+        if self.folder is None:
+            return 0
+        found = []
+        try:
+            with os.scandir(self.folder) as listing:
+                for e in listing:
+                    if e.name.endswith(".json") and not e.name.startswith(".tmp-"):
+                        with contextlib.suppress(OSError):
+                            found.append((e.stat().st_mtime_ns, e.path))
+        except OSError:
+            return 0
+        removed = 0
+        for _, path in sorted(found, reverse=True)[keep:]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed += 1
+        return removed
+
     def clear(self) -> int:
         """Remove every entry of this cache; how many were removed."""
         if self.folder is None:
@@ -170,3 +219,46 @@ class DiskCache:
                 except OSError:
                     pass
         return removed
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        if sys.platform == "win32":
+            import msvcrt
+
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        else:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _acquire(fd: int, timeout: float) -> bool:
+    """Lock ``fd``, polling until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while not _try_lock(fd):
+        if time.monotonic() >= deadline:
+            log.debug("cache lock not acquired in time", timeout=timeout)
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return True
+
+
+def _release(fd: int) -> None:
+    try:
+        if sys.platform == "win32":
+            import msvcrt
+
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        else:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass

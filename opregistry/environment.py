@@ -22,8 +22,8 @@ from .keys import KNOWN_TAGS, TorchFacts, installed_torch, installed_torch_build
 from .locate import locate_module
 from .references import NativeLibrary
 
-__all__ = ["TorchState", "Environment", "read_environment", "native_missing", "native_broken",
-           "not_a_library", "run_check"]
+__all__ = ["TorchState", "Environment", "EnvironmentQuery", "environment_query", "read_query",
+           "read_environment", "native_missing", "native_broken", "not_a_library", "run_check"]
 
 
 @frozen(kw_only=True)
@@ -156,6 +156,9 @@ def _importable(module: str) -> bool:
 
 
 def _versions(names: Iterable[str]) -> dict[str, str]:
+    names = set(names)
+    if not names:
+        return {}
     import importlib_metadata
 
     found = {}
@@ -196,8 +199,9 @@ def run_check(ref: str) -> tuple[bool, str]:
     return bool(met), text
 
 
-def _checks(decl: Any, run: Callable[[str], tuple[bool, str]]) -> dict[str, tuple[bool, str]]:
-    """Each load-time check of ``decl``'s kernels, run once -- only with torch imported.
+def _checks(refs: Iterable[str], run: Callable[[str], tuple[bool, str]]
+            ) -> dict[str, tuple[bool, str]]:
+    """Each load-time check ``refs`` names, run once -- only with torch imported.
 
     ``opregistry list`` runs no plugin code beyond declarations, and a check
     may need torch (CPU features, a native library torch must load first):
@@ -205,13 +209,11 @@ def _checks(decl: Any, run: Callable[[str], tuple[bool, str]]) -> dict[str, tupl
     """
     if "torch" not in sys.modules:
         return {}
-    refs = sorted({k.when.check for k in decl.kernels if k.when is not None and k.when.check})
     return {ref: run(ref) for ref in refs}
 
 
-def _module_owners(decl: Any) -> dict[str, tuple[str | None, str]]:
-    """Who installed each module the adoptions of ``decl`` name, found without importing it."""
-    modules = sorted({m for a in getattr(decl, "adoptions", ()) for m in a.modules})
+def _module_owners(modules: Iterable[str]) -> dict[str, tuple[str | None, str]]:
+    """Who installed each of ``modules`` (those adoptions name), found without importing it."""
     if not modules:
         return {}
     from .distfiles import owner_of
@@ -229,6 +231,64 @@ def _module_owners(decl: Any) -> dict[str, tuple[str | None, str]]:
     return out
 
 
+@frozen(kw_only=True)
+class EnvironmentQuery:
+    """What a set of declarations asks of the machine: the part of it :func:`read_query` reads.
+
+    The distributions their conditions name, the top-level modules their
+    kinds require, their native libraries.  The plan cache keeps it beside a
+    cached plan, so that a later load reads the same facts without the
+    declarations.
+    """
+
+    distributions: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    libraries: tuple[NativeLibrary, ...] = ()
+    #: the load-time checks (``when={"check": ...}``), run on every load with torch
+    checks: tuple[str, ...] = ()
+    #: the modules adoptions name (``Adoption(modules=...)``): who installed each
+    adopted_modules: tuple[str, ...] = ()
+
+
+def environment_query(decl: Any) -> EnvironmentQuery:
+    """The :class:`EnvironmentQuery` of ``decl`` (:class:`~opregistry.model.Declarations`)."""
+    names = {name for k in decl.kernels if k.when is not None for name in k.when.distributions}
+    modules = {m for k in decl.kernels for m in k.payload.kind.requires}
+    libraries = [ns.native for ns in decl.namespaces if ns.native is not None]
+    libraries += [k.payload.library for k in decl.kernels
+                  if getattr(k.payload, "library", None) is not None]
+    checks = {k.when.check for k in decl.kernels if k.when is not None and k.when.check}
+    adopted = {m for a in getattr(decl, "adoptions", ()) for m in a.modules}
+    return EnvironmentQuery(distributions=tuple(sorted(names)), modules=tuple(sorted(modules)),
+                            libraries=tuple(dict.fromkeys(libraries)),
+                            checks=tuple(sorted(checks)), adopted_modules=tuple(sorted(adopted)))
+
+
+def read_query(query: EnvironmentQuery, dispatcher: TorchState | None = None,
+               foreign: Any = None, *,
+               run: Callable[[str], tuple[bool, str]] = run_check) -> Environment:
+    """The :class:`Environment` that answers ``query`` on this machine (the only I/O).
+
+    ``run`` runs one load-time check (the registry runs each under the seal of
+    :mod:`opregistry.seal`).
+    """
+    natives, broken = {}, {}
+    for library in query.libraries:
+        why = native_missing(library)
+        if why is not None:
+            natives[library.target] = why
+            continue
+        found = native_broken(library)
+        if found is not None:
+            broken[library.target] = found
+    return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
+                       distributions=_versions(query.distributions),
+                       modules={m: _importable(m) for m in query.modules},
+                       natives=natives, natives_broken=broken, dispatcher=dispatcher,
+                       foreign=foreign, checks=_checks(query.checks, run),
+                       module_owners=_module_owners(query.adopted_modules))
+
+
 def read_environment(decl: Any, dispatcher: TorchState | None = None,
                      foreign: Any = None, *,
                      run: Callable[[str], tuple[bool, str]] = run_check) -> Environment:
@@ -242,23 +302,4 @@ def read_environment(decl: Any, dispatcher: TorchState | None = None,
     set of installed files, not the declarations.  ``run`` runs one load-time
     check (the registry runs each under the seal of :mod:`opregistry.seal`).
     """
-    names = [name for k in decl.kernels if k.when is not None for name in k.when.distributions]
-    modules = {m for k in decl.kernels for m in k.payload.kind.requires}
-    libraries = [ns.native for ns in decl.namespaces if ns.native is not None]
-    libraries += [k.payload.library for k in decl.kernels
-                  if getattr(k.payload, "library", None) is not None]
-    natives, broken = {}, {}
-    for library in libraries:
-        why = native_missing(library)
-        if why is not None:
-            natives[library.target] = why
-            continue
-        found = native_broken(library)
-        if found is not None:
-            broken[library.target] = found
-    return Environment(torch=installed_torch(), torch_build=installed_torch_build(),
-                       distributions=_versions(names),
-                       modules={m: _importable(m) for m in sorted(modules)},
-                       natives=natives, natives_broken=broken, dispatcher=dispatcher,
-                       foreign=foreign, checks=_checks(decl, run),
-                       module_owners=_module_owners(decl))
+    return read_query(environment_query(decl), dispatcher, foreign, run=run)

@@ -228,6 +228,24 @@ def _read(ref: Any, must_call: bool) -> Any:
     return found if found is _MISSING or callable(found) or not must_call else _MISSING
 
 
+_BUILTIN = DeviceKernel.__module__
+#: per payload class, the names of its attrs fields
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _evolved(payload: Any, changes: dict[str, Any]) -> Any:
+    """``attrs.evolve(payload, **changes)`` without its validators: the values are what the
+    validated references import to (a callable where a reference was)."""
+    cls = type(payload)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(a.name for a in attrs.fields(cls))
+    new = object.__new__(cls)
+    for name in names:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(payload, name))
+    return new
+
+
 class _Importer:
     """Imports what kernel declarations reference, contained, for one materialization.
 
@@ -242,25 +260,37 @@ class _Importer:
         self.watched = watched
         self.policy = policy
         self.warnings = warnings
+        #: (reference, must be callable) -> what it names, once read from a module imported in
+        #: full (one fake kernel or backward often serves many ops)
+        self.read: dict[tuple[str, bool], Any] = {}
 
     def payload(self, kernel: Any) -> tuple[Any, Problem | None]:
         """``kernel.payload`` with every reference its kind lists imported, or the problem."""
         payload = kernel.payload
         changes = {}
-        for name, want in kernel.kind.references:
+        read = self.read
+        for name, want in payload.kind.references:
             ref = getattr(payload, name)
             if ref is None:
                 continue
-            value, problem = self.reference(ref, kernel, want != "object")
-            if problem is not None:
-                return None, problem
+            must_call = want != "object"
+            value = read.get((ref, must_call), _MISSING) if isinstance(ref, str) else ref
+            if value is _MISSING:
+                value, problem = self.reference(ref, kernel, must_call)
+                if problem is not None:
+                    return None, problem
             changes[name] = value
-        return (attrs.evolve(payload, **changes) if changes else payload), None
+        if not changes:
+            return payload, None
+        if type(payload).__module__ == _BUILTIN:  # the core's own kinds: known to take it
+            return _evolved(payload, changes), None
+        return attrs.evolve(payload, **changes), None
 
     def reference(self, ref: Any, kernel: Any, must_call: bool) -> tuple[Any, Problem | None]:
         """What ``ref`` names, imported contained; or the problem that fails its distribution."""
         found = _read(ref, must_call)
         if found is not _MISSING:
+            self.read[(ref, must_call)] = found
             return found, None
         module = ref.partition(":")[0] if isinstance(ref, str) else None
         loaded = sys.modules.get(module) if module else None
@@ -285,17 +315,20 @@ class _Importer:
         return outcome.result, error
 
 
-def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, what: str,
+def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, what: str | None,
                   **registration: Any) -> Problem | None:
     """Call ``backend``'s materialize ``hook``, contained: ``None``, or the problem that fails it.
 
-    ``culprit``: the kernel whose distribution fails.
+    ``culprit``: the kernel whose distribution fails; ``what`` names the
+    registration in the message (``None``: the culprit kernel's, made only
+    on failure -- thousands of kernels succeed).
     """
     with registering():
-        done, exc = contain(lambda: hook(**registration))
+        done, exc = contain(hook, **registration)
     if exc is None and not done:
         exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
     if exc is not None:
+        what = what or f"the {culprit.key} kernel of {culprit.op}"
         return load_failure(culprit.origin, f"registering {what} (backend {backend})", exc,
                             culprit.op, culprit.key, culprit.source)
     return None
@@ -332,15 +365,17 @@ class Executor:
 
     def run(self) -> Materialized:
         settled = False
+        failed, actions = self.failed, self._actions
         for step in self.steps.steps:
             if step.action == "register-candidates" and not settled:
                 self._settle()  # chains are anchored in distributions that stay
                 settled = True
-            if step.distribution in self.failed:
+            distribution = step.origin.distribution
+            if distribution in failed:
                 continue
-            problem = self._actions[step.action](step)
+            problem = actions[step.action](step)
             if problem is not None:
-                self.failed[step.distribution] = problem
+                failed[distribution] = problem
         self._settle()
         return self._finish()
 
@@ -383,10 +418,10 @@ class Executor:
             primary = kernel.kind.primary
             payload = attrs.evolve(payload, **{primary: counted(
                 kernel.op, kernel.key, label, getattr(payload, primary))})
-        return _call_backend(self.materializers[planned.backend], planned.backend, kernel, f"the {kernel.key} kernel of {kernel.op}",
-                                  library=self.libs[step.distribution].get(kernel.namespace),
-                                  op=op.op if op else None, kernel=kernel, payload=payload,
-                                  fn=getattr(payload, kernel.kind.primary))
+        return _call_backend(self.materializers[planned.backend], planned.backend, kernel, None,
+                             library=self.libs[step.origin.distribution].get(step.namespace),
+                             op=op.op if op else None, kernel=kernel, payload=payload,
+                             fn=getattr(payload, payload.kind.primary))
 
     def _defer(self, step: Step, planned: Any) -> None:
         """Register ``step`` right after the package registers its own kernel for the key

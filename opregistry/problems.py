@@ -89,6 +89,8 @@ CODES: dict[str, Code] = _codes(
     ("lock-unreadable", _E, False, "locked mode: the lockfile cannot be used; nothing loads"),
     ("lock-mismatch", _E, True, "locked mode: an installed distribution differs from the lock"),
     ("lock-missing", _W, False, "locked mode: the lock names a distribution not installed"),
+    ("cache-declarations-differ", _E, False,
+     "a distribution's declarations differ from the plan cache's for the same inputs"),
     # -- backends -------------------------------------------------------------------------
     ("backend-conflict", _E, True, "two distributions declare a backend of the same name"),
     ("backend-shadowed", ("warning", "info"), False,

@@ -9,30 +9,33 @@ spawned processes, on every rank.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Dict, Iterable, Iterator, Tuple
 
 import attrs
 
 from .adopting import Adopter, activate, deactivate
+from .codec import Encoder
 from .collect import Collected, collect
 from .config import Policy, Settings
 from .containment import interrupts_watched
-from .discovery import discover, still_importing
+from .discovery import discover, load_origins, still_importing
 from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
-from .locked import gate
+from .locked import Gate, gate
 from .logs import get_logger
 from .materializer import Materialized, defined_ops, gc_paused
 from .model import Declarations, Problem, elide
 from .environment import Environment, TorchState, read_environment, run_check
 from .plan import KernelPlan, OpPlan, Plan
-from .resolver import resolve
+from .plancache import PlanCache, Recorded, backends_to_load, compare, drift, reuse
 from .state import process
 from .seal import Seal
 
-__all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock"]
+__all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock",
+           "check_cache", "cached_plan_id"]
 
 log = get_logger()
 
@@ -47,13 +50,19 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
     )
 
 
+#: the backends' materialize hooks, by (distribution, backend name)
+Materializers = Dict[Tuple[str, str], Callable[..., Any]]
+
+
 def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None],
-                         references: bool = False) -> tuple[Collected, Plan]:
+                         references: bool = False) -> tuple[Materializers, Plan]:
     with gc_paused(), interrupts_watched():
-        collected, resolved, env = _collect_and_resolve_unpaused(settings, torch_state)
-    if references:
+        if not references:
+            return _collect_and_resolve_unpaused(settings, torch_state)
+        # the references checked (doctor): built from the declarations, never from the cache
+        collected, resolved, env, _ = _build(settings, gate(settings), torch_state)
         collected, resolved = _with_reference_checks(collected, resolved, settings, env)
-    return collected, resolved
+        return collected.materializers, resolved
 
 
 def _with_reference_checks(collected: Collected, resolved: Plan, settings: Settings,
@@ -80,30 +89,110 @@ def _with_reference_checks(collected: Collected, resolved: Plan, settings: Setti
         declarations = attrs.evolve(collected.declarations,
                                     problems=collected.declarations.problems + tuple(found))
         collected = attrs.evolve(collected, declarations=declarations)
-        resolved = resolve(declarations, policy=settings.policy, environment=env)
+        resolved = _resolve(declarations, policy=settings.policy, environment=env)
 
 
 def _collect_and_resolve_unpaused(settings: Settings,
                                   torch_state: Callable[[], TorchState | None]
-                                  ) -> tuple[Collected, Plan, Environment]:
+                                  ) -> tuple[Materializers, Plan]:
     # locked mode (OPREGISTRY_LOCK): checked before any plugin module is imported
     lock_gate = gate(settings)
+    cache = PlanCache(settings, torch_imported="torch" in sys.modules)
+    state = process()
+    if not cache.enabled:
+        state.plan_cache = "off"
+        return _built(_build(settings, lock_gate, torch_state))
+    found = _cached(cache, settings, lock_gate, torch_state)
+    if found == "uncacheable":
+        return _built(_build(settings, lock_gate, torch_state))
+    if found is not None:
+        return found  # type: ignore[return-value]
+    with cache.building() as held:
+        # another process may have written the entry while this one waited for the lock
+        found = _cached(cache, settings, lock_gate, torch_state) if held else None
+        if isinstance(found, tuple):
+            return found
+        state.plan_cache = "miss"
+        stamper = cache.stamper()
+        before = set(sys.modules)
+        collected, resolved, env, answers = _build(settings, lock_gate, torch_state)
+        if found != "uncacheable":
+            cache.store(stamper, collected.declarations, resolved, env, answers,
+                        set(sys.modules) - before, _gate_part(lock_gate))
+        return collected.materializers, resolved
+
+
+def _built(built: tuple[Collected, Plan, Environment, dict[str, bool]]
+           ) -> tuple[Materializers, Plan]:
+    return built[0].materializers, built[1]
+
+
+def _resolve(decl: Any, **kwargs: Any) -> Plan:
+    """The resolver, imported when a plan is resolved (a warm plan cache needs none of it)."""
+    from .resolver import resolve
+
+    return resolve(decl, **kwargs)
+
+
+def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchState | None]
+           ) -> tuple[Collected, Plan, Environment, dict[str, bool]]:
+    """Discover, collect and resolve; also the environment read and the dispatcher's answers."""
     collected = collect(lock_gate.apply(discover(lock_gate.settings)))
     # torch's state is read after the plugins are imported: a plugin may register
     # with torch itself at import (a Library of its own), and the resolver must see it
-    decl, env = _read_environment(collected.declarations, torch_state(), read_foreign())
+    dispatcher = Recorded(torch_state())
+    decl, env = _read_environment(collected.declarations, dispatcher.state, read_foreign())
     collected = attrs.evolve(collected, declarations=decl)
-    return collected, resolve(decl, policy=settings.policy, environment=env), env
+    return collected, _resolve(decl, policy=settings.policy, environment=env), env, \
+        dispatcher.answers
 
 
-def _read_environment(decl: Declarations, dispatcher: TorchState | None, foreign: Any
-                      ) -> tuple[Declarations, Environment]:
-    """The environment, each load-time check run under the seal.
+def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
+            torch_state: Callable[[], TorchState | None]
+            ) -> tuple[Materializers, Plan] | str | None:
+    """The cached plan (``"uncacheable"``: the entry says it cannot be; ``None``: a miss).
 
-    A check (``when={"check": ...}``) is a distribution's code: one that
-    changes opregistry's own state is put back, unmet, and leaves its
-    distribution out (``opregistry-state-changed``), as at collection.
+    Imports and collects the backends only: their materialize hooks are needed,
+    and whether each is available is this process's to say.
     """
+    entry = cache.lookup()
+    if entry is None:
+        return None
+    if "uncacheable" in entry:
+        log.debug("plan cache: not cacheable", reason=entry["uncacheable"])
+        process().plan_cache = "uncacheable"
+        return "uncacheable"
+    try:
+        if entry["gate"] != _gate_part(lock_gate):
+            return None
+        live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
+        run, changed = _sealed_checks()
+        found = reuse(entry, live.declarations, torch_state(),
+                      lambda decl, env: _resolve(decl, policy=settings.policy, environment=env),
+                      run=run)
+    except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
+        log.debug("plan cache entry unusable", error=repr(exc))
+        return None
+    if found is None or changed:  # a check changed opregistry's state: judged uncached
+        return None
+    resolved, outcome = found
+    log.debug("plan cache", outcome=outcome)
+    state = process()
+    state.plan_cache = outcome
+    state.plan_entry = entry["id"] if outcome == "hit" else None
+    return live.materializers, resolved
+
+
+def _gate_part(lock_gate: Gate) -> str:
+    """What the locked mode decided, as a string to compare with the cached one."""
+    enc = Encoder()
+    return json.dumps([sorted(lock_gate.refused.items()),
+                       [enc.problem(p) for p in lock_gate.problems], lock_gate.everything,
+                       enc.table()])
+
+
+def _sealed_checks() -> tuple[Callable[[str], tuple[bool, str]], dict[str, list[Any]]]:
+    """A runner of load-time checks under the seal, and what each changed (filled as they run)."""
     changed: dict[str, list[Any]] = {}
 
     def sealed(ref: str) -> tuple[bool, str]:
@@ -115,6 +204,18 @@ def _read_environment(decl: Declarations, dispatcher: TorchState | None, foreign
         changed[ref] = changes
         return False, f"{ref} changed opregistry's own state (put back)"
 
+    return sealed, changed
+
+
+def _read_environment(decl: Declarations, dispatcher: TorchState | None, foreign: Any
+                      ) -> tuple[Declarations, Environment]:
+    """The environment, each load-time check run under the seal.
+
+    A check (``when={"check": ...}``) is a distribution's code: one that
+    changes opregistry's own state is put back, unmet, and leaves its
+    distribution out (``opregistry-state-changed``), as at collection.
+    """
+    sealed, changed = _sealed_checks()
     env = read_environment(decl, dispatcher, foreign, run=sealed)
     if not changed:
         return decl, env
@@ -262,7 +363,7 @@ class Registry:
                                    for o in deferred):
                 return ()
             with _importing_plugins("load"):
-                collected, full = _collect_and_resolve(self.settings, _snapshot)
+                materializers, full = _collect_and_resolve(self.settings, _snapshot)
             late = {o.distribution for o in deferred}
             problems = [p for p in full.problems
                         if p.leaves_out and {o.distribution for o in p.culprits} & late]
@@ -282,7 +383,7 @@ class Registry:
                 self.plan = attrs.evolve(self.plan, skipped=tuple(
                     attrs.evolve(s, deferred=False) for s in self.plan.skipped))
                 return tuple(problems)
-            added = materialize(_part(full, late), collected.materializers, self.settings.policy)
+            added = materialize(_part(full, late), materializers, self.settings.policy)
             self._materialized.libraries.update(added.libraries)
             self._materialized.ops.extend(added.ops)
             self._materialized.failed.update(added.failed)
@@ -434,12 +535,12 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
 def _load(settings: Settings) -> Registry:
     from .materializer import materialize
 
-    collected, resolved = _collect_and_resolve(settings, _snapshot)
+    materializers, resolved = _collect_and_resolve(settings, _snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
     seal = Seal()  # kernel modules and backends run now: opregistry's own state is sealed
     with interrupts_watched():
-        materialized = materialize(resolved, collected.materializers, settings.policy)
+        materialized = materialize(resolved, materializers, settings.policy)
     _undo_state_changes(seal, resolved, materialized)
     if settings.strict and materialized.problems:
         materialized.destroy()
@@ -509,6 +610,49 @@ def _reference_files(modules: dict[str, set[str]], origins: dict[str, Any]) -> d
             if found is not None:
                 files.setdefault(os.path.abspath(found), origins[dist])
     return files
+
+
+def cached_plan_id() -> str | None:
+    """The id of this environment's cached plan when :func:`plan` would return it as it is.
+
+    The checks of a load (the entry's stamps, the backends collected again,
+    the environment read again), without decoding the plan: what ``opregistry
+    list --json`` needs to print a listing kept of it (:func:`opregistry.plancache.listing`).
+    """
+    settings = _settings(None, None, None, None)
+    with process().lock, _importing_plugins("plan"), gc_paused():
+        lock_gate = gate(settings)
+        cache = PlanCache(settings, torch_imported="torch" in sys.modules)
+        entry = cache.lookup() if cache.enabled else None
+        if entry is None or "uncacheable" in entry or entry["gate"] != _gate_part(lock_gate):
+            return None
+        try:
+            live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
+            dispatcher = _snapshot() if "torch" in sys.modules else None
+            found = compare(entry, live.declarations, dispatcher)
+        except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss
+            log.debug("plan cache entry unusable", error=repr(exc))
+            return None
+    return entry["id"] if found is not None and found[0] == "hit" else None
+
+
+def check_cache(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = None,
+                policy: Policy | None = None) -> tuple[Problem, ...]:
+    """Read every distribution's declarations again and compare them with the plan cache's.
+
+    One ``cache-declarations-differ`` problem per distribution whose
+    declarations differ from those cached for the same inputs (its
+    declaration code reads something outside them); ``()`` when the cache
+    holds no valid entry for this environment.  ``opregistry doctor`` runs it.
+    """
+    settings = _settings(None, plugins, block, policy)
+    entry = PlanCache(settings, torch_imported="torch" in sys.modules).lookup()
+    if entry is None or "uncacheable" in entry:
+        return ()
+    with process().lock, _importing_plugins("plan"), gc_paused():
+        lock_gate = gate(settings)
+        fresh = collect(lock_gate.apply(discover(lock_gate.settings))).declarations
+    return tuple(drift(entry, fresh))
 
 
 def current_plan() -> Plan:

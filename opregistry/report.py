@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMAT_VERSION",
+    "cache_report",
     "STATUSES",
     "Match",
     "distribution",
@@ -636,3 +637,12 @@ def verify_report(lockfile: str, *, fingerprint: str | None = None,
     return {"format_version": FORMAT_VERSION, "ok": not differences and error is None,
             "lockfile": lockfile, "fingerprint": fingerprint, "differences": list(differences),
             "error": error, "not_covered": list(not_covered)}
+
+
+def cache_report(settings: Any = None) -> dict[str, Any]:
+    """``opregistry cache info``: the plan cache's directory, entries, and this environment's."""
+    from .config import Settings
+    from .plancache import info
+
+    return {"format_version": FORMAT_VERSION,
+            **info(settings if settings is not None else Settings.from_env())}

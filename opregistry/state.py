@@ -95,6 +95,12 @@ class ProcessState:
         #: what the first touch of torch.ops.<ns> imports: the loaded registry's adoptions
         #: (opregistry.adopting.Adopter; None: nothing is adopted lazily)
         self.adopter: Any = None
+        #: what the plan cache did for the last plan built (opregistry.plancache): ``"hit"``,
+        #: ``"resolved"`` (cached declarations resolved again), ``"miss"``, ``"uncacheable"``,
+        #: ``"off"``; ``None`` before any
+        self.plan_cache: str | None = None
+        #: the id of the cached plan the last plan built came from, as it is (a ``"hit"``)
+        self.plan_entry: str | None = None
 
 
 _state = ProcessState()

@@ -500,15 +500,22 @@ class Recorder:
 
 
 
-@contextlib.contextmanager
-def registering() -> Iterator[None]:
+class _Registering:
+    """The context manager :func:`registering` returns (a class: it is entered per registration)."""
+
+    __slots__ = ("thread", "outer")
+
+    def __enter__(self) -> None:
+        self.thread = thread = process().thread
+        self.outer, thread.registering = thread.registering, True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.thread.registering = self.outer
+
+
+def registering() -> _Registering:
     """Registrations opregistry makes itself, on this thread: not noted by the :class:`Recorder`."""
-    thread = process().thread
-    outer, thread.registering = thread.registering, True
-    try:
-        yield
-    finally:
-        thread.registering = outer
+    return _Registering()
 
 
 def recorder() -> Recorder:

@@ -101,6 +101,21 @@ def ns() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def plan_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The on-disk caches of the whole run (and of its subprocesses) in a folder of its own."""
+    import os
+
+    folder = tmp_path_factory.mktemp("opregistry-cache")
+    previous = os.environ.get("OPREGISTRY_CACHE_DIR")
+    os.environ["OPREGISTRY_CACHE_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("OPREGISTRY_CACHE_DIR", None)
+    else:
+        os.environ["OPREGISTRY_CACHE_DIR"] = previous
+
+
 @pytest.fixture(autouse=True)
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts and ends without a loaded registry or opregistry env vars."""

@@ -386,7 +386,8 @@ def test_help_names_every_command():
 # -- docs/cli.md -----------------------------------------------------------------
 
 CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
-COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "help", "completion")
+COMMANDS = ("list", "show", "plugins", "doctor", "check", "lock", "verify", "cache", "help",
+            "completion")
 
 
 def doc_blocks(lang: str) -> list[str]:

@@ -47,7 +47,8 @@ from ..logs import get_logger
 if TYPE_CHECKING:
     from .pyvalues import ModuleSource
 
-__all__ = ["scan_installed", "scan_distribution", "NOT_SCANNED", "PLUGIN_GROUPS", "CACHE_NAME"]
+__all__ = ["scan_installed", "scan_distribution", "scan_inputs", "NOT_SCANNED", "PLUGIN_GROUPS",
+           "CACHE_NAME"]
 
 #: distributions never scanned: torch owns its namespaces, opregistry's core is the registry
 NOT_SCANNED = frozenset({"torch", "opregistry"})
@@ -295,3 +296,22 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
         found.append(record)
     found.sort(key=lambda d: d.name)
     return ForeignScan(distributions=tuple(found), skipped=skipped, cached=hits)
+
+
+def scan_inputs(scan: ForeignScan) -> list[str]:
+    """Every file :func:`scan_installed` read to make ``scan``: what a cache of it must stamp.
+
+    Each installed distribution's ``METADATA`` and ``RECORD`` (a distribution
+    is scanned again when they change), and every file scanned of the torch
+    users and of the editable installs (whose sources change without them).
+    """
+    users = {d.name for d in scan.distributions}
+    found = []
+    for info in distributions():
+        location = info.installed.location
+        if not location or info.installed.name in NOT_SCANNED:
+            continue
+        found += [os.path.join(location, n) for n in ("METADATA", "RECORD")]
+        if info.installed.name in users or is_editable(info):
+            found += [path for path, _ in _scanned_files(info)]
+    return found

@@ -1,0 +1,185 @@
+"""Start-up against its floors, every target in one run: whole processes, warm plan cache.
+
+    python benchmarks/startup_targets.py [--sizes 1000 10000] [--reps 5] [--baseline DIR]
+                                         [--json out.json]
+
+Generates one-argument ops (CPU + fake + autograd + vmap, 10 per
+distribution) into temporary folders put on ``PYTHONPATH``, blocks every
+other installed op package (``OPREGISTRY_BLOCK``: only the measured ops
+count), and times, as separate processes, interleaved (A B C ..., A B C ...):
+
+* ``bare``: ``import torch`` without opregistry (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``);
+* ``backends``: ``import torch`` with opregistry and its backends, no op package;
+* ``floor N``: ``import torch`` + the same N ops registered with torch's own calls
+  (``raw_floor.REGISTER``: define, CPU / Autograd / FuncTorchBatched impl, fake);
+* ``import torch + N``: opregistry autoloading the N ops, warm plan cache;
+* ``list --json N``: ``opregistry list --json``, warm plan cache;
+* with ``--baseline DIR`` (``git archive main | tar -x -C DIR``, compiled first):
+  ``cold N``, the first ``import torch`` with an empty cache folder (the plan
+  built and written), this checkout vs ``DIR``'s code, each with its source
+  folders first on ``PYTHONPATH``.
+
+Each ratio is the median of the per-pair ratios (A/B of the same rep), for
+wall time and for CPU time (user + system: steadier on a shared machine);
+the min and max of the pairs show the noise.  Objects kept per op: the
+objects the garbage collector tracks after the load, less bare ``import
+torch``'s, per op, for opregistry and the floor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import benchops  # noqa: E402
+import raw_floor  # noqa: E402
+from bench_startup import source_paths  # noqa: E402
+
+OBJECTS = "import gc, torch; print(len(gc.get_objects()))"
+TARGETS = {"backends / bare": 1.03, "import torch + 1000 / floor 1000": 1.05,
+           "import torch + 10000 / floor 10000": 1.15, "list --json 1000 / bare": 0.10,
+           "list --json 10000 / bare": 0.30, "cold 1000 / baseline": 1.0,
+           "cold 10000 / baseline": 1.0}
+
+
+def _other_op_packages() -> str:
+    from opregistry.discovery import OPS_GROUP, entry_points
+
+    return ",".join(sorted({ep.dist.name for group, ep in entry_points() if group == OPS_GROUP
+                            and not ep.dist.name.startswith("gen-ops-")}))
+
+
+def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds of one process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=benchops.neutral_cwd())
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"{cmd} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def cases(root: Path, sizes: list[int], baseline: Path | None
+          ) -> dict[str, Callable[[], tuple[float, float]]]:
+    py = sys.executable
+    cli = shutil.which("opregistry", path=str(Path(py).parent)) or "opregistry"
+    block = _other_op_packages()
+    cache = root / "cache"
+
+    def env(paths: list[Path], **extra: str) -> dict[str, str]:
+        return benchops.environ([*paths, HERE], OPREGISTRY_CACHE_DIR=str(cache),
+                                OPREGISTRY_BLOCK=block, **extra)
+
+    found: dict[str, Callable[[], tuple[float, float]]] = {
+        "bare": lambda: run([py, "-c", "import torch"],
+                            env([], TORCH_DEVICE_BACKEND_AUTOLOAD="0")),
+        "backends": lambda: run([py, "-c", "import torch"], env([]))}
+    counter = [0]
+
+    def cold(paths: list[Path]) -> tuple[float, float]:
+        counter[0] += 1
+        return run([py, "-c", "import torch"],
+                   {**env(paths), "OPREGISTRY_CACHE_DIR": str(root / f"cold{counter[0]}")})
+
+    for n in sizes:
+        gen = root / f"gen{n}"
+        benchops.write_many(gen, n // 10, 10)
+        found[f"floor {n}"] = (lambda n=n: run([py, "-c", raw_floor.REGISTER, str(n)],
+                                               env([], TORCH_DEVICE_BACKEND_AUTOLOAD="0")))
+        found[f"import torch + {n}"] = lambda g=gen: run([py, "-c", "import torch"], env([g]))
+        found[f"list --json {n}"] = lambda g=gen: run([cli, "list", "--json"], env([g]))
+        if baseline is not None:
+            this, base = source_paths(HERE.parent), source_paths(baseline)
+            found[f"cold {n}"] = lambda g=gen, p=this: cold([*p, g])
+            found[f"cold {n} baseline"] = lambda g=gen, p=base: cold([*p, g])
+    return found
+
+
+def ratios(samples: dict[str, list[tuple[float, float]]], sizes: list[int]
+           ) -> dict[str, dict[str, float]]:
+    pairs = [("backends / bare", "backends", "bare")]
+    for n in sizes:
+        pairs += [(f"import torch + {n} / floor {n}", f"import torch + {n}", f"floor {n}"),
+                  (f"list --json {n} / bare", f"list --json {n}", "bare"),
+                  (f"cold {n} / baseline", f"cold {n}", f"cold {n} baseline")]
+    found = {}
+    for name, a, b in pairs:
+        if a not in samples or b not in samples:
+            continue
+        row = {}
+        for i, clock in enumerate(("wall", "cpu")):
+            per_pair = [x[i] / y[i] for x, y in zip(samples[a], samples[b])]
+            row[clock] = statistics.median(per_pair)
+            row[f"{clock}_min"], row[f"{clock}_max"] = min(per_pair), max(per_pair)
+        found[name] = row
+    return found
+
+
+def objects_per_op(root: Path, sizes: list[int]) -> dict[str, float]:
+    py = sys.executable
+    block = _other_op_packages()
+
+    def count(cmd: list[str], paths: list[Path], **extra: str) -> int:
+        env = benchops.environ([*paths, HERE], OPREGISTRY_CACHE_DIR=str(root / "cache"),
+                               OPREGISTRY_BLOCK=block, **extra)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
+                             cwd=benchops.neutral_cwd()).stdout
+        return int(out.split()[-1])
+
+    bare = count([py, "-c", OBJECTS], [], TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    found = {}
+    for n in sizes:
+        floor = count([py, "-c", raw_floor.REGISTER + "\nprint(len(gc.get_objects()))", str(n)],
+                      [], TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        ours = count([py, "-c", OBJECTS], [root / f"gen{n}"])
+        found[f"opregistry {n}"] = (ours - bare) / n
+        found[f"floor {n}"] = (floor - bare) / n
+    return found
+
+
+def main() -> int:
+    parser = benchops.size_parser(__doc__.splitlines()[0], reps=5)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="today's main, exported and compiled (cold start vs it)")
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        todo = cases(root, opts.sizes, opts.baseline)
+        for case in todo.values():  # warm: .pyc files, page cache, the plan cache
+            case()
+        samples = benchops.interleaved(todo, opts.reps)
+        objects = objects_per_op(root, opts.sizes)
+    print(f"whole processes, {opts.reps} interleaved reps; median [min-max] of per-pair ratios")
+    for name, values in samples.items():
+        print(f"  {name:28s} wall {statistics.median(v[0] for v in values):7.3f} s   "
+              f"cpu {statistics.median(v[1] for v in values):7.3f} s")
+    found = ratios(samples, opts.sizes)
+    for name, row in found.items():
+        target = TARGETS.get(name)
+        verdict = "" if target is None else (
+            f"target <= {target:.2f}: {'met' if row['cpu'] <= target else 'NOT MET'} (cpu)")
+        print(f"  {name:36s} wall {row['wall']:5.2f} [{row['wall_min']:.2f}-{row['wall_max']:.2f}]"
+              f"  cpu {row['cpu']:5.2f} [{row['cpu_min']:.2f}-{row['cpu_max']:.2f}]  {verdict}")
+    for name, per_op in objects.items():
+        print(f"  objects kept per op, {name:18s} {per_op:7.1f}")
+    if opts.json:
+        opts.json.write_text(json.dumps({"ratios": found, "objects_per_op": objects,
+                                         "seconds": samples}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,769 @@
+"""The plan cache: never stale (one test per input), robust, conditions never frozen.
+
+Each "never stale" test builds a small environment of real distributions
+(``*.dist-info`` + modules in a folder on ``PYTHONPATH``), runs a fresh
+process twice -- the second must be a cache hit, or the test could not fail
+-- changes one input, and checks that the next ``opregistry.plan()``
+(what ``opregistry list`` runs, no torch) and the next ``import torch``
+(opregistry's autoload) both see the change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opregistry import codec, inputs, plancache
+from opregistry.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ["opregistry-cpu", "opregistry-meta", "opregistry-autograd", "opregistry-vmap"]
+
+#: prints what ``opregistry list`` (plan(), no torch) and ``import torch`` see, and the
+#: cache's outcome of each
+PROBE = r"""
+import json, sys
+import opregistry
+from opregistry.state import process
+out = {}
+plan = opregistry.plan()
+out["list"] = {"ops": sorted(op.op.qualname for op in plan.ops),
+               "kernels": sorted(f"{k.kernel.op}/{k.kernel.key}/{k.status}" for k in plan.kernels()),
+               "errors": sorted(p.code for p in plan.errors), "cache": process().plan_cache}
+if "--torch" in sys.argv:
+    import torch
+    r = opregistry.get_registry()
+    out["torch"] = {"ops": sorted(op.op.qualname for op in r.ops),
+                    "kernels": sorted(f"{k.kernel.op}/{k.kernel.key}/{k.status}" for k in r.kernels),
+                    "cache": process().plan_cache}
+print(json.dumps(out))
+"""
+
+MODULE = """
+from opregistry import OpLibrary
+lib = OpLibrary({ns!r})
+lib.define("{op}(Tensor x) -> Tensor", kernels={{"cpu": "{kmod}:clone"}})
+"""
+KERNELS = "def clone(x):\n    return x.clone()\n"
+
+
+class Env:
+    """A folder of distributions, a cache folder, and the processes that look at them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.site = tmp / "site"
+        self.site.mkdir()
+        self.cache = tmp / "cache"
+        self.extra: list[Path] = []
+        self.vars: dict[str, str] = {}
+        (self.site / "pc_kernels.py").write_text(KERNELS)
+
+    def dist(self, name: str, module: str, source: str, *, version: str = "1.0",
+             group: str = "opregistry.ops", where: Path | None = None,
+             attr: str = "lib") -> Path:
+        where = where or self.site
+        info = where / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {module}:{attr}\n")
+        (where / f"{module}.py").write_text(textwrap.dedent(source))
+        return info
+
+    def op_dist(self, name: str, ns: str, op: str, **kw: Any) -> Path:
+        return self.dist(name, name.replace("-", "_"), MODULE.format(ns=ns, op=op, kmod="pc_kernels"),
+                         **kw)
+
+    def environ(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPREGISTRY_")}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env.update(self.vars)
+        env["OPREGISTRY_CACHE_DIR"] = str(self.cache)
+        env["OPREGISTRY_BLOCK"] = env.get("OPREGISTRY_BLOCK", "tutorial-ops,nnkit,nnkit-contrib,"
+                                                               "extension-cpp")
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in [*self.extra, self.site])
+        return env
+
+    def probe(self, *, torch: bool = True, **extra: str) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", PROBE, *(["--torch"] if torch else [])],
+                              capture_output=True, text=True, env={**self.environ(), **extra},
+                              cwd=str(self.site.parent), timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def warm(self, **kw: Any) -> dict[str, Any]:
+        """Probe twice: the second must come from the cache, for list and import torch alike."""
+        self.probe(**kw)
+        found = self.probe(**kw)
+        assert found["list"]["cache"] == "hit", found
+        if kw.get("torch", True):
+            assert found["torch"]["cache"] == "hit", found
+        return found
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    return Env(tmp_path)
+
+
+def _sees(found: dict[str, Any], op: str, present: bool = True) -> None:
+    for view in ("list", "torch"):
+        if view in found:
+            assert (op in found[view]["ops"]) is present, (view, found[view])
+
+
+def _touch_later(path: Path) -> None:
+    """Give ``path`` a modification time clearly later than before."""
+    st_ = path.stat()
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns + 5_000_000_000))
+
+
+# -- never stale: one test per input -----------------------------------------------------
+
+
+def test_install_a_distribution(env: Env) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    _sees(env.warm(), "pcone::f")
+    env.op_dist("pc-two", "pctwo", "g")
+    _sees(env.probe(), "pctwo::g")
+
+
+def test_uninstall_a_distribution(env: Env) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    info = env.op_dist("pc-two", "pctwo", "g")
+    _sees(env.warm(), "pctwo::g")
+    shutil.rmtree(info)
+    found = env.probe()
+    _sees(found, "pctwo::g", present=False)
+    _sees(found, "pcone::f")
+
+
+def test_upgrade_a_distribution(env: Env) -> None:
+    info = env.op_dist("pc-one", "pcone", "f")
+    _sees(env.warm(), "pcone::f")
+    shutil.rmtree(info)
+    env.op_dist("pc-one", "pcone", "f2", version="2.0")
+    found = env.probe()
+    _sees(found, "pcone::f2")
+    _sees(found, "pcone::f", present=False)
+
+
+def test_reinstall_the_same_version_with_other_entry_points(env: Env) -> None:
+    info = env.op_dist("pc-one", "pcone", "f")
+    (env.site / "pc_other.py").write_text(textwrap.dedent(MODULE.format(
+        ns="pcother", op="h", kmod="pc_kernels")))
+    _sees(env.warm(), "pcone::f")
+    shutil.rmtree(info)
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-one\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[opregistry.ops]\npc-one = pc_other:lib\n")
+    _sees(env.probe(), "pcother::h")
+
+
+def test_pythonpath_change(env: Env, tmp_path: Path) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    _sees(env.warm(), "pcone::f")
+    other = tmp_path / "other"
+    other.mkdir()
+    env.op_dist("pc-far", "pcfar", "g", where=other)
+    env.extra.append(other)
+    _sees(env.probe(), "pcfar::g")
+
+
+def test_a_new_pth_file(env: Env, tmp_path: Path) -> None:
+    """A ``.pth`` in site-packages adds a folder to sys.path: its distributions count."""
+    import site
+
+    env.op_dist("pc-one", "pcone", "f")
+    _sees(env.warm(), "pcone::f")
+    other = tmp_path / "viapth"
+    other.mkdir()
+    env.op_dist("pc-pth", "pcpth", "g", where=other)
+    # the site folder is a site dir for this check: the probe adds it with site.addsitedir
+    (env.site / "pc_extra.pth").write_text(str(other) + "\n")
+    env.vars["PYTHONSTARTUP"] = ""
+    code = f"import site; site.addsitedir({str(env.site)!r})\n" + PROBE
+    done = subprocess.run([sys.executable, "-c", code, "--torch"], capture_output=True,
+                          text=True, env=env.environ(), cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr
+    _sees(json.loads(done.stdout.strip().splitlines()[-1]), "pcpth::g")
+    assert site  # the module the probe uses
+
+
+def test_editable_source_tree_changes_without_its_dist_info(env: Env, tmp_path: Path) -> None:
+    """An editable install: the dist-info stays, the source folder (on sys.path) changes."""
+    src = tmp_path / "src"
+    (src / "pcedit").mkdir(parents=True)
+    (src / "pcedit" / "__init__.py").write_text("")
+    decl = src / "pcedit" / "registry.py"
+    decl.write_text(textwrap.dedent(MODULE.format(ns="pcedit", op="f", kmod="pc_kernels")))
+    info = env.site / "pc_edit-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-edit\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[opregistry.ops]\npc-edit = pcedit.registry:lib\n")
+    env.extra.append(src)
+    _sees(env.warm(), "pcedit::f")
+    decl.write_text(textwrap.dedent(MODULE.format(ns="pcedit", op="renamed", kmod="pc_kernels")))
+    _sees(env.probe(), "pcedit::renamed")
+
+
+def test_edit_a_declaration_module_keeping_its_size(env: Env) -> None:
+    env.op_dist("pc-one", "pcone", "f1")
+    _sees(env.warm(), "pcone::f1")
+    path = env.site / "pc_one.py"
+    before = path.stat()
+    path.write_text(path.read_text().replace("f1(", "f2("))
+    assert path.stat().st_size == before.st_size
+    _sees(env.probe(), "pcone::f2")
+
+
+def test_edit_a_declaration_module_keeping_its_mtime(env: Env) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    path = env.site / "pc_one.py"
+    _sees(env.warm(), "pcone::f")
+    before = path.stat()
+    path.write_text(path.read_text().replace('"f(', '"longer_name('))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+    _sees(env.probe(), "pcone::longer_name")
+
+
+def test_edit_an_old_file_keeping_its_size_and_mtime_in_content_mode(env: Env) -> None:
+    """Size and time alike: only OPREGISTRY_CACHE_CHECK=content sees it (as locked mode)."""
+    env.op_dist("pc-one", "pcone", "f1")
+    path = env.site / "pc_one.py"
+    old = time.time_ns() - 3600 * 10**9  # not racy: size and time are all that is checked
+    os.utime(path, ns=(old, old))
+    env.vars["OPREGISTRY_CACHE_CHECK"] = "content"
+    _sees(env.warm(), "pcone::f1")
+    path.write_text(path.read_text().replace("f1(", "f2("))
+    os.utime(path, ns=(old, old))
+    # Python's own .pyc of it is checked by size and time too: it would import the old code
+    shutil.rmtree(env.site / "__pycache__")
+    _sees(env.probe(), "pcone::f2")
+
+
+def test_a_data_file_the_declarations_read(env: Env) -> None:
+    """Declaration code may read its package's files: a data file is an input."""
+    pkg = env.site / "pcdata"
+    pkg.mkdir()
+    (pkg / "names.json").write_text('["a"]')
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        import json, os
+        from opregistry import OpLibrary
+        lib = OpLibrary("pcdata")
+        with open(os.path.join(os.path.dirname(__file__), "names.json")) as f:
+            for name in json.load(f):
+                lib.define(f"{name}(Tensor x) -> Tensor", kernels={"cpu": "pc_kernels:clone"})
+    """))
+    info = env.site / "pc_data-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-data\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[opregistry.ops]\npc-data = pcdata:lib\n")
+    _sees(env.warm(), "pcdata::a")
+    (pkg / "names.json").write_text('["b"]')
+    _sees(env.probe(), "pcdata::b")
+
+
+def test_the_configuration_file(env: Env, tmp_path: Path) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    env.op_dist("pc-two", "pctwo", "g")
+    config = tmp_path / "opregistry.toml"
+    config.write_text("")
+    env.vars["OPREGISTRY_CONFIG"] = str(config)
+    found = env.warm()
+    assert "pctwo::g/CPU/active" in found["list"]["kernels"], found
+    config.write_text('kernels = ["-pctwo::g:CPU"]\n')
+    found = env.probe()
+    assert "pctwo::g/CPU/disabled" in found["list"]["kernels"], found
+    assert "pctwo::g/CPU/disabled" in found["torch"]["kernels"], found
+
+
+def test_an_opregistry_variable(env: Env) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    _sees(env.warm(), "pcone::f")
+    env.vars["OPREGISTRY_KERNELS"] = "-pcone::f:CPU"
+    found = env.probe()
+    assert "pcone::f/CPU/disabled" in found["list"]["kernels"], found
+    assert "pcone::f/CPU/disabled" in found["torch"]["kernels"], found
+
+
+def test_uninstall_a_backend(env: Env) -> None:
+    """A backend of the environment goes: the kernels it served become inactive."""
+    env.dist("pc-backend", "pc_backend", """
+        from opregistry.backend import DeviceBackend
+        backend = DeviceBackend("pcxpu", key="XPU")
+    """, group="opregistry.backends", attr="backend")
+    env.dist("pc-xpu-ops", "pc_xpu_ops", MODULE.format(ns="pcxpu", op="f", kmod="pc_kernels")
+             .replace('{"cpu": ', '{"xpu": "pc_kernels:clone", "cpu": '))
+    found = env.warm()
+    assert "pcxpu::f/XPU/active" in found["list"]["kernels"], found
+    shutil.rmtree(env.site / "pc_backend-1.0.dist-info")
+    found = env.probe()
+    assert "pcxpu::f/XPU/inactive" in found["list"]["kernels"], found
+    assert "pcxpu::f/XPU/inactive" in found["torch"]["kernels"], found
+
+
+def test_swap_two_distributions_on_sys_path(env: Env, tmp_path: Path) -> None:
+    """Two folders hold a module of the same name: the first on sys.path is imported."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, op in ((first, "from_first"), (second, "from_second")):
+        folder.mkdir()
+        (folder / "pc_shared.py").write_text(textwrap.dedent(MODULE.format(
+            ns="pcshared", op=op, kmod="pc_kernels")))
+    info = env.site / "pc_shared-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-shared\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[opregistry.ops]\npc-shared = pc_shared:lib\n")
+    env.extra[:] = [first, second]
+    _sees(env.warm(), "pcshared::from_first")
+    env.extra[:] = [second, first]
+    _sees(env.probe(), "pcshared::from_second")
+
+
+def test_another_torch_sharing_the_cache_directory(env: Env, tmp_path: Path) -> None:
+    """Another environment with another torch (its files read, never imported, by ``list``):
+    a candidate's torch condition is evaluated again, never taken from the cache."""
+    env.dist("pc-cond", "pc_cond", """
+        from opregistry import Candidate, OpLibrary
+        lib = OpLibrary("pccond")
+        lib.define("f(Tensor x) -> Tensor", kernels={"cpu": [
+            Candidate("pc_kernels:clone", when={"torch": ">=99.0"}), "pc_kernels:clone"]})
+    """)
+    found = env.warm(torch=False)
+    assert "pccond::f/CPU/unmet" in found["list"]["kernels"], found
+    fake = tmp_path / "othertorch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('a stand-in: read, never imported')\n")
+    (fake / "version.py").write_text("__version__ = '99.1.0'\ncuda = None\n")
+    env.extra.append(fake.parent)
+    found = env.probe(torch=False)
+    assert "pccond::f/CPU/active" in found["list"]["kernels"], found
+    env.extra.clear()
+    found = env.probe(torch=False)  # back in the first environment: its own entry
+    assert "pccond::f/CPU/unmet" in found["list"]["kernels"], found
+    assert found["list"]["cache"] == "hit"
+
+
+def test_python_platform_and_settings_name_the_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's version, the platform and every OPREGISTRY_* variable are in the slot."""
+    s = Settings()
+    base = inputs.slot(s, torch_imported=False, content=False, environ={})
+    assert base == inputs.slot(s, torch_imported=False, content=False, environ={})
+    assert base != inputs.slot(s, torch_imported=True, content=False, environ={})
+    assert base != inputs.slot(s, torch_imported=False, content=False,
+                               environ={"OPREGISTRY_STRICT": "1"})
+    monkeypatch.setattr(sys, "version", sys.version + " other")
+    assert base != inputs.slot(s, torch_imported=False, content=False, environ={})
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "platform", "other")
+    assert base != inputs.slot(s, torch_imported=False, content=False, environ={})
+
+
+def test_opregistry_itself_is_an_input(env: Env) -> None:
+    """opregistry's own files (an editable checkout, a new version) are in the manifest."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.warm(torch=False)
+    [entry] = [json.loads(p.read_text()) for p in (env.cache / "plans").glob("*.json")]
+    files = entry["value"]["manifest"]["files"]
+    assert str(ROOT / "opregistry" / "resolver" / "impls.py") in files
+    assert str(env.site / "pc_one.py") in files
+
+
+# -- conditions are never frozen -----------------------------------------------------------
+
+
+def test_backend_availability_is_asked_at_every_load(env: Env) -> None:
+    env.dist("pc-backend", "pc_backend", """
+        import os
+        from opregistry.backend import DeviceBackend
+        backend = DeviceBackend("pcxpu", key="XPU",
+                                available=lambda: os.environ.get("PC_XPU") == "1")
+    """, group="opregistry.backends", attr="backend")
+    env.dist("pc-xpu-ops", "pc_xpu_ops", MODULE.format(ns="pcxpu", op="f", kmod="pc_kernels")
+             .replace('{"cpu": ', '{"xpu": "pc_kernels:clone", "cpu": '))
+    found = env.warm(torch=False)
+    assert "pcxpu::f/XPU/unavailable" in found["list"]["kernels"], found
+    found = env.probe(torch=False, PC_XPU="1")
+    assert "pcxpu::f/XPU/active" in found["list"]["kernels"], found
+    assert found["list"]["cache"] == "resolved"
+
+
+# -- what cannot be cached, and doctor -------------------------------------------------------
+
+
+def test_a_decorator_style_package_is_not_cached(env: Env) -> None:
+    env.dist("pc-deco", "pc_deco", """
+        from opregistry import OpLibrary
+        lib = OpLibrary("pcdeco")
+        def clone(x):
+            return x.clone()
+        lib.define("f(Tensor x) -> Tensor", kernels={"cpu": clone})
+    """)
+    env.probe(torch=False)
+    found = env.probe(torch=False)
+    assert found["list"]["cache"] == "uncacheable"
+    _sees(found, "pcdeco::f")
+    info = subprocess.run([sys.executable, "-m", "opregistry", "cache", "info", "--json"],
+                          capture_output=True, text=True, env=env.environ(),
+                          cwd=str(env.site.parent))
+    status = json.loads(info.stdout)["this_environment"]["opregistry list"]
+    assert status["status"] == "uncacheable" and "pc-deco" in status["reason"], status
+
+
+def test_doctor_names_a_distribution_whose_declarations_are_not_data(env: Env) -> None:
+    env.dist("pc-drift", "pc_drift", """
+        import os
+        from opregistry import OpLibrary
+        lib = OpLibrary("pcdrift")
+        lib.define(os.environ.get("PC_NAME", "a") + "(Tensor x) -> Tensor",
+                   kernels={"cpu": "pc_kernels:clone"})
+    """)
+    env.warm(torch=False)
+    found = env.probe(torch=False, PC_NAME="b")
+    assert found["list"]["ops"] == ["pcdrift::a"]  # the contract broken: a stale plan
+    done = subprocess.run([sys.executable, "-m", "opregistry", "doctor", "--json"],
+                          capture_output=True, text=True, env={**env.environ(), "PC_NAME": "b"},
+                          cwd=str(env.site.parent))
+    problems = json.loads(done.stdout)["problems"]
+    [drift] = [p for p in problems if p["code"] == "cache-declarations-differ"]
+    assert drift["distributions"][0]["name"] == "pc-drift"
+    assert done.returncode == 1
+    clean = subprocess.run([sys.executable, "-m", "opregistry", "doctor", "--json"],
+                           capture_output=True, text=True, env=env.environ(),
+                           cwd=str(env.site.parent))
+    assert "cache-declarations-differ" not in clean.stdout
+
+
+# -- robust ------------------------------------------------------------------------------
+
+
+def _entry(env: Env) -> Path:
+    [path] = list((env.cache / "plans").glob("*.json"))
+    return path
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not json", "foreign version", "malformed",
+                                    "unreadable"])
+def test_a_bad_entry_is_ignored_and_rebuilt(env: Env, damage: str) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    env.warm(torch=False)
+    path = _entry(env)
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "not json":
+        path.write_bytes(b"\x00\xffnot json")
+    elif damage == "foreign version":
+        data = json.loads(path.read_text())
+        data["stamp"] = "plan-999"
+        path.write_text(json.dumps(data))
+    elif damage == "malformed":
+        data = json.loads(path.read_text())
+        data["value"]["plan"]["ops"] = [["not", "an", "op"]]
+        path.write_text(json.dumps(data))
+    else:  # a folder where the file should be: unreadable whoever runs the test
+        path.unlink()
+        path.mkdir()
+    found = env.probe(torch=False)
+    assert found["list"]["ops"] == ["pcone::f"] and found["list"]["errors"] == []
+    assert found["list"]["cache"] == "miss"
+
+
+@pytest.mark.parametrize("where", ["a file", "missing"])
+def test_an_unusable_cache_directory_means_no_cache(env: Env, tmp_path: Path, where: str) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    env.cache = blocker / "cache" if where == "a file" else tmp_path / "new" / "deeper"
+    for _ in range(2):
+        found = env.probe(torch=False)
+        assert found["list"]["ops"] == ["pcone::f"]
+    assert found["list"]["cache"] == ("miss" if where == "a file" else "hit")
+
+
+def test_cache_off(env: Env) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    found = env.probe(OPREGISTRY_CACHE="0")
+    assert found["list"]["cache"] == found["torch"]["cache"] == "off"
+    assert not env.cache.exists()
+
+
+def test_sixteen_processes_at_once_build_once(env: Env) -> None:
+    """DataLoader workers, torchrun ranks: one process builds, the others wait and read it."""
+    for i in range(20):
+        env.op_dist(f"pc-many-{i}", f"pcmany{i}", "f")
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env.environ(),
+                              cwd=str(env.site.parent)) for _ in range(16)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1])["list"])
+    assert all(r["ops"] == results[0]["ops"] for r in results) and len(results[0]["ops"]) == 20
+    outcomes = sorted(r["cache"] for r in results)
+    assert outcomes.count("miss") == 1, outcomes
+    assert env.probe(torch=False)["list"]["cache"] == "hit"
+    assert not [p for p in (env.cache / "plans").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_a_held_lock_times_out_and_the_process_builds(tmp_path: Path, monkeypatch) -> None:
+    import opregistry
+    from opregistry.state import process
+
+    monkeypatch.setenv("OPREGISTRY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(plancache, "LOCK_TIMEOUT", 0.2)
+    cache = plancache.PlanCache(Settings.from_env(allow=frozenset(BACKENDS)),
+                                torch_imported=False)
+    with cache.disk.lock(cache.key, 1.0) as held:
+        assert held
+        started = time.monotonic()
+        plan = opregistry.plan(plugins=BACKENDS)
+        assert time.monotonic() - started < 20
+    assert process().plan_cache == "miss" and plan.backends
+
+
+def test_locked_mode_proves_files_before_a_cached_plan_is_used(env: Env, tmp_path: Path) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    lock = tmp_path / "reg.lock"
+    done = subprocess.run([sys.executable, "-m", "opregistry", "lock", "-o", str(lock)],
+                          capture_output=True, text=True, env=env.environ(),
+                          cwd=str(env.site.parent))
+    assert done.returncode == 0, done.stderr
+    env.vars["OPREGISTRY_LOCK"] = str(lock)
+    _sees(env.warm(torch=False), "pcone::f")
+    path = env.site / "pc_one.py"
+    before = path.stat()
+    path.write_text(path.read_text().replace('"f(', '"g('))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    found = env.probe(torch=False)
+    assert "lock-mismatch" in found["list"]["errors"], found
+    _sees(found, "pcone::f", present=False)
+
+
+def test_cache_command_info_and_clear(env: Env) -> None:
+    env.op_dist("pc-one", "pcone", "f")
+    env.warm(torch=False)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "opregistry", "cache", *args],
+                              capture_output=True, text=True, env=env.environ(),
+                              cwd=str(env.site.parent))
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    info = json.loads(cli("info", "--json"))
+    assert info["directory"] == str(env.cache / "plans") and info["entries"] == 1
+    assert info["this_environment"]["opregistry list"]["status"] == "valid"
+    assert "removed 1 plan cache entry" in cli("clear")
+    assert json.loads(cli("info", "--json"))["entries"] == 0
+
+
+# -- the codec -----------------------------------------------------------------------------
+
+
+def test_codec_round_trip_of_the_installed_registry() -> None:
+    """Every record of this environment's declarations and plan survives the round trip."""
+    from opregistry.collect import collect
+    from opregistry.discovery import discover
+    from opregistry.environment import read_environment
+    from opregistry.resolver import resolve
+
+    decl = collect(discover(Settings())).declarations
+    plan = resolve(decl, environment=read_environment(decl))
+    enc = codec.Encoder()
+    data = json.loads(json.dumps({"d": enc.declarations(decl), "p": enc.plan(plan),
+                                  "o": enc.table()}))
+    dec = codec.Decoder(data["o"], data["d"])
+    assert dec.declarations() == decl
+    again = dec.plan(data["p"])
+    assert again == plan and again.to_dict() == plan.to_dict()
+
+
+# -- the property: cached and uncached runs give equal plans ---------------------------------
+
+_CHANGES = st.lists(st.sampled_from(["install", "uninstall", "edit", "edit-same-size",
+                                     "variable", "nothing"]), min_size=1, max_size=4)
+
+
+def _plan_dict(env: Env, **extra: str) -> str:
+    code = "import json, opregistry; print(json.dumps(opregistry.plan().to_dict()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env.environ(), **extra}, cwd=str(env.site.parent), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(changes=_CHANGES)
+def test_cached_and_uncached_plans_are_equal(tmp_path_factory: pytest.TempPathFactory,
+                                             changes: list[str]) -> None:
+    env = Env(tmp_path_factory.mktemp("prop"))
+    env.op_dist("pc-base", "pcbase", "f")
+    installed = []
+    for step, change in enumerate(changes):
+        if change == "install":
+            installed.append(env.op_dist(f"pc-new-{step}", f"pcnew{step}", "g"))
+        elif change == "uninstall" and installed:
+            shutil.rmtree(installed.pop())
+        elif change in ("edit", "edit-same-size"):
+            path = env.site / "pc_base.py"
+            text = path.read_text()
+            path.write_text(text.replace("Tensor x", "Tensor y") if change == "edit-same-size"
+                            else text + f"lib.define('e{step}(Tensor x) -> Tensor', "
+                                        f"kernels={{'cpu': 'pc_kernels:clone'}})\n")
+        elif change == "variable":
+            env.vars["OPREGISTRY_ALLOW_OVERRIDE"] = f"ns{step}"
+        cached = _plan_dict(env)
+        assert cached == _plan_dict(env)  # again: from the cache
+        assert cached == _plan_dict(env, OPREGISTRY_CACHE="0")
+
+
+def test_a_package_that_registers_with_torch_by_itself_changes(env: Env) -> None:
+    """The scan of packages that use torch.library directly is an input: its files are stamped."""
+    info = env.site / "pc_foreign-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-foreign\nVersion: 1.0\n"
+                                   "Requires-Dist: torch\n")
+    module = env.site / "pc_foreign.py"
+    module.write_text('import torch\nlib = torch.library.Library("pcheld", "DEF")\n'
+                      'lib.define("f(Tensor x) -> Tensor")\n')
+    (info / "RECORD").write_text("pc_foreign.py,,\npc_foreign-1.0.dist-info/METADATA,,\n"
+                                 "pc_foreign-1.0.dist-info/RECORD,,\n")
+    env.op_dist("pc-one", "pcheld", "g")
+    found = env.warm(torch=False)
+    assert "namespace-held-by-package" in found["list"]["errors"], found
+    module.write_text(module.read_text().replace('"pcheld"', '"pcelsewhere"'))
+    found = env.probe(torch=False)
+    assert found["list"]["errors"] == [] and "pcheld::g" in found["list"]["ops"], found
+
+
+def test_list_json_is_printed_from_the_listing_of_the_cached_plan(env: Env) -> None:
+    """``opregistry list --json`` keeps the listing of a cached plan: the same bytes, never stale."""
+    env.op_dist("pc-one", "pcone", "f")
+
+    def listing(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "opregistry", "list", "--json", *args],
+                              capture_output=True, text=True, env=env.environ(),
+                              cwd=str(env.site.parent))
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first, second, third = listing(), listing(), listing()
+    assert first == second == third
+    [kept] = list((env.cache / "listings").glob("*.json"))
+    kept.write_text(kept.read_text().replace("pcone::f", "pcone::kept"))
+    assert '"pcone::kept"' in listing()  # printed from the kept listing, not made again
+    path = env.site / "pc_one.py"
+    path.write_text(path.read_text().replace('"f(', '"g('))
+    after = listing()
+    assert '"pcone::g"' in after and '"pcone::f"' not in after
+    assert listing() == after
+    assert json.loads(listing("-n", "pcone"))["ops"][0]["name"] == "pcone::g"
+
+
+def test_old_entries_are_pruned(tmp_path: Path) -> None:
+    from opregistry.diskcache import DiskCache
+
+    disk = DiskCache.open("things", stamp="v1", environ={"OPREGISTRY_CACHE_DIR": str(tmp_path)})
+    for i in range(5):
+        assert disk.store(f"k{i}", i)
+        os.utime(disk.path(f"k{i}"), ns=(i * 10**9, i * 10**9))
+    assert disk.prune(2) == 3
+    assert [disk.load(f"k{i}") for i in range(5)] == [None, None, None, 3, 4]
+
+
+def test_the_backends_group_is_discoverys() -> None:
+    from opregistry.discovery import BACKENDS_GROUP
+
+    assert plancache.BACKENDS_GROUP == BACKENDS_GROUP
+
+
+def test_the_codec_writes_every_field_of_every_record() -> None:
+    """A field added to a record must be added to the codec: this fails until it is."""
+    import importlib
+
+    import attrs
+
+    modules = [importlib.import_module(f"opregistry.{m}")
+               for m in ("model", "plan", "conditions", "references", "environment", "adoption",
+                         "foreign")]
+    for name, fields in codec.ENCODED.items():
+        [cls] = {getattr(m, name) for m in modules if isinstance(getattr(m, name, None), type)}
+        assert tuple(a.name for a in attrs.fields(cls)) == fields, name
+
+
+ADOPTION_PROBE = r"""
+import json, sys
+import torch
+import opregistry
+from opregistry.state import process
+r = opregistry.get_registry()
+before = "pcfp" in sys.modules
+out = torch.ops.pcfp.scale(torch.ones(1), 3.0).item()
+print(json.dumps({"cache": process().plan_cache, "imported_at_load": before, "out": out,
+                  "errors": sorted(p.code for p in r.plan.errors),
+                  "adopted": [a.name for a in r.plan.adoptions if a.active]}))
+"""
+
+
+def test_a_cached_plan_adopts_and_protects_as_a_fresh_one(env: Env) -> None:
+    """Adoption and the foreign owners come from the cached plan: lazy import, the same refusal."""
+    from . import adoption_dists
+
+    adoption_dists.write(env.site, "pcfp", {"pcfp/__init__.py": """
+        import torch
+        lib = torch.library.Library("pcfp", "DEF")
+        lib.define("scale(Tensor x, float f) -> Tensor")
+        lib.impl("scale", lambda x, f: x * f, "CompositeExplicitAutograd")
+    """})
+    env.op_dist("pc-claim", "pcfp", "twice")  # a DEF of the package's namespace: refused
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", ADOPTION_PROBE], capture_output=True,
+                              text=True, env=env.environ(), cwd=str(env.site.parent), timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert [r["cache"] for r in runs] == ["miss", "hit"]
+    for found in runs:
+        assert found["errors"] == ["namespace-held-by-package"]
+        assert found["adopted"] == ["pcfp"] and not found["imported_at_load"]
+        assert found["out"] == 3.0
+
+
+CHECK = """
+import os
+
+def feature():
+    return os.environ.get("PC_FEATURE") == "1", "PC_FEATURE=" + os.environ.get("PC_FEATURE", "")
+"""
+
+
+def test_load_time_checks_run_on_every_load_of_a_cached_plan(env: Env) -> None:
+    """A check's outcome is a fact of this load: the cached declarations are resolved again."""
+    (env.site / "pc_check.py").write_text(CHECK)
+    env.dist("pc-checked", "pc_checked", """
+        from opregistry import Candidate, OpLibrary
+        lib = OpLibrary("pcchk")
+        lib.define("f(Tensor x) -> Tensor", kernels={"cpu": [
+            Candidate("pc_kernels:clone", when={"check": "pc_check:feature"}), "pc_kernels:clone"]})
+    """)
+    first = env.probe(PC_FEATURE="1")
+    again = env.probe(PC_FEATURE="1")
+    other = env.probe(PC_FEATURE="0")
+    assert again["torch"]["cache"] == "hit"
+    assert "pcchk::f/CPU/active" in first["torch"]["kernels"]
+    assert "pcchk::f/CPU/unmet" not in again["torch"]["kernels"]
+    assert other["torch"]["cache"] == "resolved"
+    assert "pcchk::f/CPU/unmet" in other["torch"]["kernels"]

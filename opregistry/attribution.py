@@ -68,14 +68,21 @@ class Attributor:
     def kernel_by(self, op: str, key: str, site: str | None) -> dict[str, Any] | None:
         """The owner of ``op``'s kernel for ``key``, which torch records at ``site``."""
         mine = self.ours.get(op)
-        if mine is not None and site is not None and site in self.library_sites:
-            o = mine.op.origin
-            if o is not None:
-                return {"name": o.distribution, "version": o.version, "how": "opregistry",
-                        "site": site}
         recorded = self.sites.get((op, key)) or (self.sites.get((op, "Fake"))
                                                  if key == "Meta" else None)
+        if (mine is not None and mine.op.origin is not None and site is not None
+                and (site in self.library_sites
+                     or (recorded is None and site in self._library_lines()))):
+            o = mine.op.origin
+            return {"name": o.distribution, "version": o.version, "how": "opregistry",
+                    "site": site}
         return self._from_site(op, recorded, site)
+
+    def _library_lines(self) -> frozenset[str]:
+        """opregistry's libraries as a torch that records no Python file writes them
+        (2.8: ``/dev/null:LINE``, the declaration's line): for an op opregistry defined,
+        a kernel there that no package registered through ``torch.library`` is opregistry's."""
+        return frozenset(f"/dev/null:{s.rpartition(':')[2]}" for s in self.library_sites)
 
     def _from_site(self, op: str, recorded: str | None, torch_site: str | None
                    ) -> dict[str, Any] | None:

@@ -342,6 +342,7 @@ NAMESPACE_SINCE: dict[str, tuple[int, int]] = {
 LAZY_NAMESPACES: frozenset[str] = frozenset({
     "_", "_inductor_test", "c10d_functional", "cplib", "flex_lib", "onnx", "onnx_symbolic",
     "quantized_decomposed", "streams", "higher_order", "prim",
+    "mempool",  # 2.15: torch._dynamo.variables.memory's custom_ops (mempool::begin, ::end)
 })
 
 

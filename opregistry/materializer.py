@@ -106,11 +106,17 @@ class _DistLibraries:
                     namespace, self.owned.get(namespace, "IMPL"), site)
             if site:
                 process().library_sites.add(site)
+            if namespace in self.owned:
+                process().namespace_holders[namespace] = self.origin.dist + (
+                    f" ({site})" if site else "")
         return lib
 
     def destroy(self) -> None:
-        for lib in reversed(list(self.libs.values())):
+        holders = process().namespace_holders
+        for namespace, lib in reversed(list(self.libs.items())):
             destroy_library(lib)
+            if namespace in self.owned:
+                holders.pop(namespace, None)
         self.libs.clear()
 
 

@@ -144,7 +144,10 @@ def new_library(namespace: str, kind: str, site: str | None = None) -> Any:
     filename, _, line = (site or "").rpartition(":")
     if not filename or not line.isdigit() or int(line) < 1:
         return Library(namespace, kind)
-    code = compile("\n" * (int(line) - 1) + "library = Library(namespace, kind)", filename, "exec")
+    # the call is made from a frame of that line, and so is its caller: torch 2.13 records
+    # the caller's ``file:line``, torch 2.8 ``/dev/null:LINE`` with the line two frames up
+    code = compile("\n" * (int(line) - 1) + "library = (lambda: Library(namespace, kind))()",
+                   filename, "exec")
     scope = {"Library": Library, "namespace": namespace, "kind": kind}
     exec(code, scope)  # noqa: S102 - our own one line, compiled above
     return scope["library"]
@@ -330,6 +333,22 @@ def _creator(frame: Any, torch_root: str) -> str | None:
     return None
 
 
+def _name_the_holder(exc: RuntimeError, kind: str, ns: str) -> None:
+    """Name the op package whose namespace a package's own ``Library`` clashed with.
+
+    torch's message names the line of the first registration, and only on
+    torch 2.13+ (2.8 writes ``/dev/null:LINE``); neither names a distribution.
+    """
+    holder = process().namespace_holders.get(ns)
+    if (holder is None or kind == "IMPL" or process().thread.registering
+            or "TORCH_LIBRARY" not in str(exc)):
+        return
+    exc.add_note(
+        f"opregistry: namespace {ns!r} is defined by the op package {holder}, materialized at "
+        f"`import torch`; this package defines it too. Only one can: uninstall one of them, "
+        f"or block the op package (OPREGISTRY_BLOCK={holder.partition('==')[0]}).")
+
+
 def _importer(frame: Any, torch_root: str) -> str | None:
     """``file:line`` of the first frame outside torch and the import system (who loaded it)."""
     while frame is not None:
@@ -421,7 +440,11 @@ class Recorder:
         self._originals["_dispatch_library"] = original_make = torch._C._dispatch_library
 
         def recording_make(kind: str, ns: str, *args: Any, **kwargs: Any) -> Any:
-            handle = original_make(kind, ns, *args, **kwargs)
+            try:
+                handle = original_make(kind, ns, *args, **kwargs)
+            except RuntimeError as exc:
+                _name_the_holder(exc, kind, ns)
+                raise
             self._created(handle, ns, kind, sys._getframe(2))
             return handle
 

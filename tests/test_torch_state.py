@@ -98,6 +98,44 @@ def test_static_tables_match_this_torch():
     assert not missing, f"torch defines namespaces the resolver does not reserve: {sorted(missing)}"
 
 
+#: torch's modules that define namespaces when first imported (keys.LAZY_NAMESPACES)
+LAZY_MODULES = ("torch._dynamo", "torch._inductor.lowering", "torch._higher_order_ops",
+                "torch.distributed._functional_collectives", "torch.nn.attention.flex_attention",
+                "torch.onnx", "torch.export", "torch.ao.quantization")
+
+
+def test_the_namespaces_torch_defines_later_are_reserved():
+    """A namespace torch's own modules define when first imported (``torch.compile`` imports
+    torch._dynamo: torch 2.15 defines ``mempool`` there) is as reserved as ``aten``: a package
+    that took it would break ``torch.compile`` for everyone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, json, sys, torch\n"
+        "from opregistry import torch_state\n"
+        "before = set(torch_state.registered_ops())\n"
+        "for m in sys.argv[1:]:\n"
+        "    importlib.import_module(m)\n"
+        "new = set(torch_state.registered_ops()) - before\n"
+        "print(json.dumps(sorted({op.split('::', 1)[0] for op in new})))\n"
+    )
+    env = {**os.environ, "OPREGISTRY_AUTOLOAD": "0"}
+    proc = subprocess.run([sys.executable, "-c", code, *LAZY_MODULES], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    later = set(json.loads(proc.stdout.splitlines()[-1]))
+
+    from opregistry.keys import RESERVED_NAMESPACES
+
+    assert later, "importing torch's lazy modules defined no namespace: the probe is broken"
+    assert not later - RESERVED_NAMESPACES, (
+        f"torch's modules define namespaces the resolver does not reserve: "
+        f"{sorted(later - RESERVED_NAMESPACES)} (keys.LAZY_NAMESPACES)")
+
+
 #: run in a fresh interpreter: the names torch.ops and its objects answer themselves
 _OPS_ATTRIBUTES_PROBE = """
 import json, torch

@@ -16,7 +16,7 @@ interleaved, as separate processes: bare ``import torch`` (autoload off),
 and ``import torch`` unlocked and locked (``OPREGISTRY_LOCK``) for each
 directory.  The locked mode re-hashes every locked file at every start
 (no cache: see docs/performance.md).  It also times, in this process, the
-check itself (:func:`opregistry.locked.gate`) against the 100 distributions,
+check itself (:func:`opregistry.lock_gate.gate`) against the 100 distributions,
 and checks (untimed) that a locked ``import torch`` registers every op with
 no error.
 """
@@ -87,7 +87,7 @@ def gate_seconds(gen: Path, path: Path, reps: int) -> float:
     """The locked mode's own check (no import of any plugin), in a fresh process, median."""
     code = ("import sys, time, statistics\n"
             "from opregistry.config import Settings\n"
-            "from opregistry.locked import gate\n"
+            "from opregistry.lock_gate import gate\n"
             f"s = Settings(lock={str(path)!r})\n"
             "gate(s)\n"
             "t = []\n"

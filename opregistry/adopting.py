@@ -41,7 +41,7 @@ from .containment import contain, describe, interrupts_watched
 from .guard import initializing as _initializing
 from .logs import get_logger
 from .model import Origin, Problem
-from .plan import Plan
+from .plans import Plan
 from .state import process
 
 __all__ = ["Adopter", "activate", "deactivate"]

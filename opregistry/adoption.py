@@ -28,7 +28,7 @@ Three ways in, in this order of precedence:
 
 :class:`Adoption` is the declaration; :class:`Adopted` is what the resolver
 decided for one distribution (:mod:`opregistry.resolver.adoption`), kept on
-the :class:`~opregistry.plan.Plan`; :mod:`opregistry.adopting` carries it out.
+the :class:`~opregistry.plans.Plan`; :mod:`opregistry.adopting` carries it out.
 """
 
 from __future__ import annotations

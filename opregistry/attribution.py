@@ -31,7 +31,7 @@ from typing import Any
 
 from . import torch_state
 from .distfiles import NATIVE_SUFFIXES, owner_of
-from .plan import Plan
+from .plans import Plan
 from .state import process
 
 __all__ = ["Attributor"]

@@ -29,7 +29,7 @@ from .model import Origin
 
 if TYPE_CHECKING:
     from .registry import Registry
-    from .plan import OpPlan
+    from .plans import OpPlan
 
 __all__ = ["OPCHECK_UTILS", "GRADCHECK", "CheckResult", "select_ops", "devices_for", "samples_of", "run_checks"]
 

@@ -30,7 +30,7 @@ from .model import elide
 from .report import STATUSES
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from .plans import Plan
 
 __all__ = ["main", "build_parser", "EXIT_CODES", "DOCS_URL"]
 
@@ -1131,7 +1131,7 @@ def _mistyped_command(argv: Sequence[str]) -> str | None:
 def _doctor_config_invalid(exc: ConfigError, args: argparse.Namespace, t: Text) -> int:
     """``doctor`` with an invalid configuration: that is its one error problem."""
     from .model import Problem
-    from .plan import Plan
+    from .plans import Plan
 
     problem = Problem(code="config-invalid", message=str(exc),
                       hint="fix the variable or the file named here, or unset it")

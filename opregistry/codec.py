@@ -43,7 +43,7 @@ from .foreign import InstalledDistribution, Registration
 from .kinds import Kind
 from .model import (Backend, Declarations, Kernel, Namespace, NativeLibrary, OpDef, Origin,
                     Problem, Skipped)
-from .plan import BackendPlan, KernelPlan, NamespacePlan, NativePlan, OpPlan, Plan
+from .plans import BackendPlan, KernelPlan, NamespacePlan, NativePlan, OpPlan, Plan
 from .schema import parse_signature
 
 __all__ = ["FORMAT", "ENCODED", "Uncacheable", "Encoder", "Decoder", "encode_query", "decode_query",

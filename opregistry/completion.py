@@ -14,7 +14,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from .plans import Plan
 
 __all__ = ["script", "op_names", "SHELLS"]
 

@@ -50,7 +50,7 @@ ADOPT_BLOCK_VAR = "OPREGISTRY_ADOPT_BLOCK"
 KNOWN_VARIABLES: set[str] = {
     "OPREGISTRY_PLUGINS", "OPREGISTRY_BLOCK", "OPREGISTRY_STRICT", "OPREGISTRY_AUTOLOAD",
     "OPREGISTRY_ALLOW_OVERRIDE", CONFIG_VAR,
-    "OPREGISTRY_LOCK",  # locked mode: Settings.lock, opregistry/locked.py
+    "OPREGISTRY_LOCK",  # locked mode: Settings.lock, opregistry/lock_gate.py
     "OPREGISTRY_FUZZ_EXAMPLES",  # the test suite's fuzzers
     KERNELS_VAR,  # kernel switches: Policy.kernels
     "OPREGISTRY_KERNEL_COUNTS",  # which kernel ran: opregistry.selection, read by the materializer
@@ -208,7 +208,7 @@ class Policy:
 
     ``backends`` maps a dispatch key to the distribution whose backend
     serves it when several installed backends declare the key
-    (``{"CPU": "my-cpu"}``); see :func:`opregistry.resolver.backends.check_backends`.
+    (``{"CPU": "my-cpu"}``); see :func:`opregistry.resolver.backend_choice.check_backends`.
     """
 
     allow_override: frozenset[str] = field(default=frozenset(), converter=frozenset)

@@ -1,7 +1,7 @@
 """What a distribution's installed files hold: one sha256 per file, one digest per distribution.
 
 The lock (:mod:`opregistry.lockfile`) records these, ``opregistry verify``
-compares them, and the locked mode (:mod:`opregistry.locked`) checks them
+compares them, and the locked mode (:mod:`opregistry.lock_gate`) checks them
 before a plugin module is imported.  Which files count depends on how the
 distribution was installed:
 

@@ -24,7 +24,7 @@ from .lockfile import diff_lock, fingerprint_of, lock_data
 from .registry import current_plan
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from .plans import Plan
 
 __all__ = ["verify_consistent"]
 

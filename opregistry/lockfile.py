@@ -1,6 +1,6 @@
 """A lockfile of the resolved registry, its fingerprint, and the differences between two.
 
-The lock data is plain JSON built from a :class:`~opregistry.plan.Plan`:
+The lock data is plain JSON built from a :class:`~opregistry.plans.Plan`:
 the torch version, which distributions contribute (and at which version), the backends and
 their dispatch keys, the namespaces (owner, fragments), every op with its
 schema and tags, and every kernel with its origin (``module:function`` and
@@ -38,7 +38,7 @@ from .digests import contents, file_differences
 from .errors import LockMismatchError
 
 if TYPE_CHECKING:
-    from .plan import KernelPlan, Plan
+    from .plans import KernelPlan, Plan
 
 __all__ = [
     "PathLike",

@@ -32,7 +32,7 @@ from .logs import get_logger
 from .kinds import DeviceKernel
 from .model import Origin, Problem, describe_ref
 from .native_load import load_failure, load_native
-from .plan import OpPlan, Plan
+from .plans import OpPlan, Plan
 from .selection import Step as Link
 from .selection import chain, counted, counting_forced, observer, print_counts_at_exit
 from .state import process

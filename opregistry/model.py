@@ -10,7 +10,7 @@ kernel registers is its payload, one record per registration kind
 :class:`Plugin`, :class:`Skipped` and :class:`Discovered` (discover ->
 collect), :class:`Declarations` (collect -> resolve) -- so that no stage
 imports another to learn a type; what the resolver decides is in
-:mod:`opregistry.plan`.  Nothing here reads the machine.
+:mod:`opregistry.plans`.  Nothing here reads the machine.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from . import guard
 from .config import Policy
 from .errors import MaterializationError
 from .model import Origin, Problem
-from .plan import NativePlan
+from .plans import NativePlan
 
 __all__ = ["load_native", "load_failure"]
 

@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 from .locate import attribute_status, locate_module, split_ref
 from .model import Kernel, Problem
-from .plan import KernelPlan, Plan
+from .plans import KernelPlan, Plan
 
 __all__ = ["modules_by_distribution", "check_references", "native_file_ref"]
 

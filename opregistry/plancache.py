@@ -51,7 +51,7 @@ from .errors import DOCS_URL
 from .environment import Environment, TorchState, environment_query, read_query, run_check
 from .logs import get_logger
 from .model import Declarations, Origin, Problem
-from .plan import Plan
+from .plans import Plan
 
 __all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backend_part",
            "backends_to_load", "compare", "reuse", "listing", "store_listing", "info", "clear",

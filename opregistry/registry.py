@@ -24,12 +24,12 @@ from .containment import interrupts_watched
 from .discovery import discover, load_origins, still_importing
 from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
-from .locked import Gate, gate
+from .lock_gate import Gate, gate
 from .logs import get_logger
 from .materializer import Materialized, defined_ops, gc_paused
 from .model import Declarations, Problem, elide
 from .environment import Environment, TorchState, read_environment, run_check
-from .plan import KernelPlan, OpPlan, Plan
+from .plans import KernelPlan, OpPlan, Plan
 from .plancache import PlanCache, Recorded, backends_to_load, compare, drift, reuse
 from .state import process
 from .seal import Seal

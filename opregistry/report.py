@@ -1,6 +1,6 @@
 """What the ``opregistry`` commands show, as plain data, for the CLI and for Python.
 
-Each ``*_report`` function takes a :class:`~opregistry.plan.Plan` (from
+Each ``*_report`` function takes a :class:`~opregistry.plans.Plan` (from
 :func:`opregistry.plan`, or a loaded registry's ``.plan``) and returns a
 JSON-ready dict: the object ``opregistry COMMAND --json`` prints.  The CLI
 only parses arguments and renders these dicts as text; like ``datasette
@@ -32,7 +32,7 @@ from .model import Origin, Problem, describe_ref
 
 if TYPE_CHECKING:
     from .checking import CheckResult
-    from .plan import KernelPlan, OpPlan, Plan, RefusedKernel
+    from .plans import KernelPlan, OpPlan, Plan, RefusedKernel
 
 __all__ = [
     "FORMAT_VERSION",

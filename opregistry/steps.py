@@ -1,6 +1,6 @@
 """Materialization planned: the ordered registration steps of a plan, as data.
 
-:func:`plan_steps` turns a :class:`~opregistry.plan.Plan` into the list of
+:func:`plan_steps` turns a :class:`~opregistry.plans.Plan` into the list of
 registrations the materializer will make, in order, each naming the
 distribution it belongs to -- a distribution is rolled back whole, so every
 step says whose it is.  It is a pure function (no torch), printed by
@@ -23,7 +23,7 @@ from typing import Any, Iterable, Literal, Mapping, NamedTuple
 from attrs import field, frozen
 
 from .model import Origin, describe_ref
-from .plan import KernelPlan, NativePlan, OpPlan, Plan
+from .plans import KernelPlan, NativePlan, OpPlan, Plan
 
 __all__ = ["Action", "Step", "Steps", "plan_steps", "chained"]
 
@@ -36,8 +36,8 @@ class Step(NamedTuple):
     """One registration: what is done, for which op and key, by whom, through which backend.
 
     ``subject`` is the plan record the executor acts on (an
-    :class:`~opregistry.plan.OpPlan`, a :class:`~opregistry.plan.KernelPlan`,
-    a :class:`~opregistry.plan.NativePlan`, or a chain's op and members);
+    :class:`~opregistry.plans.OpPlan`, a :class:`~opregistry.plans.KernelPlan`,
+    a :class:`~opregistry.plans.NativePlan`, or a chain's op and members);
     ``definers`` are the distributions defining the ops the step needs (a
     kernel cannot outlive its op).  A named tuple: a plan of 10,000 ops has
     ~50,000 steps, made at every ``import torch``.

@@ -139,7 +139,7 @@ def load(dists: DistFactory, **kwargs: object) -> opregistry.Registry:
     return opregistry.load(reload=True, **kwargs)  # type: ignore[arg-type]
 
 
-def plan(dists: DistFactory, **kwargs: object) -> opregistry.plan.Plan:  # type: ignore[name-defined]
+def plan(dists: DistFactory, **kwargs: object) -> opregistry.plans.Plan:  # type: ignore[name-defined]
     kwargs.setdefault("plugins", [*BACKENDS, *dists.names])
     return opregistry.plan(**kwargs)  # type: ignore[arg-type]
 

@@ -23,7 +23,7 @@ from opregistry.foreign import ForeignDistribution, ForeignScan, InstalledDistri
 from opregistry.keys import TorchFacts, tags_of
 from opregistry.kinds import TritonKernel
 from opregistry.model import Backend, Declarations, Kernel, Namespace, NativeLibrary, OpDef, Origin
-from opregistry.plan import Plan
+from opregistry.plans import Plan
 from opregistry.resolver import resolve
 
 

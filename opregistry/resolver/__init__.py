@@ -1,8 +1,8 @@
 """Stage 3, resolve: decide what may be registered, before torch is touched.
 
 :func:`resolve` is a pure function from :class:`~opregistry.model.Declarations`
-(plus, when torch is already imported, a :class:`~opregistry.plan.TorchState`
-of what torch's dispatcher holds) to a :class:`~opregistry.plan.Plan`.  It
+(plus, when torch is already imported, a :class:`~opregistry.environment.TorchState`
+of what torch's dispatcher holds) to a :class:`~opregistry.plans.Plan`.  It
 enforces the rules of ``docs/resolution.md``, one module per group of them:
 
 =================  ==========================================================
@@ -33,9 +33,9 @@ import attrs
 from ..config import Policy
 from ..environment import Environment, TorchState, read_environment
 from ..model import Declarations, Kernel, OpDef, Origin, Problem, describe_ref
-from ..plan import BackendPlan, Plan
+from ..plans import BackendPlan, Plan
 from .adoption import plan_adoptions
-from .backends import check_backends
+from .backend_choice import check_backends
 from .context import Context
 from .foreign import foreign_owners
 from .gaps import report_gaps

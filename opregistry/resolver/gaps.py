@@ -8,7 +8,7 @@ fake kernel, ``torch.vmap`` without a rule).
 from __future__ import annotations
 
 from .. import keys as _keys
-from ..plan import OpPlan
+from ..plans import OpPlan
 from .context import Context
 
 __all__ = ["report_gaps"]

@@ -18,7 +18,7 @@ from .. import keys as _keys
 from ..adoption import adopted_ops
 from ..kinds import TritonKernel
 from ..model import Backend, Kernel, describe_ref
-from ..plan import KernelPlan, OpPlan
+from ..plans import KernelPlan, OpPlan
 from .context import Context, dist_name, names
 from .foreign import owner_text
 

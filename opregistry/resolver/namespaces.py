@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from ..keys import RESERVED_NAMESPACES, unreachable_name
 from ..model import Namespace, is_identifier
-from ..plan import NamespacePlan
+from ..plans import NamespacePlan
 from ..schema import SCHEMA_KEYWORDS
 from .context import Context, dist_name, names
 from .foreign import owner_text

@@ -34,7 +34,7 @@ from typing import Iterable
 from ..errors import DOCS_URL
 from ..kinds import NativeKernel
 from ..model import Kernel, NativeLibrary, Origin
-from ..plan import NamespacePlan, NativePlan, OpPlan
+from ..plans import NamespacePlan, NativePlan, OpPlan
 from .context import Context, dist_name
 
 __all__ = ["check_native_impls", "check_natives", "plan_natives"]

@@ -9,7 +9,7 @@ from ..keys import (CLASS_PREFIX, DTYPE_SINCE, KNOWN_TAGS, class_known, dtypes_l
                     installed_torch_build, shadowed_op_name, tag_since, type_since, type_until,
                     types_lacking, unreachable_name)
 from ..model import OpDef, is_identifier
-from ..plan import NamespacePlan, OpPlan
+from ..plans import NamespacePlan, OpPlan
 from ..schema import (SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, overload_refusal,
                       parse_signature)
 from .context import Context, dist_name, names

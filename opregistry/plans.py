@@ -3,9 +3,9 @@
 :func:`opregistry.resolver.resolve` builds a :class:`Plan`; the materializer
 registers it, the lockfile pins it, the report module and the CLI show it.
 The records live here, below all of them, so that none of those stages
-imports another to learn a type.  :class:`TorchState` -- what torch's
-dispatcher holds outside opregistry, read by :mod:`opregistry.torch_state`
--- is the resolver's second input and lives here for the same reason.
+imports another to learn a type.  (The module is ``plans``, not ``plan``:
+:func:`opregistry.plan`, the function, is the package's attribute of that
+name.)
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from .adoption import Adopted
-from .environment import TorchState
 from .kinds import kernel_fields
 from .model import Backend, Kernel, NativeLibrary, OpDef, Origin, Problem, Skipped, describe_ref
 from .schema import Schema
 
 __all__ = [
     "KernelStatus",
-    "TorchState",
     "KernelPlan",
     "RefusedKernel",
     "OpPlan",

@@ -90,7 +90,7 @@ def write_package(site: Path, index: int, ops: int) -> str:
     """One adoptable distribution, ``adoptbench-<index>``; returns its top-level package."""
     pkg, ns = f"adoptbench_{index}", f"adoptbench{index}"
     files = {
-        f"{pkg}/__init__.py": "from . import _ops\nfrom .backend_choice import cpu\n",
+        f"{pkg}/__init__.py": "from . import _ops\nfrom .backends import cpu\n",
         f"{pkg}/_ops.py": OPS.format(ns=ns) + "".join(OP.format(i=i) for i in range(ops)),
         f"{pkg}/backends/__init__.py": "",
         f"{pkg}/backends/cpu.py": CPU + "".join(KERNEL.format(i=i) for i in range(ops)),

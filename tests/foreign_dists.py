@@ -156,7 +156,7 @@ ALIASES = {
         import torch
 
         from . import _ops
-        from .backend_choice import cpu
+        from .backends import cpu
     ''',
     "fx_aliases/_ops.py": '''
         import torch

@@ -47,7 +47,7 @@ def _package(ns: str) -> dict[str, str]:
     return {
         f"{pkg}/__init__.py": """
             from . import _ops
-            from .backend_choice import cpu
+            from .backends import cpu
         """,
         f"{pkg}/_ops.py": f"""
             import torch

@@ -701,7 +701,7 @@ def test_the_codec_writes_every_field_of_every_record() -> None:
     import attrs
 
     modules = [importlib.import_module(f"opregistry.{m}")
-               for m in ("model", "plan", "conditions", "references", "environment", "adoption",
+               for m in ("model", "plans", "conditions", "references", "environment", "adoption",
                          "foreign")]
     for name, fields in codec.ENCODED.items():
         [cls] = {getattr(m, name) for m in modules if isinstance(getattr(m, name, None), type)}

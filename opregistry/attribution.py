@@ -54,6 +54,7 @@ class Attributor:
         self.sites: dict[tuple[str, str], str] = recorder.sites if recorder is not None else {}
         self.torch_root = torch_state.torch_dir()
         self._natives: dict[str, list[tuple[Any, str]]] | None = None
+        self._lines: frozenset[str] | None = None
 
     def defined_by(self, op: str) -> dict[str, Any] | None:
         """The owner of the definition of ``op`` (``ns::name[.overload]``)."""
@@ -82,7 +83,10 @@ class Attributor:
         """opregistry's libraries as a torch that records no Python file writes them
         (2.8: ``/dev/null:LINE``, the declaration's line): for an op opregistry defined,
         a kernel there that no package registered through ``torch.library`` is opregistry's."""
-        return frozenset(f"/dev/null:{s.rpartition(':')[2]}" for s in self.library_sites)
+        if self._lines is None:
+            self._lines = frozenset(f"/dev/null:{s.rpartition(':')[2]}"
+                                    for s in self.library_sites)
+        return self._lines
 
     def _from_site(self, op: str, recorded: str | None, torch_site: str | None
                    ) -> dict[str, Any] | None:

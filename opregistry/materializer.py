@@ -106,7 +106,7 @@ class _DistLibraries:
                     namespace, self.owned.get(namespace, "IMPL"), site)
             if site:
                 process().library_sites.add(site)
-            if namespace in self.owned:
+            if self.owned.get(namespace) == "DEF":  # torch refuses a second DEF, not a FRAGMENT
                 process().namespace_holders[namespace] = self.origin.dist + (
                     f" ({site})" if site else "")
         return lib
@@ -115,7 +115,7 @@ class _DistLibraries:
         holders = process().namespace_holders
         for namespace, lib in reversed(list(self.libs.items())):
             destroy_library(lib)
-            if namespace in self.owned:
+            if self.owned.get(namespace) == "DEF":
                 holders.pop(namespace, None)
         self.libs.clear()
 

@@ -67,7 +67,7 @@ class ProcessState:
         #: the ``file:line`` torch records for opregistry's own ``Library`` objects (their
         #: declarations'): a kernel registered there is opregistry's, not a replacement
         self.library_sites: set[str] = set()
-        #: namespace -> who DEFs or FRAGMENTs it through opregistry (``"dist==1.0 (file:line)"``):
+        #: namespace -> who DEFs it through opregistry (``"dist==1.0 (file:line)"``):
         #: named when a package's own ``Library`` for it is refused by torch
         self.namespace_holders: dict[str, str] = {}
         #: ``(qualname, key) -> (weak Library, fn)``: device kernels DeviceBackends registered

@@ -31,7 +31,7 @@ __all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
            "fast_dispatch_enabled", "site_recorded", "eager_triton", "functional_tensor_mode",
            "traceable_tensor_type", "triton_decomposition_disabled", "install_ops_hooks",
-           "uninstall_ops_hooks"]
+           "uninstall_ops_hooks", "add_note"]
 
 
 def registered_ops() -> list[str]:
@@ -343,10 +343,19 @@ def _name_the_holder(exc: RuntimeError, kind: str, ns: str) -> None:
     if (holder is None or kind == "IMPL" or process().thread.registering
             or "TORCH_LIBRARY" not in str(exc)):
         return
-    exc.add_note(
-        f"opregistry: namespace {ns!r} is defined by the op package {holder}, materialized at "
-        f"`import torch`; this package defines it too. Only one can: uninstall one of them, "
-        f"or block the op package (OPREGISTRY_BLOCK={holder.partition('==')[0]}).")
+    add_note(exc, f"opregistry: namespace {ns!r} is defined by the op package {holder}, "
+                  f"materialized at `import torch`; this package defines it too. Only one can: "
+                  f"uninstall one of them, or block the op package "
+                  f"(OPREGISTRY_BLOCK={holder.partition('==')[0]}).")
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; on Python 3.10, which has no notes, the note ends the message."""
+    add = getattr(exc, "add_note", None)
+    if callable(add):
+        add(note)
+    elif exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])
 
 
 def _importer(frame: Any, torch_root: str) -> str | None:

@@ -533,3 +533,19 @@ def test_the_recorder_wraps_what_torch_still_has(ns):
         assert source == f"{__file__}:{line}", source
     finally:
         lib._destroy()
+
+
+def test_a_note_on_torchs_error_reads_on_every_python():
+    """Python 3.11+ shows a note under the message; 3.10 has none, so it ends the message."""
+    from opregistry.torch_state import add_note
+
+    exc = RuntimeError("Only a single TORCH_LIBRARY ...")
+    add_note(exc, "opregistry: who")
+    assert exc.__notes__ == ["opregistry: who"] and str(exc) == "Only a single TORCH_LIBRARY ..."
+
+    class NoNotes(RuntimeError):  # as on Python 3.10
+        add_note = None
+
+    old = NoNotes("Only a single TORCH_LIBRARY ...")
+    add_note(old, "opregistry: who")
+    assert str(old) == "Only a single TORCH_LIBRARY ...\nopregistry: who"

@@ -7,7 +7,7 @@ With ``--before``, a second row compares this run with an earlier one (same
 JSON shape; series it lacks are skipped), dashed in the same colours: as
 ratios to each run's own baseline (raw ``torch.library`` calls, bare
 ``import torch``), because seconds measured on a machine under different
-load are not comparable.  ``docs/img/scaling-first-session.json`` holds the
+load are not comparable.  ``docs/img/scaling-before.json`` holds the
 first session's figures.
 """
 

@@ -286,7 +286,7 @@ def test_scaling_plot_data_match_the_tables() -> None:
     import plot_scaling
 
     docs = Path(__file__).resolve().parents[1] / "docs"
-    for name in ("scaling.json", "scaling-first-session.json"):
+    for name in ("scaling.json", "scaling-before.json"):
         rows = json.loads((docs / "img" / name).read_text())["rows"]
         assert [r["ops"] for r in rows] == [100, 1000, 10000], name
         for group, base in plot_scaling.BASELINES.items():

@@ -44,9 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
 
-REAL_PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
-REAL_SITE = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
-    p.replace("==", "-") for p in REAL_PINS)
+REAL_SITE = benchops.REAL_SITE
 
 OPS = '''
 import torch

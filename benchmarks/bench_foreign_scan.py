@@ -35,9 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
 
-PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
-DEFAULT_SITE = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
-    p.replace("==", "-") for p in PINS)
+PINS, DEFAULT_SITE = benchops.REAL_PINS, benchops.REAL_SITE
 
 CHILD = """
 import json, sys, time

@@ -24,6 +24,7 @@ import importlib
 import json
 import py_compile
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, TypeVar
@@ -32,6 +33,11 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).resolve().parent
+#: real packages that register ops with torch.library at their import, as tests/conftest.py pins
+#: them, and where tests/test_foreign_real.py installs them (``pip install --no-deps --target``)
+REAL_PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
+REAL_SITE = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
+    p.replace("==", "-") for p in REAL_PINS)
 BACKENDS = ["opregistry-cpu", "opregistry-cuda", "opregistry-meta", "opregistry-autograd",
             "opregistry-vmap"]
 

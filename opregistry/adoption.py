@@ -67,22 +67,22 @@ _OP = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?\Z")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 
 
-def _modules(value: Any) -> tuple[str, ...]:
+def _names(value: Any, pattern: re.Pattern[str], field: str, what: str) -> tuple[str, ...]:
+    """``value`` (one name or several) as a tuple, each checked against ``pattern``."""
     items = (value,) if isinstance(value, str) else tuple(value)
-    for m in items:
-        if not isinstance(m, str) or not _MODULE.match(m):
-            raise DeclarationError(f"Adoption(modules=...): {m!r} is not a module name "
-                                   f"(dotted identifiers: 'bitsandbytes', 'pkg.backends.cpu')")
+    for name in items:
+        if not isinstance(name, str) or not pattern.match(name):
+            raise DeclarationError(f"Adoption({field}=...): {name!r} is not {what}")
     return items
+
+
+def _modules(value: Any) -> tuple[str, ...]:
+    return _names(value, _MODULE, "modules", "a module name (dotted identifiers: "
+                  "'bitsandbytes', 'pkg.backends.cpu')")
 
 
 def _namespaces(value: Any) -> tuple[str, ...]:
-    items = (value,) if isinstance(value, str) else tuple(value)
-    for ns in items:
-        if not isinstance(ns, str) or not _IDENT.match(ns):
-            raise DeclarationError(f"Adoption(namespaces=...): {ns!r} is not a namespace "
-                                   f"(a Python identifier)")
-    return items
+    return _names(value, _IDENT, "namespaces", "a namespace (a Python identifier)")
 
 
 def _samples(value: Any) -> dict[str, str]:

@@ -42,6 +42,7 @@ from .model import (
     Plugin,
     Problem,
     Skipped,
+    evolve_unchecked,
     source_of,
 )
 
@@ -280,10 +281,6 @@ def _records(
     return records, None
 
 
-#: per record type, the names of its attributes (attrs fields), read once
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
 def _stamped(item: Any, origin: Origin) -> Any:
     """``item`` with ``origin`` set: ``attrs.evolve(item, origin=origin)``, at a fraction of the cost.
 
@@ -304,15 +301,7 @@ def _stamped(item: Any, origin: Origin) -> Any:
         return item
     if current == origin:
         return item
-    cls = type(item)
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = tuple(a.name for a in attrs.fields(cls))
-    new = object.__new__(cls)
-    for name in names:
-        object.__setattr__(new, name, getattr(item, name))
-    object.__setattr__(new, "origin", origin)
-    return new
+    return evolve_unchecked(item, origin=origin)
 
 
 def collect(discovered: Discovered, pm: pluggy.PluginManager | None = None) -> Collected:

@@ -30,7 +30,7 @@ from .containment import contain
 from .imports import after_import
 from .logs import get_logger
 from .kinds import DeviceKernel
-from .model import Origin, Problem, describe_ref
+from .model import Origin, Problem, describe_ref, evolve_unchecked
 from .native_load import load_failure, load_native
 from .plans import OpPlan, Plan
 from .selection import Step as Link
@@ -235,21 +235,6 @@ def _read(ref: Any, must_call: bool) -> Any:
 
 
 _BUILTIN = DeviceKernel.__module__
-#: per payload class, the names of its attrs fields
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _evolved(payload: Any, changes: dict[str, Any]) -> Any:
-    """``attrs.evolve(payload, **changes)`` without its validators: the values are what the
-    validated references import to (a callable where a reference was)."""
-    cls = type(payload)
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = tuple(a.name for a in attrs.fields(cls))
-    new = object.__new__(cls)
-    for name in names:
-        object.__setattr__(new, name, changes[name] if name in changes else getattr(payload, name))
-    return new
 
 
 class _Importer:
@@ -289,7 +274,7 @@ class _Importer:
         if not changes:
             return payload, None
         if type(payload).__module__ == _BUILTIN:  # the core's own kinds: known to take it
-            return _evolved(payload, changes), None
+            return evolve_unchecked(payload, **changes), None
         return attrs.evolve(payload, **changes), None
 
     def reference(self, ref: Any, kernel: Any, must_call: bool) -> tuple[Any, Problem | None]:

@@ -53,9 +53,26 @@ __all__ = [
     "source_of",
     "elide",
     "TEXT_LIMIT",
+    "evolve_unchecked",
 ]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+#: the field names of each frozen record type, read once
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def evolve_unchecked(record: Any, **changes: Any) -> Any:
+    """``attrs.evolve(record, **changes)`` without converters or validators: for values
+    already checked (a record's own, or what its validated references import to)."""
+    cls = type(record)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(a.name for a in attrs.fields(cls))
+    new = object.__new__(cls)
+    for name in names:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(record, name))
+    return new
 
 NamespaceKind = Literal["DEF", "FRAGMENT"]
 

@@ -9,41 +9,44 @@ does not import torch.
 
 from __future__ import annotations
 
-import gc as _gc
+from typing import TYPE_CHECKING, Any
 
-# the collector is paused while the package is imported: torch's autoload imports it at
-# the end of `import torch`, with torch's million objects on the heap, where the
-# allocations of these imports would set off a full collection (about a tenth of
-# `import torch`); it is restored, and runs as usual, right after
-_collecting = _gc.isenabled()
-_gc.disable()
-try:
-    from .config import Policy, Settings
+#: public name -> the module defining it, imported on first use (PEP 562): ``import
+#: torch`` with a warm plan cache needs the records, the cache and the materializer,
+#: not the declaration API, the schema parser or the reports
+_LAZY = {
+    "Policy": "config", "Settings": "config",
+    "Adoption": "adoption",
+    "OpHandle": "declare", "OpLibrary": "declare", "kernel": "declare",
+    "ConfigError": "errors", "DeclarationError": "errors", "LockMismatchError": "errors",
+    "MaterializationError": "errors", "OpRegistryError": "errors", "PluginLoadError": "errors",
+    "PluginValidationError": "errors", "ReentrantLoadError": "errors",
+    "ResolutionError": "errors", "SchemaError": "errors",
+    "hookimpl": "hookspecs", "hookspec": "hookspecs",
+    "installed_torch": "keys", "installed_torch_build": "keys",
+    "Backend": "model", "Candidate": "model", "Condition": "model", "Kernel": "model",
+    "Namespace": "model", "NativeLibrary": "model", "OpDef": "model", "Origin": "model",
+    "Problem": "model",
+    "KernelCounts": "selection", "kernel_counts": "selection",
+    "Registry": "registry", "get_registry": "registry", "load": "registry", "plan": "registry",
+    "verify_lock": "registry",
+}
+
+if TYPE_CHECKING:
+    from . import report
     from .adoption import Adoption
+    from .config import Policy, Settings
     from .declare import OpHandle, OpLibrary, kernel
-    from .errors import (
-        ConfigError,
-        DeclarationError,
-        LockMismatchError,
-        MaterializationError,
-        OpRegistryError,
-        PluginLoadError,
-        PluginValidationError,
-        ReentrantLoadError,
-        ResolutionError,
-        SchemaError,
-    )
+    from .errors import (ConfigError, DeclarationError, LockMismatchError,
+                         MaterializationError, OpRegistryError, PluginLoadError,
+                         PluginValidationError, ReentrantLoadError, ResolutionError,
+                         SchemaError)
     from .hookspecs import hookimpl, hookspec
     from .keys import installed_torch, installed_torch_build
-    from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary, OpDef,
-                        Origin, Problem)
-    from .selection import KernelCounts, kernel_counts
-    from . import report
+    from .model import (Backend, Candidate, Condition, Kernel, Namespace, NativeLibrary,
+                        OpDef, Origin, Problem)
     from .registry import Registry, get_registry, load, plan, verify_lock
-finally:
-    if _collecting:
-        _gc.enable()
-    del _collecting
+    from .selection import KernelCounts, kernel_counts
 
 __all__ = [
     "Adoption",
@@ -87,9 +90,28 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> Any:
+    """The public API, each name imported from its module when first used.
+
+    Nothing is bound on the package: the seal (:mod:`opregistry.seal`)
+    compares its bindings, and a plugin reading ``opregistry.OpLibrary`` must
+    not look like one changing them.
+    """
+    module = _LAZY.get(name)
+    if module is not None:
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{module}"), name)
+    if name == "report":
+        from importlib import import_module
+
+        return import_module(f"{__name__}.report")
     if name == "__version__":
         from importlib_metadata import version
 
         return version("opregistry")
     raise AttributeError(f"module 'opregistry' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -652,6 +652,51 @@ def test_a_package_that_registers_with_torch_by_itself_changes(env: Env) -> None
     assert found["list"]["errors"] == [] and "pcheld::g" in found["list"]["ops"], found
 
 
+def test_a_package_that_only_mentions_torch_is_stamped_by_its_record(env: Env) -> None:
+    """A distribution whose sources mention torch but register nothing (numpy, sympy) is
+    stamped by METADATA and RECORD, which every install rewrites, not file by file."""
+    info = env.site / "pc_user-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-user\nVersion: 1.0\n")
+    module = env.site / "pc_user.py"
+    module.write_text("import torch\n\ndef f():\n    return torch.ones(1)\n")
+    record = info / "RECORD"
+    record.write_text("pc_user.py,,\npc_user-1.0.dist-info/METADATA,,\n"
+                      "pc_user-1.0.dist-info/RECORD,,\n")
+    env.op_dist("pc-one", "pcheld", "g")
+    env.warm(torch=False)
+    [entry] = list((env.cache / "plans").glob("*.json"))
+    stamped = json.loads(entry.read_text())["value"]["manifest"]["files"]
+    assert str(record) in stamped and str(module) not in stamped, sorted(stamped)
+    # reinstalled registering a namespace: pip writes RECORD again
+    module.write_text('import torch\nlib = torch.library.Library("pcheld", "DEF")\n')
+    record.write_text(record.read_text() + "pc_user-1.0.dist-info/INSTALLER,,\n")
+    found = env.probe(torch=False)
+    assert "namespace-held-by-package" in found["list"]["errors"], found
+
+
+def test_a_warm_import_torch_runs_no_declaration_code(env: Env) -> None:
+    """A cached plan is registered without the declarations: no declaration module, no
+    resolver, not even opregistry's declaration API (``opregistry`` imports it on first use)."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.warm()
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, torch\n"
+         "from opregistry.state import process\n"
+         "assert torch.ops.pcone.f(torch.ones(2)).tolist() == [1.0, 1.0]\n"
+         "print(process().plan_cache, sorted(m for m in sys.modules if m == 'pc_one' or "
+         "m.startswith(('opregistry.declare', 'opregistry.resolver', 'opregistry.scan'))))"],
+        capture_output=True, text=True, env=env.environ(), cwd=str(env.site.parent), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(None, 1) == ["hit", "[]\n"], done.stdout
+    import opregistry  # the public API still answers every name it lists
+
+    assert all(getattr(opregistry, name) is not None for name in opregistry.__all__)
+    assert set(opregistry.__all__) <= set(dir(opregistry))
+    assert opregistry.OpLibrary is __import__("opregistry.declare").declare.OpLibrary
+
+
 def test_list_json_is_printed_from_the_listing_of_the_cached_plan(env: Env) -> None:
     """``opregistry list --json`` keeps the listing of a cached plan: the same bytes, never stale."""
     env.op_dist("pc-one", "pcone", "f")

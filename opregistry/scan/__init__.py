@@ -302,10 +302,14 @@ def scan_inputs(scan: ForeignScan) -> list[str]:
     """Every file :func:`scan_installed` read to make ``scan``: what a cache of it must stamp.
 
     Each installed distribution's ``METADATA`` and ``RECORD`` (a distribution
-    is scanned again when they change), and every file scanned of the torch
-    users and of the editable installs (whose sources change without them).
+    is scanned again when they change: pip rewrites them on every install),
+    and every file scanned of the editable installs (whose sources change
+    without them) and of the distributions found registering with torch.  A
+    distribution whose sources mention torch but register nothing (numpy,
+    sympy: thousands of files) is stamped by its ``METADATA`` and ``RECORD``
+    alone, not file by file at every start.
     """
-    users = {d.name for d in scan.distributions}
+    users = {d.name for d in scan.distributions if d.registrations or d.error}
     found = []
     for info in distributions():
         location = info.installed.location

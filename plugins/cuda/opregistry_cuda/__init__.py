@@ -7,7 +7,6 @@ module that imports Triton is never imported there either).
 
 from __future__ import annotations
 
-import ctypes.util
 import importlib.util
 import os
 import sys
@@ -36,8 +35,13 @@ def torch_is_cuda_build() -> bool:
 def _driver_present() -> bool:
     if os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0"):
         return True
-    # find_library runs ldconfig in a subprocess (~10 ms): only where a driver node exists
-    return os.path.exists("/dev/nvidiactl") and ctypes.util.find_library("cuda") is not None
+    if not os.path.exists("/dev/nvidiactl"):
+        return False
+    # find_library runs ldconfig in a subprocess (~10 ms), and ctypes.util imports
+    # subprocess (~3 ms for a CLI that has not): only where a driver node exists
+    import ctypes.util
+
+    return ctypes.util.find_library("cuda") is not None
 
 
 def cuda_available() -> bool:

@@ -3,9 +3,11 @@
     python benchmarks/startup_phases.py [--dists 100] [--ops-per-dist 10] [--reps 5]
 
 Runs ``import torch`` as whole processes, with the N generated ops (as
-``bench_startup.py``) and bare (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``),
-interleaved, and splits each process's wall time into three parts: the
-``import torch`` statement itself; what comes after it up to the last
+``bench_startup.py``, warm plan cache, every other op package blocked), bare
+(``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) and the floor (the same N ops
+registered with torch's own calls, ``raw_floor.REGISTER``, counted in the
+import), interleaved, and splits each process's wall time into three parts:
+the ``import torch`` statement itself; what comes after it up to the last
 ``atexit`` handler (nothing, here, but the handlers: torch's, and the
 ``weakref.finalize`` of every ``torch.library.Library``); and interpreter
 finalization after the last handler (garbage collection of everything
@@ -29,21 +31,24 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
+import raw_floor  # noqa: E402
 from bench_startup import environ  # noqa: E402
+from startup_targets import _other_op_packages  # noqa: E402
 
 CHILD = ("import atexit, os, time\n"
          "atexit.register(lambda: os.write(W_EXIT, repr(time.time()).encode()))\n"
-         "t0 = time.time()\nimport torch\n"
+         "t0 = time.time()\nimport torch\nREGISTER\n"
          "os.write(W_IMPORT, repr(time.time() - t0).encode())\n")
 DESTROY = ("import opregistry\nr = opregistry.get_registry()\n"
            "r is not None and r._materialized.destroy()\n")
 
 
-def run(env: dict[str, str], extra: str = "") -> tuple[float, float, float]:
-    """(wall, import torch, finalization after the last atexit handler) of one process."""
+def run(env: dict[str, str], extra: str = "", register: str = "") -> tuple[float, float, float]:
+    """(wall, import torch [+ ``register``], finalization after the last atexit handler)."""
     r_exit, w_exit = os.pipe()
     r_import, w_import = os.pipe()
-    code = (CHILD + extra).replace("W_EXIT", str(w_exit)).replace("W_IMPORT", str(w_import))
+    code = (CHILD.replace("REGISTER", register) + extra).replace(
+        "W_EXIT", str(w_exit)).replace("W_IMPORT", str(w_import))
     start = time.time()
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(w_exit, w_import))
     os.close(w_exit)
@@ -64,17 +69,23 @@ def main() -> int:
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         gen = Path(tmp) / "gen"
+        n = opts.dists * opts.ops_per_dist
         benchops.write_many(gen, opts.dists, opts.ops_per_dist)
+        ours = environ([gen, HERE], OPREGISTRY_CACHE_DIR=str(Path(tmp) / "cache"),
+                       OPREGISTRY_BLOCK=_other_op_packages())
+        bare = environ([HERE], TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        floor = f"import sys\nsys.argv[1:] = [{str(n)!r}]\n{raw_floor.REGISTER}"
         variants = {
-            "bare import torch": (environ([HERE], TORCH_DEVICE_BACKEND_AUTOLOAD="0"), ""),
-            "import torch + N ops": (environ([gen, HERE]), ""),
-            "same, registrations destroyed before exit": (environ([gen, HERE]), DESTROY),
+            "bare import torch": (bare, "", ""),
+            "import torch + N ops by hand (the floor)": (bare, "", floor),
+            "import torch + N ops": (ours, "", ""),
+            "same, registrations destroyed before exit": (ours, DESTROY, ""),
         }
-        for env, extra in variants.values():  # warm up: page cache, .pyc files
-            run(env, extra)
+        for env, extra, register in variants.values():  # warm up: .pyc files, the plan cache
+            run(env, extra, register)
         samples = benchops.interleaved(
-            {name: (lambda e=env, x=extra: run(e, x)) for name, (env, extra) in variants.items()},
-            opts.reps)
+            {name: (lambda e=env, x=extra, r=register: run(e, x, r))
+             for name, (env, extra, register) in variants.items()}, opts.reps)
     result = {name: dict(zip(("wall", "import torch", "finalization"),
                              (statistics.median(col) for col in zip(*rows))))
               for name, rows in samples.items()}

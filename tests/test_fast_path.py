@@ -255,9 +255,14 @@ def test_bench_register_and_startup_run(tmp_path: Path) -> None:
     assert start["ops"] == 6 and "opregistry list --json" in start["seconds"]
     phases = _script("startup_phases.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",
                      tmp_path=tmp_path)
-    assert phases["ops"] == 6 and len(phases["seconds"]) == 3
+    assert phases["ops"] == 6 and len(phases["seconds"]) == 4
     for parts in phases["seconds"].values():
         assert 0 < parts["import torch"] < parts["wall"] and 0 < parts["finalization"] < parts["wall"]
+    stages = _script("warm_stages.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",
+                     tmp_path=tmp_path)
+    assert stages["ops"] == 6 and set(stages["seconds"]) == {"real", "noop"}
+    for parts in stages["seconds"].values():
+        assert 0 < parts["lookup"] + parts["decode"] + parts["executor"] < parts["load"]
 
 
 def test_objects_per_op_counts_what_the_ops_keep(tmp_path: Path) -> None:

@@ -102,14 +102,18 @@ def __getattr__(name: str) -> Any:
         from importlib import import_module
 
         return getattr(import_module(f"{__name__}.{module}"), name)
-    if name == "report":
-        from importlib import import_module
-
-        return import_module(f"{__name__}.report")
     if name == "__version__":
         from importlib_metadata import version
 
         return version("opregistry")
+    if not name.startswith("_"):
+        # a submodule (``opregistry.report``, ``opregistry.registry``...): reachable as an
+        # attribute after ``import opregistry`` as when the package imported them all
+        from importlib import import_module
+        from importlib.util import find_spec
+
+        if find_spec(f"{__name__}.{name}") is not None:
+            return import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'opregistry' has no attribute {name!r}")
 
 

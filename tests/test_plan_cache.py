@@ -697,6 +697,20 @@ def test_a_warm_import_torch_runs_no_declaration_code(env: Env) -> None:
     assert opregistry.OpLibrary is __import__("opregistry.declare").declare.OpLibrary
 
 
+def test_the_package_imports_its_submodules_on_first_use() -> None:
+    """After ``import opregistry``, a submodule is reachable as an attribute; a name that is
+    neither public nor a submodule is an AttributeError."""
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, opregistry\n"
+         "assert 'opregistry.model' not in sys.modules\n"
+         "assert opregistry.model.OpDef is opregistry.OpDef\n"
+         "assert opregistry.report.__name__ == 'opregistry.report'\n"
+         "assert not hasattr(opregistry, 'no_such_name')\n"
+         "print('ok')"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_list_json_is_printed_from_the_listing_of_the_cached_plan(env: Env) -> None:
     """``opregistry list --json`` keeps the listing of a cached plan: the same bytes, never stale."""
     env.op_dist("pc-one", "pcone", "f")

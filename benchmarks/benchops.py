@@ -323,3 +323,12 @@ def environ(paths: "list[Path]", **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
     env.update(extra)
     return env
+
+
+def other_op_packages() -> str:
+    """The installed op packages but the generated ones, for ``OPREGISTRY_BLOCK``: only the
+    measured ops count."""
+    from opregistry.discovery import OPS_GROUP, entry_points
+
+    return ",".join(sorted({ep.dist.name for group, ep in entry_points() if group == OPS_GROUP
+                            and not ep.dist.name.startswith("gen-ops-")}))

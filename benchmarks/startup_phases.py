@@ -33,7 +33,6 @@ sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
 import raw_floor  # noqa: E402
 from bench_startup import environ  # noqa: E402
-from startup_targets import _other_op_packages  # noqa: E402
 
 CHILD = ("import atexit, os, time\n"
          "atexit.register(lambda: os.write(W_EXIT, repr(time.time()).encode()))\n"
@@ -72,7 +71,7 @@ def main() -> int:
         n = opts.dists * opts.ops_per_dist
         benchops.write_many(gen, opts.dists, opts.ops_per_dist)
         ours = environ([gen, HERE], OPREGISTRY_CACHE_DIR=str(Path(tmp) / "cache"),
-                       OPREGISTRY_BLOCK=_other_op_packages())
+                       OPREGISTRY_BLOCK=benchops.other_op_packages())
         bare = environ([HERE], TORCH_DEVICE_BACKEND_AUTOLOAD="0")
         floor = f"import sys\nsys.argv[1:] = [{str(n)!r}]\n{raw_floor.REGISTER}"
         variants = {

@@ -52,13 +52,6 @@ TARGETS = {"backends / bare": 1.03, "import torch + 1000 / floor 1000": 1.05,
            "cold 10000 / baseline": 1.0}
 
 
-def _other_op_packages() -> str:
-    from opregistry.discovery import OPS_GROUP, entry_points
-
-    return ",".join(sorted({ep.dist.name for group, ep in entry_points() if group == OPS_GROUP
-                            and not ep.dist.name.startswith("gen-ops-")}))
-
-
 def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall and CPU seconds of one process."""
     start = time.perf_counter()
@@ -75,7 +68,7 @@ def cases(root: Path, sizes: list[int], baseline: Path | None
           ) -> dict[str, Callable[[], tuple[float, float]]]:
     py = sys.executable
     cli = shutil.which("opregistry", path=str(Path(py).parent)) or "opregistry"
-    block = _other_op_packages()
+    block = benchops.other_op_packages()
     cache = root / "cache"
 
     def env(paths: list[Path], **extra: str) -> dict[str, str]:
@@ -129,7 +122,7 @@ def ratios(samples: dict[str, list[tuple[float, float]]], sizes: list[int]
 
 def objects_per_op(root: Path, sizes: list[int]) -> dict[str, float]:
     py = sys.executable
-    block = _other_op_packages()
+    block = benchops.other_op_packages()
 
     def count(cmd: list[str], paths: list[Path], **extra: str) -> int:
         env = benchops.environ([*paths, HERE], OPREGISTRY_CACHE_DIR=str(root / "cache"),

@@ -24,7 +24,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
-from startup_targets import _other_op_packages  # noqa: E402
 
 CHILD = r'''
 import collections, json, sys, time
@@ -62,7 +61,8 @@ def main() -> int:
         gen = Path(tmp) / "gen"
         benchops.write_many(gen, opts.dists, opts.ops_per_dist)
         env = benchops.environ([gen, HERE], OPREGISTRY_CACHE_DIR=str(Path(tmp) / "cache"),
-                               OPREGISTRY_BLOCK=_other_op_packages(), OPREGISTRY_AUTOLOAD="0")
+                               OPREGISTRY_BLOCK=benchops.other_op_packages(),
+                               OPREGISTRY_AUTOLOAD="0")
 
         def child(variant: str) -> dict[str, float]:
             out = subprocess.run([sys.executable, "-c", CHILD, variant], env=env, check=True,

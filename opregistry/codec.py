@@ -44,7 +44,6 @@ from .kinds import Kind
 from .model import (Backend, Declarations, Kernel, Namespace, NativeLibrary, OpDef, Origin,
                     Problem, Skipped)
 from .plans import BackendPlan, KernelPlan, NamespacePlan, NativePlan, OpPlan, Plan
-from .schema import parse_signature
 
 __all__ = ["FORMAT", "ENCODED", "Uncacheable", "Encoder", "Decoder", "encode_query", "decode_query",
            "encode_environment", "dispatcher_digest"]
@@ -494,6 +493,8 @@ class Decoder:
     def op_plan(self, d: list[Any]) -> OpPlan:
         op = self.op_at(d[0]) if type(d[0]) is int else self.op(d[0])
         kernel_plan = self.kernel_plan
+        from .schema import parse_signature  # a plan without ops (backends alone) needs none
+
         return _maker(OpPlan).make((op, parse_signature(op.schema),
                                     tuple([kernel_plan(k) for k in d[1]])))
 

@@ -10,14 +10,16 @@ name.)
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attrs import field, frozen
 
 from .adoption import Adopted
 from .kinds import kernel_fields
 from .model import Backend, Kernel, NativeLibrary, OpDef, Origin, Problem, Skipped, describe_ref
-from .schema import Schema
+
+if TYPE_CHECKING:  # the parser is imported where a plan is decoded or resolved
+    from .schema import Schema
 
 __all__ = [
     "KernelStatus",

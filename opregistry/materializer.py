@@ -348,15 +348,10 @@ class Executor:
         self.importer = _Importer(steps.watched, policy, self.result.problems)
         #: id of a candidate's KernelPlan -> (the callable a chain calls, its predicate)
         self.imported: dict[int, tuple[Any, Any]] = {}
-        self._actions: dict[str, Callable[[Step], Problem | None]] = {
-            "load-native": self._load_native, "define": self._define,
-            "route-factory": self._route_factory, "load-native-impl": self._load_native,
-            "register": self._register, "import-candidate": self._import_candidate,
-            "register-candidates": self._register_candidates}
 
     def run(self) -> Materialized:
         settled = False
-        failed, actions = self.failed, self._actions
+        failed, actions = self.failed, _ACTIONS
         for step in self.steps.steps:
             if step.action == "register-candidates" and not settled:
                 self._settle()  # chains are anchored in distributions that stay
@@ -364,7 +359,7 @@ class Executor:
             distribution = step.origin.distribution
             if distribution in failed:
                 continue
-            problem = actions[step.action](step)
+            problem = actions[step.action](self, step)
             if problem is not None:
                 failed[distribution] = problem
         self._settle()
@@ -525,3 +520,13 @@ class Executor:
         result.ops = [op for op, dist in self.steps.definers.items() if dist not in self.failed]
         process().defined.update(result.ops)
         return result
+
+
+#: each step's action, by name: functions of the class, not an instance's bound methods (a
+#: table of those on the instance would hold it in a reference cycle, and with it every step
+#: and record of the plan until the next full collection)
+_ACTIONS: dict[str, Callable[[Executor, Step], Problem | None]] = {
+    "load-native": Executor._load_native, "define": Executor._define,
+    "route-factory": Executor._route_factory, "load-native-impl": Executor._load_native,
+    "register": Executor._register, "import-candidate": Executor._import_candidate,
+    "register-candidates": Executor._register_candidates}

@@ -105,6 +105,11 @@ class DiskCache:
 
     def load(self, key: str) -> Any | None:
         """The value stored under ``key``, or ``None`` (no entry, or one to ignore)."""
+        found = self.read(key)
+        return None if found is None else found[0]
+
+    def read(self, key: str) -> tuple[Any, bytes] | None:
+        """The value stored under ``key`` and the bytes it was read from, or ``None``."""
         path = self.path(key)
         if path is None:
             return None
@@ -116,6 +121,11 @@ class DiskCache:
         except OSError as exc:
             log.debug("cache entry unreadable, ignored", path=path, error=str(exc))
             return None
+        entry = self.parse(data, key, path)
+        return None if entry is None else (entry, data)
+
+    def parse(self, data: bytes, key: str, path: str = "") -> Any | None:
+        """The value of an entry's bytes (read from ``path``), when they are ``key``'s entry."""
         try:
             entry = json.loads(data)
         except ValueError as exc:  # truncated, or not JSON at all
@@ -262,3 +272,4 @@ def _release(fd: int) -> None:
             fcntl.flock(fd, fcntl.LOCK_UN)
     except OSError:
         pass
+

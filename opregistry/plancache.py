@@ -54,8 +54,8 @@ from .model import Declarations, Origin, Problem
 from .plans import Plan
 
 __all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backend_part",
-           "backends_to_load", "compare", "reuse", "listing", "store_listing", "info", "clear",
-           "drift"]
+           "backends_to_load", "compare", "reuse", "cached_plan", "listing", "store_listing",
+           "info", "clear", "drift"]
 
 log = get_logger()
 
@@ -157,6 +157,9 @@ class PlanCache:
         self.disk = DiskCache.open(NAME, stamp=f"plan-{FORMAT}", environ=env)
         self.key = inputs.slot(settings, torch_imported=torch_imported, content=self.content,
                                environ=env)
+        #: the bytes of the entry :meth:`lookup` returned last (:func:`cached_plan` decodes the
+        #: plan from them again: a loaded registry keeps these, not the plan's records)
+        self.data: bytes | None = None
 
     @property
     def enabled(self) -> bool:
@@ -164,9 +167,11 @@ class PlanCache:
 
     def lookup(self) -> dict[str, Any] | None:
         """The entry of this slot when its manifest still holds, else ``None`` (logged why)."""
-        entry = self.disk.load(self.key) if self.enabled else None
-        if entry is None:
+        self.data = None
+        found = self.disk.read(self.key) if self.enabled else None
+        if found is None:
             return None
+        entry, data = found
         try:
             changed = inputs.check_manifest(entry["manifest"])
         except Exception as exc:  # noqa: BLE001 - a malformed entry is a miss
@@ -175,6 +180,7 @@ class PlanCache:
         if changed is not None:
             log.debug("plan cache entry stale", changed=changed)
             return None
+        self.data = data
         return entry
 
     @contextlib.contextmanager
@@ -269,14 +275,29 @@ def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState |
     if found is None:
         return None
     outcome, env = found
-    live_backends = {(b.origin.distribution if b.origin else "", b.name): b
-                     for b in live.backends}
-    decoder = Decoder(entry["origins"], entry["declarations"], live_backends)
+    decoder = _decoder(entry, live)
     if outcome == "hit":
         return decoder.plan(entry["plan"]), "hit"
     log.debug("plan cache: resolving the cached declarations in this environment")
     decl = attrs.evolve(decoder.declarations(), available=dict(live.available))
     return resolve(decl, attrs.evolve(env, foreign=_foreign(entry))), "resolved"
+
+
+def _decoder(entry: Mapping[str, Any], live: Declarations) -> Decoder:
+    backends = {(b.origin.distribution if b.origin else "", b.name): b for b in live.backends}
+    return Decoder(entry["origins"], entry["declarations"], backends)
+
+
+def cached_plan(cache: PlanCache, data: bytes, live: Declarations) -> Plan:
+    """The plan of the entry ``data`` (what :meth:`PlanCache.lookup` read), decoded again.
+
+    The same plan :func:`reuse` returned for it, a hit: its backends the live
+    ones, ``live``.  Raises when ``data`` is not such an entry.
+    """
+    entry = cache.disk.parse(data, cache.key)
+    if entry is None:
+        raise ValueError("not an entry of this plan cache slot")
+    return _decoder(entry, live).plan(entry["plan"])
 
 
 def _listings() -> DiskCache:

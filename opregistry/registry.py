@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, Iterable, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
 
 import attrs
 
@@ -30,7 +30,8 @@ from .materializer import Materialized, defined_ops, gc_paused
 from .model import Declarations, Problem, elide
 from .environment import Environment, TorchState, read_environment, run_check
 from .plans import KernelPlan, OpPlan, Plan
-from .plancache import PlanCache, Recorded, backends_to_load, compare, drift, reuse
+from .plancache import (PlanCache, Recorded, backends_to_load, cached_plan, compare, drift,
+                        reuse)
 from .state import process
 from .seal import Seal
 
@@ -53,16 +54,20 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
 #: the backends' materialize hooks, by (distribution, backend name)
 Materializers = Dict[Tuple[str, str], Callable[..., Any]]
 
+#: the plan, and how to decode it again from the plan cache's entry when it is a cache hit
+#: (``None``: it is not; a :class:`Registry` keeps the records of such a plan)
+Built = Tuple[Materializers, Plan, Optional[Callable[[], Plan]]]
+
 
 def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None],
-                         references: bool = False) -> tuple[Materializers, Plan]:
+                         references: bool = False) -> Built:
     with gc_paused(), interrupts_watched():
         if not references:
             return _collect_and_resolve_unpaused(settings, torch_state)
         # the references checked (doctor): built from the declarations, never from the cache
         collected, resolved, env, _ = _build(settings, gate(settings), torch_state)
         collected, resolved = _with_reference_checks(collected, resolved, settings, env)
-        return collected.materializers, resolved
+        return collected.materializers, resolved, None
 
 
 def _with_reference_checks(collected: Collected, resolved: Plan, settings: Settings,
@@ -94,7 +99,7 @@ def _with_reference_checks(collected: Collected, resolved: Plan, settings: Setti
 
 def _collect_and_resolve_unpaused(settings: Settings,
                                   torch_state: Callable[[], TorchState | None]
-                                  ) -> tuple[Materializers, Plan]:
+                                  ) -> Built:
     # locked mode (OPREGISTRY_LOCK): checked before any plugin module is imported
     lock_gate = gate(settings)
     cache = PlanCache(settings, torch_imported="torch" in sys.modules)
@@ -106,7 +111,7 @@ def _collect_and_resolve_unpaused(settings: Settings,
     if found == "uncacheable":
         return _built(_build(settings, lock_gate, torch_state))
     if found is not None:
-        return found  # type: ignore[return-value]
+        return found  # type: ignore[return-value]  # a Built
     with cache.building() as held:
         # another process may have written the entry while this one waited for the lock
         found = _cached(cache, settings, lock_gate, torch_state) if held else None
@@ -119,12 +124,11 @@ def _collect_and_resolve_unpaused(settings: Settings,
         if found != "uncacheable":
             cache.store(stamper, collected.declarations, resolved, env, answers,
                         set(sys.modules) - before, _gate_part(lock_gate))
-        return collected.materializers, resolved
+        return collected.materializers, resolved, None
 
 
-def _built(built: tuple[Collected, Plan, Environment, dict[str, bool]]
-           ) -> tuple[Materializers, Plan]:
-    return built[0].materializers, built[1]
+def _built(built: tuple[Collected, Plan, Environment, dict[str, bool]]) -> Built:
+    return built[0].materializers, built[1], None
 
 
 def _resolve(decl: Any, **kwargs: Any) -> Plan:
@@ -148,8 +152,7 @@ def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchS
 
 
 def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
-            torch_state: Callable[[], TorchState | None]
-            ) -> tuple[Materializers, Plan] | str | None:
+            torch_state: Callable[[], TorchState | None]) -> Built | str | None:
     """The cached plan (``"uncacheable"``: the entry says it cannot be; ``None``: a miss).
 
     Imports and collects the backends only: their materialize hooks are needed,
@@ -180,7 +183,10 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
     state = process()
     state.plan_cache = outcome
     state.plan_entry = entry["id"] if outcome == "hit" else None
-    return live.materializers, resolved
+    data, declarations = cache.data, live.declarations
+    if outcome != "hit" or data is None:
+        return live.materializers, resolved, None
+    return live.materializers, resolved, lambda: cached_plan(cache, data, declarations)
 
 
 def _gate_part(lock_gate: Gate) -> str:
@@ -304,21 +310,64 @@ class Registry:
     less the distributions torch refused at registration (rolled back whole),
     with their problems added.  ``errors``, ``op()`` and ``kernels`` answer
     from :attr:`loaded`.
+
+    A plan that came from the plan cache (``reread``) is not kept once the
+    load is over: its records (~15 per op) would stay on the heap of every
+    process for nothing but these questions, visited by each full collection
+    of the garbage collector.  It is decoded again from the entry's bytes the
+    first time one is asked.
     """
 
-    def __init__(self, plan: Plan, materialized: Materialized, settings: Settings) -> None:
-        self.plan = plan
+    def __init__(self, plan: Plan, materialized: Materialized, settings: Settings,
+                 reread: Callable[[], Plan] | None = None) -> None:
         self.settings = settings
         self._materialized = materialized
-        self.loaded: Plan = _effective(plan, materialized)
+        self._plan: Plan | None = plan
+        self._reread = reread
+        self._loaded: Plan | None = None
+        #: problems found after loading, and whether the registry was unloaded
+        self._later: tuple[Problem, ...] = ()
+        self._unloaded = False
         self.op_names: frozenset[str] = frozenset(materialized.ops)
         #: the adoptions in effect (imports on first touch of torch.ops.<ns>), or ``None``
         self.adopter: Adopter | None = None
 
+    @property
+    def plan(self) -> Plan:
+        with process().lock:
+            plan = self._plan
+            if plan is None:
+                assert self._reread is not None
+                plan = self._plan = self._reread()
+            return plan
+
+    @plan.setter
+    def plan(self, plan: Plan) -> None:
+        self._plan, self._reread, self._loaded = plan, None, None
+
+    @property
+    def loaded(self) -> Plan:
+        with process().lock:
+            loaded = self._loaded
+            if loaded is None:
+                loaded = _effective(self.plan, self._materialized)
+                if self._later or self._unloaded:
+                    loaded = attrs.evolve(loaded, problems=loaded.problems + self._later,
+                                          ops=() if self._unloaded else loaded.ops)
+                self._loaded = loaded
+            return loaded
+
+    def release(self) -> None:
+        """Let go of the plan's records when they can be decoded again (see the class)."""
+        with process().lock:
+            if self._reread is not None:
+                self._plan = self._loaded = None
+
     def add_problem(self, problem: Problem) -> None:
         """Record a problem found after loading (an adopted package that failed to import)."""
         with process().lock:
-            self.loaded = attrs.evolve(self.loaded, problems=self.loaded.problems + (problem,))
+            self._later += (problem,)
+            self._loaded = None
 
     @property
     def problems(self) -> tuple[Problem, ...]:
@@ -363,7 +412,7 @@ class Registry:
                                    for o in deferred):
                 return ()
             with _importing_plugins("load"):
-                materializers, full = _collect_and_resolve(self.settings, _snapshot)
+                materializers, full, _ = _collect_and_resolve(self.settings, _snapshot)
             late = {o.distribution for o in deferred}
             problems = [p for p in full.problems
                         if p.leaves_out and {o.distribution for o in p.culprits} & late]
@@ -378,8 +427,7 @@ class Registry:
                     hint="import torch before it, or call opregistry.load(reload=True)",
                     culprits=tuple(o for o in deferred)))
             if problems:
-                self.loaded = attrs.evolve(self.loaded, problems=self.loaded.problems
-                                           + tuple(problems))
+                self._later += tuple(problems)
                 self.plan = attrs.evolve(self.plan, skipped=tuple(
                     attrs.evolve(s, deferred=False) for s in self.plan.skipped))
                 return tuple(problems)
@@ -389,7 +437,6 @@ class Registry:
             self._materialized.failed.update(added.failed)
             self._materialized.problems.extend(added.problems)
             self.plan = full
-            self.loaded = _effective(full, self._materialized)
             self.op_names = self.op_names | frozenset(added.ops)
             return tuple(added.problems)
 
@@ -450,7 +497,7 @@ class Registry:
             deactivate(self.adopter)
             self.adopter = None
             self._materialized.destroy()
-            self.loaded = attrs.evolve(self.loaded, ops=())
+            self._unloaded, self._loaded = True, None
             self.op_names = frozenset()
             if state.registry is self:
                 state.registry = None
@@ -535,7 +582,7 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
 def _load(settings: Settings) -> Registry:
     from .materializer import materialize
 
-    materializers, resolved = _collect_and_resolve(settings, _snapshot)
+    materializers, resolved, reread = _collect_and_resolve(settings, _snapshot)
     if settings.strict and resolved.errors:
         raise ResolutionError(resolved.errors)
     seal = Seal()  # kernel modules and backends run now: opregistry's own state is sealed
@@ -545,13 +592,14 @@ def _load(settings: Settings) -> Registry:
     if settings.strict and materialized.problems:
         materialized.destroy()
         raise ResolutionError(materialized.problems)
-    registry = Registry(resolved, materialized, settings)
+    registry = Registry(resolved, materialized, settings, reread)
     registry.adopter = activate(resolved, settings.lock, registry.add_problem)
     for problem in registry.problems:
         if problem.severity == "error":
             log.warning("problem", code=problem.code, message=elide(problem.message),
                         hint=elide(problem.hint))
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
+    registry.release()
     return registry
 
 

@@ -272,6 +272,9 @@ def test_objects_per_op_counts_what_the_ops_keep(tmp_path: Path) -> None:
     by_type = data["by_type"]
     # one state object per Autograd kernel and one per vmap rule (not a closure's cells)
     assert by_type.get("_Op", 0) >= 6 and by_type.get("_VmapRule", 0) >= 6
+    # a warm load, as at import torch: the registry keeps no plan record per op
+    assert data["plan_cache"] == "hit"
+    assert by_type.get("OpPlan", 0) == by_type.get("KernelPlan", 0) == 0, by_type
 
 
 def test_raw_floor_registers_and_counts(tmp_path: Path) -> None:

@@ -712,6 +712,50 @@ def test_a_warm_start_with_backends_alone_imports_no_schema_parser(env: Env) -> 
     assert done.stdout.split(None, 1) == ["hit", "[]\n"], done.stdout
 
 
+def test_a_warm_registry_keeps_no_plan_records_and_decodes_them_when_asked(env: Env) -> None:
+    """After a cache hit the registry holds the entry's bytes, not the plan's records (~15 per
+    op, visited by every full collection); asked, it decodes the same plan again."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.op_dist("pc-two", "pctwo", "g")
+    child = (
+        "import gc, json, torch, opregistry\n"
+        "from opregistry.model import Problem\n"
+        "from opregistry.plans import KernelPlan, OpPlan\n"
+        "from opregistry.state import process\n"
+        "def records():\n"
+        "    return sum(type(o) in (OpPlan, KernelPlan) for o in gc.get_objects())\n"
+        "r = opregistry.get_registry()\n"
+        "kept = records()\n"
+        "seen = {'ops': sorted(op.op.qualname for op in r.ops), 'kernels': sorted(\n"
+        "    f'{k.kernel.op}/{k.kernel.key}/{k.status}' for k in r.kernels)}\n"
+        "r.add_problem(Problem(code='adoption-import-failed', message='m', hint='h'))\n"
+        "r.release()\n"
+        "problems = [p.code for p in r.problems]\n"
+        "r.unload()\n"
+        "print(json.dumps({'cache': process().plan_cache, 'kept': kept, 'after': records(),\n"
+        "                  'seen': seen, 'problems': problems, 'unloaded': len(r.ops)}))\n")
+
+    def run(**extra: str) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                              env={**env.environ(), **extra}, cwd=str(env.site.parent),
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    uncached = run(OPREGISTRY_CACHE="0")
+    assert uncached["kept"] > 0  # a plan that cannot be decoded again is kept
+    run()
+    warm = run()
+    assert warm["cache"] == "hit"
+    assert warm["kept"] == 0, warm
+    assert warm["after"] > 0  # asked, the registry decoded its plan
+    assert warm["seen"] == uncached["seen"]
+    assert {"pcone::f", "pctwo::g"} <= set(warm["seen"]["ops"])
+    assert warm["problems"] == uncached["problems"]
+    assert warm["problems"][-1] == "adoption-import-failed"
+    assert warm["unloaded"] == uncached["unloaded"] == 0
+
+
 def test_the_package_imports_its_submodules_on_first_use() -> None:
     """After ``import opregistry``, a submodule is reachable as an attribute; a name that is
     neither public nor a submodule is an AttributeError."""

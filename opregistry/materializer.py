@@ -14,11 +14,9 @@ kernels target its ops.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import attrs
 from attrs import define, field
@@ -35,7 +33,7 @@ from .native_load import load_failure, load_native
 from .plans import OpPlan, Plan
 from .selection import Step as Link
 from .selection import chain, counted, counting_forced, observer, print_counts_at_exit
-from .state import process
+from .state import gc_paused, process
 from .steps import Step, Steps, plan_steps
 from .torch_state import (destroy_library, device_keyset, lookup_op, new_library, recorder,
                           registering)
@@ -118,27 +116,6 @@ class _DistLibraries:
             if self.owned.get(namespace) == "DEF":
                 holders.pop(namespace, None)
         self.libs.clear()
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while the pipeline builds its records.
-
-    Discovery, collection, resolution and materialization allocate tens of
-    thousands of small, long-lived objects (records, closures, torch
-    registrations); with torch's million objects already on the heap, the
-    collector's full passes made the pipeline grow faster than linearly
-    (docs/performance.md).  Nothing here depends on cycles being freed during
-    the load; the collector is restored (and runs as usual) afterwards, also
-    on error.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _define(lib: Any, plan: OpPlan) -> None:

@@ -12,11 +12,10 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
 
 import attrs
 
-from .adopting import Adopter, activate, deactivate
 from .codec import Encoder
 from .collect import Collected, collect
 from .config import Policy, Settings
@@ -26,14 +25,17 @@ from .errors import ReentrantLoadError, ResolutionError
 from .lockfile import DEFAULT_LOCKFILE, PathLike, verify_plan
 from .lock_gate import Gate, gate
 from .logs import get_logger
-from .materializer import Materialized, defined_ops, gc_paused
 from .model import Declarations, Problem, elide
 from .environment import Environment, TorchState, read_environment, run_check
 from .plans import KernelPlan, OpPlan, Plan
 from .plancache import (PlanCache, Recorded, backends_to_load, cached_plan, compare, drift,
                         reuse)
-from .state import process
+from .state import gc_paused, process
 from .seal import Seal
+
+if TYPE_CHECKING:  # imported where used: `opregistry list` needs neither
+    from .adopting import Adopter
+    from .materializer import Materialized
 
 __all__ = ["Registry", "load", "plan", "get_registry", "loading", "current_plan", "verify_lock",
            "check_cache", "cached_plan_id"]
@@ -299,6 +301,7 @@ def plan(*, plugins: Iterable[str] | None = None, block: Iterable[str] | None = 
 def _snapshot() -> TorchState:
     """What torch's dispatcher holds outside opregistry (every live registry's ops left out)."""
     from . import torch_state
+    from .materializer import defined_ops
 
     return torch_state.snapshot(mine=defined_ops())
 
@@ -492,6 +495,8 @@ class Registry:
 
     def unload(self) -> None:
         """Unregister everything this registry registered."""
+        from .adopting import deactivate
+
         state = process()
         with state.lock:
             deactivate(self.adopter)
@@ -580,6 +585,7 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
 
 
 def _load(settings: Settings) -> Registry:
+    from .adopting import activate
     from .materializer import materialize
 
     materializers, resolved, reread = _collect_and_resolve(settings, _snapshot)

@@ -23,11 +23,13 @@ destroyed ``Library`` does not stay alive through opregistry.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["ProcessState", "process", "reset"]
+__all__ = ["ProcessState", "process", "reset", "gc_paused"]
 
 
 class _PerThread(threading.local):
@@ -124,3 +126,24 @@ def reset() -> ProcessState:
         _state.recorder.uninstall()
     _state = ProcessState()
     return _state
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while the pipeline builds its records.
+
+    Discovery, collection, resolution and materialization allocate tens of
+    thousands of small, long-lived objects (records, closures, torch
+    registrations); with torch's million objects already on the heap, the
+    collector's full passes made the pipeline grow faster than linearly
+    (docs/performance.md).  Nothing here depends on cycles being freed during
+    the load; the collector is restored (and runs as usual) afterwards, also
+    on error.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

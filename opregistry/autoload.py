@@ -55,9 +55,9 @@ def autoload() -> None:
 
 
 def _autoload() -> None:
-    from .registry import loading
+    from .state import process  # not the registry: OPREGISTRY_AUTOLOAD=0 imports no more
 
-    if loading():
+    if process().loading:
         # a plugin opregistry is importing imported torch: the load (or plan) in progress
         # goes on and registers what it found; what the plugin registers with torch from
         # now on is watched, as when torch was imported first (whatever OPREGISTRY_AUTOLOAD

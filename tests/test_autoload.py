@@ -24,7 +24,8 @@ PROBE = """
 import json, sys
 import torch
 ns = torch.ops.tutorial
-result = {"muladd": hasattr(ns, "muladd"), "opregistry_imported": "opregistry" in sys.modules}
+result = {"muladd": hasattr(ns, "muladd"), "opregistry_imported": "opregistry" in sys.modules,
+          "registry_imported": "opregistry.registry" in sys.modules}
 if result["muladd"]:
     result["value"] = torch.ops.tutorial.muladd(torch.ones(2), torch.full((2,), 3.0), 1.0).tolist()
 if "opregistry" in sys.modules:
@@ -75,6 +76,8 @@ def test_autoload_switches_turn_it_off(switch):
     if "TORCH_DEVICE_BACKEND_AUTOLOAD" in switch:
         # torch does not even look at the entry point
         assert result["opregistry_imported"] is False
+    else:  # the entry point reads the switch and stops: no pipeline is imported
+        assert result["registry_imported"] is False
 
 
 def test_ops_load_on_demand_when_autoload_is_off():

@@ -32,18 +32,19 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import attrs
 
-from .adoption import Adopted, AdoptedKernel, Adoption
 from .conditions import Condition
 from .environment import Environment, EnvironmentQuery
-from .foreign import InstalledDistribution, Registration
 from .kinds import Kind
 from .model import (Backend, Declarations, Kernel, Namespace, NativeLibrary, OpDef, Origin,
                     Problem, Skipped)
 from .plans import BackendPlan, KernelPlan, NamespacePlan, NativePlan, OpPlan, Plan
+
+if TYPE_CHECKING:  # imported where an adoption is decoded: most plans have none
+    from .adoption import Adopted, Adoption
 
 __all__ = ["FORMAT", "ENCODED", "Uncacheable", "Encoder", "Decoder", "encode_query", "decode_query",
            "encode_environment", "dispatcher_digest"]
@@ -453,12 +454,17 @@ class Decoder:
         return {self.origins[i]: tuple(names) for i, names in d}
 
     def adoption(self, d: list[Any]) -> Adoption:
+        from .adoption import Adoption
+
         distribution, modules, namespaces, load, samples, origin, source = d
         return Adoption(distribution=distribution, modules=tuple(modules),
                         namespaces=tuple(namespaces), load=load, samples=samples,
                         origin=self.origin(origin), source=source)
 
     def adopted(self, d: list[Any]) -> Adopted:
+        from .adoption import Adopted, AdoptedKernel
+        from .foreign import InstalledDistribution, Registration
+
         (name, version, location), load, status, reason, declared_by, modules, op_modules, \
             registrations, kernels, samples = d
         return Adopted(

@@ -19,7 +19,6 @@ from attrs import field, frozen
 
 from .config import canonical_name
 from .keys import KNOWN_TAGS, TorchFacts, installed_torch, installed_torch_build
-from .locate import locate_module
 from .references import NativeLibrary
 
 __all__ = ["TorchState", "Environment", "EnvironmentQuery", "environment_query", "read_query",
@@ -101,6 +100,8 @@ def native_missing(library: NativeLibrary) -> str | None:
     """
     import os
 
+    from .locate import locate_module  # only where a native library or an adoption asks
+
     if library.path is not None:
         return None if os.path.isfile(library.path) else f"the file {library.path} does not exist"
     found = locate_module(library.module)  # type: ignore[arg-type]
@@ -138,6 +139,8 @@ def not_a_library(path: str) -> str | None:
 
 def native_broken(library: NativeLibrary) -> tuple[str, str] | None:
     """``(file, why)`` when ``library`` exists but is no shared library of this platform."""
+    from .locate import locate_module
+
     file = library.path if library.path is not None else \
         locate_module(library.module).file  # type: ignore[arg-type]
     if file is None or file.endswith(".py"):
@@ -217,6 +220,7 @@ def _module_owners(modules: Iterable[str]) -> dict[str, tuple[str | None, str]]:
     if not modules:
         return {}
     from .distfiles import owner_of
+    from .locate import locate_module
 
     out: dict[str, tuple[str | None, str]] = {}
     for module in modules:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from attrs import field, frozen
 
-from .adoption import Adopted
 from .kinds import kernel_fields
 from .model import Backend, Kernel, NativeLibrary, OpDef, Origin, Problem, Skipped, describe_ref
 
 if TYPE_CHECKING:  # the parser is imported where a plan is decoded or resolved
+    from .adoption import Adopted
     from .schema import Schema
 
 __all__ = [

@@ -699,14 +699,16 @@ def test_a_warm_import_torch_runs_no_declaration_code(env: Env) -> None:
 
 def test_a_warm_start_with_backends_alone_imports_no_schema_parser(env: Env) -> None:
     """opregistry installed with its backends and no op package: a cached plan has no op, and
-    nothing parses a schema (the parser is imported where an op's plan is decoded)."""
+    nothing parses a schema (the parser is imported where an op's plan is decoded), nor
+    locates a module statically (only a native library or an adoption asks)."""
     env.warm()
     done = subprocess.run(
         [sys.executable, "-c",
          "import sys, torch\n"
          "from opregistry.state import process\n"
          "print(process().plan_cache, sorted(m for m in sys.modules if m.startswith("
-         "('opregistry.schema', 'opregistry.declare', 'opregistry.resolver'))))"],
+         "('opregistry.schema', 'opregistry.declare', 'opregistry.resolver', "
+         "'opregistry.locate'))))"],
         capture_output=True, text=True, env=env.environ(), cwd=str(env.site.parent), timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(None, 1) == ["hit", "[]\n"], done.stdout

@@ -410,6 +410,8 @@ class Registry:
         from .materializer import materialize
 
         with process().lock:
+            if self._plan is None:  # released: a cache hit, and a plan that defers is not cached
+                return ()
             deferred = [s.origin for s in self.plan.skipped if s.deferred]
             if not deferred or any(still_importing(o.value.partition(":")[0])
                                    for o in deferred):

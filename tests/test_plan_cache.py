@@ -727,6 +727,7 @@ def test_a_warm_registry_keeps_no_plan_records_and_decodes_them_when_asked(env: 
         "def records():\n"
         "    return sum(type(o) in (OpPlan, KernelPlan) for o in gc.get_objects())\n"
         "r = opregistry.get_registry()\n"
+        "assert opregistry.load() is r\n"  # the registry of the first load, nothing decoded
         "kept = records()\n"
         "seen = {'ops': sorted(op.op.qualname for op in r.ops), 'kernels': sorted(\n"
         "    f'{k.kernel.op}/{k.kernel.key}/{k.status}' for k in r.kernels)}\n"

@@ -94,12 +94,17 @@ class Env:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in [*self.extra, self.site])
         return env
 
-    def probe(self, *, torch: bool = True, **extra: str) -> dict[str, Any]:
-        done = subprocess.run([sys.executable, "-c", PROBE, *(["--torch"] if torch else [])],
-                              capture_output=True, text=True, env={**self.environ(), **extra},
+    def run(self, code: str, *args: str, **extra: str) -> str:
+        """The output of ``python -c code args`` in this environment (it must succeed)."""
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, env={**self.environ(), **extra},
                               cwd=str(self.site.parent), timeout=300)
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return done.stdout
+
+    def probe(self, *, torch: bool = True, **extra: str) -> dict[str, Any]:
+        out = self.run(PROBE, *(["--torch"] if torch else []), **extra)
+        return json.loads(out.strip().splitlines()[-1])
 
     def warm(self, **kw: Any) -> dict[str, Any]:
         """Probe twice: the second must come from the cache, for list and import torch alike."""
@@ -680,16 +685,13 @@ def test_a_warm_import_torch_runs_no_declaration_code(env: Env) -> None:
     resolver, not even opregistry's declaration API (``opregistry`` imports it on first use)."""
     env.op_dist("pc-one", "pcone", "f")
     env.warm()
-    done = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, torch\n"
-         "from opregistry.state import process\n"
-         "assert torch.ops.pcone.f(torch.ones(2)).tolist() == [1.0, 1.0]\n"
-         "print(process().plan_cache, sorted(m for m in sys.modules if m == 'pc_one' or "
-         "m.startswith(('opregistry.declare', 'opregistry.resolver', 'opregistry.scan'))))"],
-        capture_output=True, text=True, env=env.environ(), cwd=str(env.site.parent), timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split(None, 1) == ["hit", "[]\n"], done.stdout
+    out = env.run(
+        "import sys, torch\n"
+        "from opregistry.state import process\n"
+        "assert torch.ops.pcone.f(torch.ones(2)).tolist() == [1.0, 1.0]\n"
+        "print(process().plan_cache, sorted(m for m in sys.modules if m == 'pc_one' or "
+        "m.startswith(('opregistry.declare', 'opregistry.resolver', 'opregistry.scan'))))")
+    assert out.split(None, 1) == ["hit", "[]\n"], out
     import opregistry  # the public API still answers every name it lists
 
     assert all(getattr(opregistry, name) is not None for name in opregistry.__all__)
@@ -702,16 +704,13 @@ def test_a_warm_start_with_backends_alone_imports_no_schema_parser(env: Env) -> 
     nothing parses a schema (the parser is imported where an op's plan is decoded), nor
     locates a module statically (only a native library or an adoption asks)."""
     env.warm()
-    done = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, torch\n"
-         "from opregistry.state import process\n"
-         "print(process().plan_cache, sorted(m for m in sys.modules if m.startswith("
-         "('opregistry.schema', 'opregistry.declare', 'opregistry.resolver', "
-         "'opregistry.locate'))))"],
-        capture_output=True, text=True, env=env.environ(), cwd=str(env.site.parent), timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split(None, 1) == ["hit", "[]\n"], done.stdout
+    out = env.run(
+        "import sys, torch\n"
+        "from opregistry.state import process\n"
+        "print(process().plan_cache, sorted(m for m in sys.modules if m.startswith("
+        "('opregistry.schema', 'opregistry.declare', 'opregistry.resolver', "
+        "'opregistry.locate'))))")
+    assert out.split(None, 1) == ["hit", "[]\n"], out
 
 
 def test_a_warm_registry_keeps_no_plan_records_and_decodes_them_when_asked(env: Env) -> None:
@@ -739,11 +738,7 @@ def test_a_warm_registry_keeps_no_plan_records_and_decodes_them_when_asked(env: 
         "                  'seen': seen, 'problems': problems, 'unloaded': len(r.ops)}))\n")
 
     def run(**extra: str) -> dict[str, Any]:
-        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                              env={**env.environ(), **extra}, cwd=str(env.site.parent),
-                              timeout=300)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return json.loads(env.run(child, **extra).strip().splitlines()[-1])
 
     uncached = run(OPREGISTRY_CACHE="0")
     assert uncached["kept"] > 0  # a plan that cannot be decoded again is kept

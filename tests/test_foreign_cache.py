@@ -203,3 +203,56 @@ def test_a_distribution_without_torch_is_checked_by_its_metadata(site: Site) -> 
     site.install("1.0")  # pip rewrites METADATA (now requiring torch) and RECORD
     found = site.scan()
     assert found.cached == 0 and found.distributions[0].namespaces() == {"fx_aa"}
+
+
+def _second_distribution(site: Site, name: str = "fx_other") -> str:
+    """A second wheel-style install beside ``fx-cached``, in the same folder."""
+    package = site.root / name
+    package.mkdir()
+    (package / "__init__.py").write_text(SOURCE.replace("fx_aa", "fx_ot"))
+    info = site.root / f"{name}-1.0.dist-info"
+    info.mkdir()
+    dist = name.replace("_", "-")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\nRequires-Dist: torch\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n"
+                                 f"{info.name}/RECORD,,\n")
+    importlib.invalidate_caches()
+    return dist
+
+
+def test_one_entry_per_folder_of_distributions(site: Site) -> None:
+    """Two distributions of one folder: one cache file, written once, holding both; a scan
+    of one of them keeps the other's entry."""
+    other = _second_distribution(site)
+    env = {"OPREGISTRY_CACHE_DIR": str(site.cache)}
+    first = scan_installed(only=[NAME, other], environ=env)
+    assert (first.cached, len(first.distributions)) == (0, 2)
+    entry = _entry(site)
+    assert len(json.loads(entry.read_text())["value"]) == 2
+    written = entry.stat().st_mtime_ns
+    assert scan_installed(only=[NAME, other], environ=env).cached == 2
+    assert entry.stat().st_mtime_ns == written  # nothing changed: nothing written
+    site.rewrite(SOURCE.replace("fx_aa", "fx_bb"))
+    assert site.namespaces() == ({"fx_bb"}, 0)  # a scan of fx-cached alone
+    again = scan_installed(only=[NAME, other], environ=env)
+    assert again.cached == 2
+    assert {d.name: set(d.namespaces()) for d in again.distributions} == {
+        NAME: {"fx_bb"}, other: {"fx_ot"}}
+
+
+def test_a_whole_scan_drops_the_entries_of_distributions_gone(tmp_path: Path) -> None:
+    from opregistry.diskcache import DiskCache
+    from opregistry.scan import _Folders
+
+    disk = DiskCache(str(tmp_path), "stamp")
+    disk.store("distributions in /site", {"a 1.0": {"x": 1}, "gone 1.0": {"x": 2}})
+    partial = _Folders(disk)
+    assert partial.entry("/site", "a 1.0") == {"x": 1}
+    partial.write(whole=False)  # a scan of some distributions: the others' entries stay
+    assert disk.load("distributions in /site") == {"a 1.0": {"x": 1}, "gone 1.0": {"x": 2}}
+    whole = _Folders(disk)
+    assert whole.entry("/site", "a 1.0") == {"x": 1}
+    whole.put("/site", "new 1.0", {"x": 3})
+    whole.write(whole=True)
+    assert disk.load("distributions in /site") == {"a 1.0": {"x": 1}, "new 1.0": {"x": 3}}

@@ -16,8 +16,9 @@ packages for an editable install (:func:`opregistry.distfiles.files_of`);
 of those, the importable ``.py`` modules and the shared libraries.
 
 The result is cached on disk (:mod:`opregistry.diskcache`, cache
-``foreign-scan``) per distribution, keyed by its name, version and
-location and checked against a digest of the files it read: their size
+``foreign-scan``, one entry per folder of distributions) per distribution,
+keyed by its name, version and location and checked against a digest of
+the files it read: their size
 and modification time by default, their sha256 in locked mode
 (``OPREGISTRY_LOCK``) or with ``content_digests=True``.  A changed file, a
 reinstall or an upgrade means a new scan of that distribution only.  A
@@ -222,9 +223,10 @@ def _metadata_stamp(info: DistInfo) -> str | None:
     return "; ".join(out)
 
 
-def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
-        ForeignDistribution | None, bool, bool]:
-    """``(record or None, uses torch, from the cache)`` of one distribution.
+def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
+        ForeignDistribution | None, bool, bool, dict[str, Any] | None]:
+    """``(record or None, uses torch, from the cache, entry to store or None)`` of one
+    distribution, given its cached ``entry`` (``None`` when there is none).
 
     A distribution found not to use torch is checked again only when its
     metadata changes (an install rewrites ``METADATA`` and ``RECORD``):
@@ -232,21 +234,20 @@ def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
     cost more than the rest of the scan.  A torch user's entry is checked
     against the digest of every file it read.
     """
-    key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
-    entry = cache.load(key)
     stamp = _metadata_stamp(info)
     if (isinstance(entry, dict) and entry.get("uses_torch") is False and stamp is not None
             and entry.get("metadata") == stamp and not content):
-        return None, False, True
+        return None, False, True, None
     files = _scanned_files(info)
     digest = _digest(info, [path for path, _ in files], content)
     if isinstance(entry, dict) and entry.get("digest") == digest:
         try:
             dist = entry.get("dist")
             return (ForeignDistribution.from_dict(dist) if dist else None,
-                    bool(entry.get("uses_torch")), True)
+                    bool(entry.get("uses_torch")), True, None)
         except (KeyError, TypeError, ValueError) as exc:
-            log.debug("cached scan malformed, scanning again", key=key, error=str(exc))
+            log.debug("cached scan malformed, scanning again", distribution=info.installed.text,
+                      error=str(exc))
     try:
         record, uses = scan_distribution(info, files)
     except Exception as exc:  # noqa: BLE001 - one odd distribution never stops the scan
@@ -254,11 +255,50 @@ def _cached(cache: DiskCache, info: DistInfo, content: bool) -> tuple[
                     error=f"{type(exc).__name__}: {exc}")
         record = ForeignDistribution(distribution=info.installed, requires_torch=info.requires_any(
             ("torch", "opregistry")), error=f"the scan failed: {type(exc).__name__}: {exc}")
-        return record, True, False  # not cached: tried again next time
+        return record, True, False, None  # not cached: tried again next time
     record = attrs.evolve(record, digest=digest)
-    cache.store(key, {"digest": digest, "uses_torch": uses, "metadata": stamp,
-                      "dist": record.to_dict() if uses else None})
-    return (record if uses else None), uses, False
+    return (record if uses else None), uses, False, {
+        "digest": digest, "uses_torch": uses, "metadata": stamp,
+        "dist": record.to_dict() if uses else None}
+
+
+class _Folders:
+    """The cache's entries, one file per folder of distributions (a ``site-packages``, a
+    ``PYTHONPATH`` entry): read once, written once, and only when something changed.
+
+    One file per distribution cost a file creation each on a cold start: with a
+    thousand distributions, half of a cold scan on a slow disk (and a round trip
+    each on a network home directory).
+    """
+
+    def __init__(self, cache: DiskCache) -> None:
+        self.cache = cache
+        self.read: dict[str, dict[str, Any]] = {}
+        self.seen: dict[str, set[str]] = {}
+        self.new: dict[str, dict[str, Any]] = {}
+
+    def entry(self, folder: str, key: str) -> Any:
+        if folder not in self.read:
+            found = self.cache.load(f"distributions in {folder}")
+            self.read[folder] = found if isinstance(found, dict) else {}
+            self.seen[folder] = set()
+        self.seen[folder].add(key)
+        return self.read[folder].get(key)
+
+    def put(self, folder: str, key: str, entry: dict[str, Any]) -> None:
+        self.new.setdefault(folder, {})[key] = entry
+        self.seen.setdefault(folder, set()).add(key)
+
+    def write(self, whole: bool) -> None:
+        """Store each folder whose entries changed; ``whole``: every distribution of the
+        folders read was seen, so entries of distributions gone are dropped."""
+        for folder in {*self.read, *self.new}:
+            old = self.read.get(folder, {})
+            merged = {**old, **self.new.get(folder, {})}
+            if whole:
+                merged = {k: v for k, v in merged.items() if k in self.seen[folder]}
+            if merged != old:
+                self.cache.store(f"distributions in {folder}", merged)
 
 
 def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
@@ -279,8 +319,8 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
         else content_digests
     infos = distributions()
     wanted = None if only is None else {canonical_name(n) for n in only}
-    store = DiskCache.open(CACHE_NAME, stamp=_stamp(infos), environ=env) if cache \
-        else DiskCache(None, "")
+    store = _Folders(DiskCache.open(CACHE_NAME, stamp=_stamp(infos), environ=env) if cache
+                     else DiskCache(None, ""))
     found, skipped, hits = [], 0, 0
     for info in infos:
         if wanted is not None and info.installed.name not in wanted:
@@ -288,12 +328,17 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
         if info.installed.name in NOT_SCANNED or not info.installed.location:
             skipped += 1
             continue
-        record, uses, hit = _cached(store, info, content)
+        folder = os.path.dirname(info.installed.location)
+        key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
+        record, uses, hit, entry = _cached(store.entry(folder, key), info, content)
+        if entry is not None:
+            store.put(folder, key, entry)
         hits += hit
         if record is None or not uses:
             skipped += 1
             continue
         found.append(record)
+    store.write(whole=wanted is None)
     found.sort(key=lambda d: d.name)
     return ForeignScan(distributions=tuple(found), skipped=skipped, cached=hits)
 

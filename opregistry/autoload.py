@@ -23,12 +23,11 @@ ours).  ``OPREGISTRY_AUTOLOAD=0`` turns it off.
 
 from __future__ import annotations
 
-import gc
-
 from .config import Settings, autoload_enabled, strict_requested
 from .containment import must_propagate
 from .errors import ConfigError
 from .logs import get_logger
+from .state import gc_paused, process
 
 __all__ = ["autoload"]
 
@@ -45,18 +44,11 @@ def autoload() -> None:
     creates no garbage cycles worth collecting; the collector is restored,
     and runs as usual, afterwards).
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         _autoload()
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _autoload() -> None:
-    from .state import process  # not the registry: OPREGISTRY_AUTOLOAD=0 imports no more
-
     if process().loading:
         # a plugin opregistry is importing imported torch: the load (or plan) in progress
         # goes on and registers what it found; what the plugin registers with torch from
@@ -69,14 +61,23 @@ def _autoload() -> None:
     try:
         if not autoload_enabled():
             return
-        strict = Settings.from_env().strict
+        settings = Settings.from_env()
     except ConfigError as exc:
         log.error("opregistry configuration is invalid; no ops were registered at import torch",
                   error=str(exc))
         if strict_requested():
             raise
         return
+    strict = settings.strict
     try:
+        from .idle import idle_start
+
+        if idle_start(settings):  # nothing to register: the registry is loaded when asked for
+            from .torch_state import recorder
+
+            process().deferred = settings
+            recorder()  # what is registered with torch from now on is attributed, as after a load
+            return
         from .registry import load
 
         load(strict=strict)

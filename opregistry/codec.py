@@ -38,6 +38,7 @@ import attrs
 
 from .conditions import Condition
 from .environment import Environment, EnvironmentQuery
+from .idle import FORMAT as _FORMAT
 from .kinds import Kind
 from .model import (Backend, Declarations, Kernel, Namespace, NativeLibrary, OpDef, Origin,
                     Problem, Skipped)
@@ -50,7 +51,7 @@ __all__ = ["FORMAT", "ENCODED", "Uncacheable", "Encoder", "Decoder", "encode_que
            "encode_environment", "dispatcher_digest"]
 
 #: the encoding's version: an entry of another format is ignored
-FORMAT = 3
+FORMAT = _FORMAT
 
 #: every field of every record the codec writes, in the order it writes them: a record that
 #: gains a field must be written and read here too (tests/test_plan_cache.py compares)

@@ -43,12 +43,13 @@ from typing import Any, Callable, Iterator, Mapping
 import attrs
 
 from . import inputs
-from .codec import (FORMAT, Decoder, Encoder, Uncacheable, decode_query, encode_environment,
+from .codec import (Decoder, Encoder, Uncacheable, decode_query, encode_environment,
                     encode_query)
 from .config import CONFIG_VAR, Settings
 from .diskcache import DiskCache
 from .errors import DOCS_URL
 from .environment import Environment, TorchState, environment_query, read_query, run_check
+from .idle import CHECK_VAR, FORMAT, NAME, content_check, plan_cache
 from .logs import get_logger
 from .model import Declarations, Origin, Problem
 from .plans import Plan
@@ -59,21 +60,12 @@ __all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backen
 
 log = get_logger()
 
-#: ``OPREGISTRY_CACHE_CHECK=content``: stamp every input by content, not size and time
-CHECK_VAR = "OPREGISTRY_CACHE_CHECK"
 #: seconds a process waits for another that builds the same entry, then builds it too
 LOCK_TIMEOUT = 30.0
 #: the entry-point group of backends (``discovery.BACKENDS_GROUP``; discovery is a layer above)
 BACKENDS_GROUP = "opregistry.backends"
-#: the folder of the cache directory that holds the plans
-NAME = "plans"
 #: the folder that holds listings made of cached plans (``opregistry list --json``)
 LISTINGS = "listings"
-
-
-def _content_check(settings: Settings, environ: Mapping[str, str]) -> bool:
-    mode = (environ.get(CHECK_VAR) or "stat").strip().lower()
-    return settings.lock is not None or mode == "content"
 
 
 def backend_part(decl: Declarations) -> str:
@@ -153,8 +145,8 @@ class PlanCache:
                  environ: Mapping[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
         self.settings = settings
-        self.content = _content_check(settings, env)
-        self.disk = DiskCache.open(NAME, stamp=f"plan-{FORMAT}", environ=env)
+        self.content = content_check(settings, env)
+        self.disk = plan_cache(env)
         self.key = inputs.slot(settings, torch_imported=torch_imported, content=self.content,
                                environ=env)
         #: the bytes of the entry :meth:`lookup` returned last (:func:`cached_plan` decodes the
@@ -225,7 +217,8 @@ class PlanCache:
             entry.update(declarations=enc.declarations(decl), plan=enc.plan(plan),
                          origins=enc.table(), backends=backend_part(decl),
                          query=encode_query(environment_query(decl)),
-                         environment=encode_environment(env, answers))
+                         environment=encode_environment(env, answers),
+                         idle=self.settings.lock is None and registers_nothing(decl, plan))
         except Uncacheable as exc:
             log.debug("plan not cached", reason=str(exc))
             entry = {"manifest": manifest, "gate": gate, "uncacheable": str(exc)}
@@ -233,6 +226,15 @@ class PlanCache:
         if stored:
             self.disk.prune(KEEP_PLANS)
         return stored
+
+
+def registers_nothing(decl: Declarations, plan: Plan) -> bool:
+    """Whether loading ``plan`` leaves torch as it is and has nothing to report
+    (:func:`opregistry.idle.idle_start`): no op package's declaration, no adoption,
+    no native library, no problem."""
+    return not (decl.namespaces or decl.ops or decl.kernels or decl.adoptions or decl.problems
+                or plan.namespaces or plan.ops or plan.external_kernels or plan.natives
+                or plan.adoptions or plan.problems)
 
 
 def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
@@ -369,7 +371,7 @@ def info(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[s
 
 def clear(environ: Mapping[str, str] | None = None) -> tuple[str | None, int]:
     """Remove every plan cache entry (and the listings made of them): the folder, how many."""
-    disk = DiskCache.open(NAME, stamp=f"plan-{FORMAT}", environ=environ)
+    disk = plan_cache(environ)
     DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}", environ=environ).clear()
     return disk.folder, disk.clear()
 

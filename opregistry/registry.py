@@ -552,8 +552,16 @@ def loading() -> bool:
 
 
 def get_registry() -> Registry | None:
-    """The registry :func:`load` returned, or ``None`` if nothing is loaded."""
-    return process().registry
+    """The registry :func:`load` returned, or ``None`` if nothing is loaded.
+
+    After an ``import torch`` that deferred its load (its cached plan registers
+    nothing: :mod:`opregistry.idle`), the registry that load gives, loaded now.
+    """
+    state = process()
+    if state.registry is None and state.deferred is not None:
+        with state.lock:
+            _load_deferred(state)
+    return state.registry
 
 
 def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
@@ -576,6 +584,7 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
     """
     state = process()
     with state.lock:
+        _load_deferred(state)
         if state.registry is not None and not reload:
             state.registry.complete()
             return state.registry
@@ -584,6 +593,19 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
                 state.registry.unload()
             state.registry = _load(_settings(strict, plugins, block, policy))
         return state.registry
+
+
+def _load_deferred(state: Any) -> None:
+    """Load what ``import torch`` deferred (the caller holds the state's lock), as the
+    autoload would have: a failure is logged, never raised, and leaves nothing loaded."""
+    settings, state.deferred = state.deferred, None
+    if settings is None or state.registry is not None:
+        return
+    try:
+        with _importing_plugins("load"):
+            state.registry = _load(settings)
+    except Exception as exc:  # noqa: BLE001 - the autoload's failure, met later: logged
+        log.error("opregistry autoload failed; ops were not registered", error=repr(exc))
 
 
 def _load(settings: Settings) -> Registry:

@@ -17,9 +17,10 @@ import functools
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
 
-from .environment import TorchState
+if TYPE_CHECKING:  # imported by snapshot(): the recorder alone needs no records
+    from .environment import TorchState
 from .state import process
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
@@ -258,6 +259,8 @@ def snapshot(mine: Iterable[str] = ()) -> TorchState:
     ops = frozenset(op for op in registered_ops() if op not in mine)
     namespaces = frozenset(op.split("::", 1)[0] for op in ops)
     tags = frozenset(name for name in dir(torch.Tag) if not name.startswith("_")) - {"name", "value"}
+    from .environment import TorchState
+
     return TorchState(ops=ops, namespaces=namespaces, has_kernel=has_kernel, tags=tags,
                       has_class=has_class)
 

@@ -699,18 +699,68 @@ def test_a_warm_import_torch_runs_no_declaration_code(env: Env) -> None:
     assert opregistry.OpLibrary is __import__("opregistry.declare").declare.OpLibrary
 
 
-def test_a_warm_start_with_backends_alone_imports_no_schema_parser(env: Env) -> None:
-    """opregistry installed with its backends and no op package: a cached plan has no op, and
-    nothing parses a schema (the parser is imported where an op's plan is decoded), nor
-    locates a module statically (only a native library or an adoption asks)."""
-    env.warm()
-    out = env.run(
-        "import sys, torch\n"
-        "from opregistry.state import process\n"
-        "print(process().plan_cache, sorted(m for m in sys.modules if m.startswith("
-        "('opregistry.schema', 'opregistry.declare', 'opregistry.resolver', "
-        "'opregistry.locate'))))")
-    assert out.split(None, 1) == ["hit", "[]\n"], out
+IDLE_CHILD = r"""
+import json, sys, torch
+from opregistry.state import process
+deferred = process().deferred is not None
+imported = sorted(m for m in sys.modules if m.startswith(
+    ("opregistry.registry", "opregistry.model", "opregistry.codec", "opregistry.schema",
+     "opregistry.locate", "pluggy", "opregistry_cpu", "opregistry_meta")))
+lib = torch.library.Library("pcidle", "DEF")  # after import torch: attributed, as after a load
+lib.define("f(Tensor x) -> Tensor")
+site = process().recorder.sites.get(("pcidle::f", "schema"))
+import opregistry
+r = opregistry.get_registry()
+assert opregistry.load(block=["opregistry-cpu"]) is r  # the deferred load's registry
+print(json.dumps({"deferred": deferred, "imported": imported, "site": site,
+                  "cache": process().plan_cache, "ops": len(r.ops),
+                  "backends": sorted(b.backend.name for b in r.plan.backends),
+                  "problems": sorted(p.code for p in r.problems)}))
+"""
+
+
+def test_a_warm_start_with_nothing_to_register_imports_no_pipeline(env: Env) -> None:
+    """opregistry installed with its backends and no op package: the cached plan registers
+    nothing, so ``import torch`` reads its entry and stops there (no backend, pluggy, record
+    class or decoder imported); the registry is loaded when asked for, the same as a load
+    without the cache, and what is registered with torch meanwhile is attributed."""
+    def run(**extra: str) -> dict[str, Any]:
+        return json.loads(env.run(IDLE_CHILD, **extra).strip().splitlines()[-1])
+
+    cold = run()
+    assert not cold["deferred"] and "opregistry.registry" in cold["imported"], cold
+    warm = run()
+    assert warm["deferred"] and warm["imported"] == [], warm
+    assert warm["site"] and warm["site"].startswith("<string>:"), warm
+    uncached = run(OPREGISTRY_CACHE="0")
+    assert not uncached["deferred"] and uncached["cache"] == "off", uncached
+    for found in (cold, warm):
+        assert {k: found[k] for k in ("ops", "backends", "problems")} == {
+            k: uncached[k] for k in ("ops", "backends", "problems")}
+    assert warm["ops"] == 0 and "cpu" in warm["backends"]
+
+
+def test_a_new_op_package_ends_the_start_with_nothing_to_register(env: Env) -> None:
+    """Installing an op package where the cached plan registered nothing: the next
+    ``import torch`` sees the entry stale and registers the package's op."""
+    env.run(IDLE_CHILD)
+    assert json.loads(env.run(IDLE_CHILD).strip().splitlines()[-1])["deferred"]
+    env.op_dist("pc-one", "pcone", "f")
+    out = env.run("import torch\nfrom opregistry.state import process\n"
+                  "print(process().deferred, torch.ops.pcone.f(torch.ones(2)).tolist())")
+    assert out.split() == ["None", "[1.0,", "1.0]"], out
+
+
+def test_counting_kernels_takes_the_full_load(env: Env) -> None:
+    """``OPREGISTRY_KERNEL_COUNTS`` prints a table at exit, made by the load: never deferred,
+    though the cached plan registers nothing."""
+    def deferred() -> bool:
+        out = env.run(IDLE_CHILD, OPREGISTRY_KERNEL_COUNTS="1")
+        return bool(json.loads(out.strip().splitlines()[-1])["deferred"])
+
+    assert (deferred(), deferred()) == (False, False)
+    assert json.loads(env.run(IDLE_CHILD).strip().splitlines()[-1])["deferred"] is False
+    assert json.loads(env.run(IDLE_CHILD).strip().splitlines()[-1])["deferred"] is True
 
 
 def test_a_warm_registry_keeps_no_plan_records_and_decodes_them_when_asked(env: Env) -> None:

@@ -165,6 +165,13 @@ class DiskCache:
                     pass
             return False
 
+    def discard(self, key: str) -> None:
+        """Remove ``key``'s entry, if there is one (never an error)."""
+        path = self.path(key)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float) -> Iterator[bool]:
         """Hold the lock of ``key``'s entry while the block runs; yields whether it is held.

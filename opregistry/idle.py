@@ -2,10 +2,11 @@
 
 opregistry installed with its backends and no op package -- or every op
 package blocked -- is the start every user of such a machine pays for.
-When the plan cache's entry of this process's slot says its plan registers
-nothing (``"idle"``, written by :meth:`opregistry.plancache.PlanCache.store`:
-no op, kernel, namespace, native library or adopted package, no problem,
-not locked) and its manifest still holds, :func:`idle_start` answers
+When the plan cache's entry of this process's slot has an idle marker
+beside it -- written by :meth:`opregistry.plancache.PlanCache.store` with
+the entry's manifest when its plan registers nothing: no op, kernel,
+namespace, native library or adopted package, no problem, not locked --
+and that manifest still holds, :func:`idle_start` answers
 ``True`` having imported the slot's inputs and the cache reader only: no
 backend, no pluggy, no record class, no decoding.  The autoload then notes
 the load as deferred (:attr:`opregistry.state.ProcessState.deferred`) and
@@ -28,7 +29,7 @@ from . import inputs
 from .diskcache import DiskCache
 from .logs import get_logger
 
-__all__ = ["FORMAT", "NAME", "CHECK_VAR", "plan_cache", "content_check", "idle_start"]
+__all__ = ["FORMAT", "NAME", "CHECK_VAR", "plan_cache", "content_check", "marker_key", "idle_start"]
 
 log = get_logger()
 
@@ -53,6 +54,13 @@ def content_check(settings: Any, environ: Mapping[str, str]) -> bool:
     return settings.lock is not None or mode == "content"
 
 
+def marker_key(key: str) -> str:
+    """The key of the idle marker of the slot ``key``: its entry's manifest alone, stored
+    beside the entry when its plan registers nothing (a few kilobytes, where the entry
+    of a thousand ops is a megabyte of JSON)."""
+    return key + "\n(idle)"
+
+
 def idle_start(settings: Any, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the load at ``import torch`` has nothing to do: see the module's docstring.
 
@@ -63,14 +71,13 @@ def idle_start(settings: Any, environ: Mapping[str, str] | None = None) -> bool:
     if settings.lock is not None or env.get(_COUNTS_VAR):
         return False
     try:
-        disk = plan_cache(env)
         key = inputs.slot(settings, torch_imported=True, content=content_check(settings, env),
                           environ=env)
-        found = disk.read(key)
-        if found is None or found[0].get("idle") is not True:
+        marker = plan_cache(env).load(marker_key(key))
+        if not isinstance(marker, dict):
             return False
-        changed = inputs.check_manifest(found[0]["manifest"])
-    except Exception as exc:  # noqa: BLE001 - an unusable entry means the full load
+        changed = inputs.check_manifest(marker["manifest"])
+    except Exception as exc:  # noqa: BLE001 - an unusable marker means the full load
         log.debug("plan cache: idle check failed", error=repr(exc))
         return False
     if changed is not None:

@@ -49,7 +49,7 @@ from .config import CONFIG_VAR, Settings
 from .diskcache import DiskCache
 from .errors import DOCS_URL
 from .environment import Environment, TorchState, environment_query, read_query, run_check
-from .idle import CHECK_VAR, FORMAT, NAME, content_check, plan_cache
+from .idle import CHECK_VAR, FORMAT, NAME, content_check, marker_key, plan_cache
 from .logs import get_logger
 from .model import Declarations, Origin, Problem
 from .plans import Plan
@@ -217,13 +217,16 @@ class PlanCache:
             entry.update(declarations=enc.declarations(decl), plan=enc.plan(plan),
                          origins=enc.table(), backends=backend_part(decl),
                          query=encode_query(environment_query(decl)),
-                         environment=encode_environment(env, answers),
-                         idle=self.settings.lock is None and registers_nothing(decl, plan))
+                         environment=encode_environment(env, answers))
         except Uncacheable as exc:
             log.debug("plan not cached", reason=str(exc))
             entry = {"manifest": manifest, "gate": gate, "uncacheable": str(exc)}
+        idle = "plan" in entry and self.settings.lock is None and registers_nothing(decl, plan)
+        self.disk.discard(marker_key(self.key))  # the entry's marker, when idle, comes after it
         stored = self.disk.store(self.key, entry)
         if stored:
+            if idle:
+                self.disk.store(marker_key(self.key), {"manifest": manifest})
             self.disk.prune(KEEP_PLANS)
         return stored
 
@@ -342,7 +345,8 @@ def _status(cache: PlanCache) -> dict[str, Any]:
     if "uncacheable" in entry:
         return {"status": "uncacheable", "reason": entry["uncacheable"]}
     return {"status": "valid", "ops": len(entry["plan"]["ops"]),
-            "distributions": len(entry["plan"]["distributions"])}
+            "distributions": len(entry["plan"]["distributions"]),
+            "registers_nothing": cache.disk.load(marker_key(cache.key)) is not None}
 
 
 def info(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

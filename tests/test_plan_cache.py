@@ -743,12 +743,19 @@ def test_a_warm_start_with_nothing_to_register_imports_no_pipeline(env: Env) -> 
 def test_a_new_op_package_ends_the_start_with_nothing_to_register(env: Env) -> None:
     """Installing an op package where the cached plan registered nothing: the next
     ``import torch`` sees the entry stale and registers the package's op."""
+    def marked() -> bool:
+        info = json.loads(env.run("from opregistry.cli import main; main(['cache', 'info', "
+                                  "'--json'])"))
+        return bool(info["this_environment"]["import torch"].get("registers_nothing"))
+
     env.run(IDLE_CHILD)
     assert json.loads(env.run(IDLE_CHILD).strip().splitlines()[-1])["deferred"]
+    assert marked()
     env.op_dist("pc-one", "pcone", "f")
     out = env.run("import torch\nfrom opregistry.state import process\n"
                   "print(process().deferred, torch.ops.pcone.f(torch.ones(2)).tolist())")
     assert out.split() == ["None", "[1.0,", "1.0]"], out
+    assert not marked()  # the entry written for the new plan took its marker away
 
 
 def test_counting_kernels_takes_the_full_load(env: Env) -> None:

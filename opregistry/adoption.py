@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from attrs import field, frozen
 
-from .config import canonical_name
+from .variables import canonical_name
 from .errors import DeclarationError
 from .foreign import ForeignScan, InstalledDistribution, Registration
 

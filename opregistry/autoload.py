@@ -23,9 +23,9 @@ ours).  ``OPREGISTRY_AUTOLOAD=0`` turns it off.
 
 from __future__ import annotations
 
-from .config import Settings, autoload_enabled, strict_requested
 from .containment import must_propagate
 from .errors import ConfigError
+from .variables import autoload_enabled, strict_requested
 from .logs import get_logger
 from .state import gc_paused, process
 
@@ -48,6 +48,14 @@ def autoload() -> None:
         _autoload()
 
 
+def variables() -> dict[str, str]:
+    """The ``OPREGISTRY_*`` variables as they are now: what a deferred load's settings are
+    made of, whatever the process sets later."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith("OPREGISTRY_")}
+
+
 def _autoload() -> None:
     if process().loading:
         # a plugin opregistry is importing imported torch: the load (or plan) in progress
@@ -61,23 +69,24 @@ def _autoload() -> None:
     try:
         if not autoload_enabled():
             return
-        settings = Settings.from_env()
+        from .idle import idle_start
+
+        if idle_start():  # nothing to register: the registry is loaded when asked for
+            from .torch_state import recorder
+
+            process().deferred = variables()
+            recorder()  # what is registered with torch from now on is attributed, as after a load
+            return
+        from .config import Settings
+
+        strict = Settings.from_env().strict
     except ConfigError as exc:
         log.error("opregistry configuration is invalid; no ops were registered at import torch",
                   error=str(exc))
         if strict_requested():
             raise
         return
-    strict = settings.strict
     try:
-        from .idle import idle_start
-
-        if idle_start(settings):  # nothing to register: the registry is loaded when asked for
-            from .torch_state import recorder
-
-            process().deferred = settings
-            recorder()  # what is registered with torch from now on is attributed, as after a load
-            return
         from .registry import load
 
         load(strict=strict)

@@ -29,6 +29,7 @@ import attrs
 from attrs import field, frozen
 
 from .errors import ConfigError
+from .variables import COUNTS_VAR, autoload_enabled, canonical_name, parse_flag, strict_requested
 from .keys import ALIASES, KNOWN_KEYS
 
 __all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled",
@@ -58,24 +59,14 @@ KNOWN_VARIABLES: set[str] = {
     ADOPT_VAR, ADOPT_BLOCK_VAR,  # adoption: Policy.adopt, Policy.adopt_block
     "OPREGISTRY_CACHE_CHECK",  # the plan cache's inputs by content: opregistry/plancache.py
 }
-#: count which kernel serves each op call (``opregistry.kernel_counts``)
-COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"
 #: key in the file -> its kind
 _CONFIG_KEYS: dict[str, str] = {"plugins": "list", "block": "list", "allow_override": "list",
                                 "strict": "bool", "backends": "table", "kernels": "list",
                                 "adopt": "bool", "adopt_block": "list"}
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-_ACCEPTED = "1/0, true/false, yes/no or on/off"
 #: ``OPREGISTRY_BACKEND_<suffix>`` / a ``backends`` key -> torch's key name
 _KEY_NAMES: dict[str, str] = {**{a.upper(): k for a, k in ALIASES.items()},
                               **{k.upper(): k for k in KNOWN_KEYS}}
-
-
-def canonical_name(name: str) -> str:
-    """PEP 503 normalisation: ``My_Pkg.x`` -> ``my-pkg-x``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _did_you_mean(word: str, choices: Iterable[str], *, what: str = "") -> str:
@@ -93,21 +84,6 @@ def _names(value: str | None) -> frozenset[str] | None:
     if value is None:
         return None
     return frozenset(canonical_name(v.strip()) for v in value.split(",") if v.strip())
-
-
-def parse_flag(value: str | None, default: bool, variable: str) -> bool:
-    """A boolean variable: ``1/0, true/false, yes/no, on/off`` (any case); unset or empty: ``default``.
-
-    :raises ConfigError: any other value, naming ``variable`` and the accepted values.
-    """
-    if value is None or not value.strip():
-        return default
-    word = value.strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise ConfigError(f"{variable}={value!r} is not a boolean: use {_ACCEPTED}")
 
 
 def _to_frozenset(value: Iterable[str] | None) -> frozenset[str] | None:
@@ -482,20 +458,3 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         elif not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
     return data
-
-
-def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``OPREGISTRY_AUTOLOAD`` (default on); :class:`ConfigError` for a value not a boolean."""
-    env = os.environ if environ is None else environ
-    return parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")
-
-
-def strict_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``OPREGISTRY_STRICT`` asks for strict mode, read alone; never raises.
-
-    For the autoload entry point, deciding whether an invalid configuration
-    must fail ``import torch``: only a variable that clearly says so
-    (``1/true/yes/on``) does.
-    """
-    env = os.environ if environ is None else environ
-    return (env.get("OPREGISTRY_STRICT") or "").strip().lower() in _TRUE

@@ -36,9 +36,7 @@ import tempfile
 import time
 from typing import Any, Iterator, Mapping
 
-from attrs import frozen
-
-from .config import parse_flag
+from .variables import parse_flag
 from .logs import get_logger
 
 __all__ = ["CACHE_VAR", "CACHE_DIR_VAR", "DiskCache", "cache_root"]
@@ -78,12 +76,28 @@ def cache_root(environ: Mapping[str, str] | None = None, platform: str | None = 
     return os.path.join(home, ".cache", "opregistry")
 
 
-@frozen
 class DiskCache:
-    """One named cache: ``folder`` is ``None`` when caching is off."""
+    """One named cache: ``folder`` is ``None`` when caching is off.
 
-    folder: str | None
-    stamp: str
+    A handle, not a record: a plain class, so that reading an entry at
+    ``import torch`` (:mod:`opregistry.idle`) builds no attrs class.
+    """
+
+    __slots__ = ("folder", "stamp")
+
+    def __init__(self, folder: str | None, stamp: str) -> None:
+        self.folder = folder
+        self.stamp = stamp
+
+    def __repr__(self) -> str:
+        return f"DiskCache(folder={self.folder!r}, stamp={self.stamp!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DiskCache) and (self.folder, self.stamp) == (other.folder,
+                                                                              other.stamp)
+
+    def __hash__(self) -> int:
+        return hash((self.folder, self.stamp))
 
     @classmethod
     def open(cls, name: str, *, stamp: str, environ: Mapping[str, str] | None = None,

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from attrs import field, frozen
 
-from .config import canonical_name
+from .variables import canonical_name
 from .foreign import InstalledDistribution
 
 __all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of", "is_editable",

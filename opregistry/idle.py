@@ -1,22 +1,23 @@
-"""A warm ``import torch`` with nothing to register, known from the plan cache's entry alone.
+"""A warm ``import torch`` with nothing to register, known from one small file.
 
 opregistry installed with its backends and no op package -- or every op
 package blocked -- is the start every user of such a machine pays for.
-When the plan cache's entry of this process's slot has an idle marker
-beside it -- written by :meth:`opregistry.plancache.PlanCache.store` with
-the entry's manifest when its plan registers nothing: no op, kernel,
-namespace, native library or adopted package, no problem, not locked --
-and that manifest still holds, :func:`idle_start` answers
-``True`` having imported the slot's inputs and the cache reader only: no
-backend, no pluggy, no record class, no decoding.  The autoload then notes
-the load as deferred (:attr:`opregistry.state.ProcessState.deferred`) and
-installs the recorder of ``torch.library`` registrations, as a load does;
-the registry itself is loaded -- a plan-cache hit, the same registry -- the
-first time it is asked for (:func:`opregistry.get_registry`,
-:func:`opregistry.load`, and what reads them: ``opregistry list --live``,
-``verify_lock``).
+When :meth:`opregistry.plancache.PlanCache.store` writes the entry of
+``import torch`` whose plan registers nothing -- no op, kernel, namespace,
+native library or adopted package, no problem, not locked -- it writes an
+*idle marker* beside it: the entry's manifest alone, keyed by the
+``OPREGISTRY_*`` variables as they are set (and only for a plan built with
+the settings they give).  While that manifest holds, :func:`idle_start`
+answers ``True`` having imported the stamps' checker and the cache reader
+alone: no settings parsed, no backend, no pluggy, no attrs class, no
+decoding.  The autoload then notes the load as deferred
+(:attr:`opregistry.state.ProcessState.deferred`) and installs the recorder
+of ``torch.library`` registrations, as a load does; the registry itself is
+loaded -- from the same entry -- the first time it is asked for
+(:func:`opregistry.get_registry`, :func:`opregistry.load`, and what reads
+them: ``opregistry list --live``, ``verify_lock``).
 
-Anything else -- no entry, a stale one, a plan that registers something,
+Anything else -- no marker, a stale one, a plan that registers something,
 locked mode, ``OPREGISTRY_KERNEL_COUNTS`` -- is the full load, as before.
 """
 
@@ -28,6 +29,7 @@ from typing import Any, Mapping
 from . import inputs
 from .diskcache import DiskCache
 from .logs import get_logger
+from .variables import COUNTS_VAR
 
 __all__ = ["FORMAT", "NAME", "CHECK_VAR", "plan_cache", "content_check", "marker_key", "idle_start"]
 
@@ -39,8 +41,6 @@ FORMAT = 3
 NAME = "plans"
 #: ``OPREGISTRY_CACHE_CHECK=content``: stamp every input by content, not size and time
 CHECK_VAR = "OPREGISTRY_CACHE_CHECK"
-#: ``OPREGISTRY_KERNEL_COUNTS``: the materializer counts calls, and prints them at exit
-_COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"
 
 
 def plan_cache(environ: Mapping[str, str] | None = None) -> DiskCache:
@@ -54,26 +54,26 @@ def content_check(settings: Any, environ: Mapping[str, str]) -> bool:
     return settings.lock is not None or mode == "content"
 
 
-def marker_key(key: str) -> str:
-    """The key of the idle marker of the slot ``key``: its entry's manifest alone, stored
-    beside the entry when its plan registers nothing (a few kilobytes, where the entry
-    of a thousand ops is a megabyte of JSON)."""
-    return key + "\n(idle)"
+def marker_key(environ: Mapping[str, str] | None = None) -> str:
+    """The key of the idle marker of ``import torch`` in this environment: its entry's
+    manifest alone (a few kilobytes, where the entry of a thousand ops is a megabyte of
+    JSON), keyed by the variables as they are set, so that reading it parses no settings."""
+    env = os.environ if environ is None else environ
+    mode = (env.get(CHECK_VAR) or "stat").strip().lower()
+    return inputs.environment_slot(torch_imported=True, content=mode == "content",
+                                   environ=env) + "\n(idle)"
 
 
-def idle_start(settings: Any, environ: Mapping[str, str] | None = None) -> bool:
+def idle_start(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the load at ``import torch`` has nothing to do: see the module's docstring.
 
-    ``settings``: the autoload's :class:`~opregistry.config.Settings`.  Never
-    raises for a cache it cannot read: that is ``False``, and the full load.
+    Never raises for a cache it cannot read: that is ``False``, and the full load.
     """
     env = os.environ if environ is None else environ
-    if settings.lock is not None or env.get(_COUNTS_VAR):
+    if (env.get("OPREGISTRY_LOCK") or "").strip() or env.get(COUNTS_VAR):
         return False
     try:
-        key = inputs.slot(settings, torch_imported=True, content=content_check(settings, env),
-                          environ=env)
-        marker = plan_cache(env).load(marker_key(key))
+        marker = plan_cache(env).load(marker_key(env))
         if not isinstance(marker, dict):
             return False
         changed = inputs.check_manifest(marker["manifest"])

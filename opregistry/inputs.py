@@ -40,7 +40,8 @@ import sysconfig
 import time
 from typing import Any, Iterable, Mapping
 
-__all__ = ["RACY_NS", "Stamper", "slot", "check_manifest", "sys_path_files", "module_files",
+__all__ = ["RACY_NS", "Stamper", "slot", "environment_slot", "check_manifest", "sys_path_files",
+           "module_files",
            "package_files"]
 
 #: a file modified less than this before it is stamped is also stamped by content
@@ -262,6 +263,22 @@ def package_files(modules: Iterable[str]) -> list[str]:
                 found.extend(os.path.join(folder, f) for f in sorted(files)
                              if not f.endswith((".pyc", ".pyo")))
     return found
+
+
+def environment_slot(*, torch_imported: bool, content: bool,
+                     environ: Mapping[str, str] | None = None) -> str:
+    """:func:`slot` before the settings are parsed: the same inputs, the ``OPREGISTRY_*``
+    variables as they are set (the settings are a function of them and of the
+    configuration file, which the manifest stamps)."""
+    env = os.environ if environ is None else environ
+    data = [
+        sys.version, sys.executable, sys.platform, sys.implementation.cache_tag,
+        [os.path.abspath(p or os.curdir) for p in sys.path],
+        sorted((k, v) for k, v in env.items()
+               if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR"),
+        torch_imported, content,
+    ]
+    return json.dumps(data, separators=(",", ":"))
 
 
 def slot(settings: Any, *, torch_imported: bool, content: bool,

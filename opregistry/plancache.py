@@ -47,7 +47,7 @@ from .codec import (Decoder, Encoder, Uncacheable, decode_query, encode_environm
                     encode_query)
 from .config import CONFIG_VAR, Settings
 from .diskcache import DiskCache
-from .errors import DOCS_URL
+from .errors import DOCS_URL, ConfigError
 from .environment import Environment, TorchState, environment_query, read_query, run_check
 from .idle import CHECK_VAR, FORMAT, NAME, content_check, marker_key, plan_cache
 from .logs import get_logger
@@ -147,6 +147,8 @@ class PlanCache:
         self.settings = settings
         self.content = content_check(settings, env)
         self.disk = plan_cache(env)
+        self.environ = env
+        self.torch_imported = torch_imported
         self.key = inputs.slot(settings, torch_imported=torch_imported, content=self.content,
                                environ=env)
         #: the bytes of the entry :meth:`lookup` returned last (:func:`cached_plan` decodes the
@@ -156,6 +158,13 @@ class PlanCache:
     @property
     def enabled(self) -> bool:
         return self.disk.enabled
+
+    def marker(self) -> str | None:
+        """The key of this slot's idle marker (:mod:`opregistry.idle`): only the autoload's
+        slot has one, that of torch imported and the settings the variables give."""
+        if self.torch_imported and _from_variables(self.settings, self.environ):
+            return marker_key(self.environ)
+        return None
 
     def lookup(self) -> dict[str, Any] | None:
         """The entry of this slot when its manifest still holds, else ``None`` (logged why)."""
@@ -221,14 +230,25 @@ class PlanCache:
         except Uncacheable as exc:
             log.debug("plan not cached", reason=str(exc))
             entry = {"manifest": manifest, "gate": gate, "uncacheable": str(exc)}
-        idle = "plan" in entry and self.settings.lock is None and registers_nothing(decl, plan)
-        self.disk.discard(marker_key(self.key))  # the entry's marker, when idle, comes after it
+        marker = self.marker()
+        if marker is not None:  # the entry's marker, when its plan is idle, comes after it
+            self.disk.discard(marker)
         stored = self.disk.store(self.key, entry)
         if stored:
-            if idle:
-                self.disk.store(marker_key(self.key), {"manifest": manifest})
+            if marker is not None and "plan" in entry and self.settings.lock is None \
+                    and registers_nothing(decl, plan):
+                self.disk.store(marker, {"manifest": manifest})
             self.disk.prune(KEEP_PLANS)
         return stored
+
+
+def _from_variables(settings: Settings, environ: Mapping[str, str]) -> bool:
+    """Whether ``settings`` are those the ``OPREGISTRY_*`` variables give (not a load's
+    arguments): an idle marker is keyed by the variables alone."""
+    try:
+        return settings == Settings.from_env(environ=environ)
+    except ConfigError:
+        return False
 
 
 def registers_nothing(decl: Declarations, plan: Plan) -> bool:
@@ -346,7 +366,8 @@ def _status(cache: PlanCache) -> dict[str, Any]:
         return {"status": "uncacheable", "reason": entry["uncacheable"]}
     return {"status": "valid", "ops": len(entry["plan"]["ops"]),
             "distributions": len(entry["plan"]["distributions"]),
-            "registers_nothing": cache.disk.load(marker_key(cache.key)) is not None}
+            "registers_nothing": (marker := cache.marker()) is not None
+            and cache.disk.load(marker) is not None}
 
 
 def info(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -598,12 +598,12 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
 def _load_deferred(state: Any) -> None:
     """Load what ``import torch`` deferred (the caller holds the state's lock), as the
     autoload would have: a failure is logged, never raised, and leaves nothing loaded."""
-    settings, state.deferred = state.deferred, None
-    if settings is None or state.registry is not None:
+    variables, state.deferred = state.deferred, None
+    if variables is None or state.registry is not None:
         return
     try:
         with _importing_plugins("load"):
-            state.registry = _load(settings)
+            state.registry = _load(Settings.from_env(environ=variables))
     except Exception as exc:  # noqa: BLE001 - the autoload's failure, met later: logged
         log.error("opregistry autoload failed; ops were not registered", error=repr(exc))
 

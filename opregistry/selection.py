@@ -272,7 +272,7 @@ class KernelCounts:
 def _switch_on() -> bool:
     import os
 
-    from .config import COUNTS_VAR, parse_flag
+    from .variables import COUNTS_VAR, parse_flag
 
     try:
         return parse_flag(os.environ.get(COUNTS_VAR), False, COUNTS_VAR)

@@ -106,9 +106,9 @@ class ProcessState:
         self.plan_cache: str | None = None
         #: the id of the cached plan the last plan built came from, as it is (a ``"hit"``)
         self.plan_entry: str | None = None
-        #: the settings of the load ``import torch`` deferred because its cached plan registers
-        #: nothing (opregistry.idle); loaded when the registry is first asked for
-        self.deferred: Any = None
+        #: the ``OPREGISTRY_*`` variables of the load ``import torch`` deferred because its
+        #: cached plan registers nothing (opregistry.idle); loaded when first asked for
+        self.deferred: dict[str, str] | None = None
 
 
 _state = ProcessState()

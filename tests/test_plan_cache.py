@@ -705,7 +705,8 @@ from opregistry.state import process
 deferred = process().deferred is not None
 imported = sorted(m for m in sys.modules if m.startswith(
     ("opregistry.registry", "opregistry.model", "opregistry.codec", "opregistry.schema",
-     "opregistry.locate", "pluggy", "opregistry_cpu", "opregistry_meta")))
+     "opregistry.locate", "opregistry.config", "attr", "pluggy", "opregistry_cpu",
+     "opregistry_meta")))
 lib = torch.library.Library("pcidle", "DEF")  # after import torch: attributed, as after a load
 lib.define("f(Tensor x) -> Tensor")
 site = process().recorder.sites.get(("pcidle::f", "schema"))
@@ -756,6 +757,18 @@ def test_a_new_op_package_ends_the_start_with_nothing_to_register(env: Env) -> N
                   "print(process().deferred, torch.ops.pcone.f(torch.ones(2)).tolist())")
     assert out.split() == ["None", "[1.0,", "1.0]"], out
     assert not marked()  # the entry written for the new plan took its marker away
+
+
+def test_a_load_with_its_own_settings_leaves_import_torch_alone(env: Env) -> None:
+    """``load(reload=True, block=[...])`` that registers nothing marks no idle start for
+    ``import torch`` in the same variables: the next one registers the blocked package."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.run("import os, torch, opregistry\n"
+            "block = ['pc-one', *os.environ['OPREGISTRY_BLOCK'].split(',')]\n"
+            "assert not opregistry.load(reload=True, block=block).ops")
+    out = env.run("import torch\nfrom opregistry.state import process\n"
+                  "print(process().deferred, torch.ops.pcone.f(torch.ones(2)).tolist())")
+    assert out.split() == ["None", "[1.0,", "1.0]"], out
 
 
 def test_counting_kernels_takes_the_full_load(env: Env) -> None:

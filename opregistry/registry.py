@@ -584,6 +584,8 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
     """
     state = process()
     with state.lock:
+        if reload:
+            state.deferred = None  # loaded below, with this call's arguments
         _load_deferred(state)
         if state.registry is not None and not reload:
             state.registry.complete()

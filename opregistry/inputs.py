@@ -265,32 +265,31 @@ def package_files(modules: Iterable[str]) -> list[str]:
     return found
 
 
+def _process(environ: Mapping[str, str]) -> list[Any]:
+    """What names a slot before any setting: the interpreter, ``sys.path``, the variables."""
+    return [
+        sys.version, sys.executable, sys.platform, sys.implementation.cache_tag,
+        [os.path.abspath(p or os.curdir) for p in sys.path],
+        sorted((k, v) for k, v in environ.items()
+               if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR"),
+    ]
+
+
 def environment_slot(*, torch_imported: bool, content: bool,
                      environ: Mapping[str, str] | None = None) -> str:
     """:func:`slot` before the settings are parsed: the same inputs, the ``OPREGISTRY_*``
     variables as they are set (the settings are a function of them and of the
     configuration file, which the manifest stamps)."""
-    env = os.environ if environ is None else environ
-    data = [
-        sys.version, sys.executable, sys.platform, sys.implementation.cache_tag,
-        [os.path.abspath(p or os.curdir) for p in sys.path],
-        sorted((k, v) for k, v in env.items()
-               if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR"),
-        torch_imported, content,
-    ]
+    data = [*_process(os.environ if environ is None else environ), torch_imported, content]
     return json.dumps(data, separators=(",", ":"))
 
 
 def slot(settings: Any, *, torch_imported: bool, content: bool,
          environ: Mapping[str, str] | None = None) -> str:
     """What names a cache entry: every input known without reading a file, as one string."""
-    env = os.environ if environ is None else environ
     policy = settings.policy
     data = [
-        sys.version, sys.executable, sys.platform, sys.implementation.cache_tag,
-        [os.path.abspath(p or os.curdir) for p in sys.path],
-        sorted((k, v) for k, v in env.items()
-               if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR"),
+        *_process(os.environ if environ is None else environ),
         None if settings.allow is None else sorted(settings.allow), sorted(settings.block),
         settings.strict, settings.lock, sorted(settings.sources.items()),
         list(settings.unknown_variables), sorted(policy.allow_override),

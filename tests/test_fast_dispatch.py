@@ -10,6 +10,7 @@ torch without it, nothing changes.  No timing here: benchmarks/bench_call.py.
 from __future__ import annotations
 
 import inspect
+import signal
 import subprocess
 import sys
 import textwrap
@@ -136,7 +137,12 @@ def test_stale_overload_after_destroy_behaves_as_without_it() -> None:
                               text=True, timeout=300)
         assert "AssertionError" not in done.stderr, done.stderr[-2000:]
         outcomes.append((done.returncode, done.stdout))
-    assert outcomes[0] == outcomes[1]
+    if torch_state.fast_dispatch_available():
+        assert outcomes[0] == outcomes[1]
+    else:
+        # nothing was switched on (the child checked): both runs are torch's own path, whose
+        # use of a freed op is undefined -- on torch 2.8 a crash or a RuntimeError, by chance
+        assert set(outcomes) <= {(-signal.SIGSEGV, ""), (0, "raised\n")}, outcomes
 
 
 def test_non_tensor_returns_stay_on_the_cpp_path() -> None:

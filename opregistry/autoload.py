@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from .containment import must_propagate
 from .errors import ConfigError
-from .variables import autoload_enabled, strict_requested
 from .logs import get_logger
 from .state import gc_paused, process
+from .variables import autoload_enabled, strict_requested
 
 __all__ = ["autoload"]
 

@@ -29,8 +29,8 @@ import attrs
 from attrs import field, frozen
 
 from .errors import ConfigError
-from .variables import COUNTS_VAR, autoload_enabled, canonical_name, parse_flag, strict_requested
 from .keys import ALIASES, KNOWN_KEYS
+from .variables import COUNTS_VAR, autoload_enabled, canonical_name, parse_flag, strict_requested
 
 __all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled",
            "strict_requested", "parse_flag", "dispatch_key", "CONFIG_VAR", "BACKEND_VAR_PREFIX",

@@ -36,8 +36,8 @@ import tempfile
 import time
 from typing import Any, Iterator, Mapping
 
-from .variables import parse_flag
 from .logs import get_logger
+from .variables import parse_flag
 
 __all__ = ["CACHE_VAR", "CACHE_DIR_VAR", "DiskCache", "cache_root"]
 

@@ -135,8 +135,8 @@ def new_library(namespace: str, kind: str, site: str | None = None) -> Any:
     ``Library.__init__`` records the ``file:line`` of its caller, and torch
     names it in its own messages ("registered multiple times ... Original
     registration: registered at ..."), in ``_dispatch_dump`` and in kernel
-    replacement warnings.  Created from a one-line code object compiled with
-    the op package's file name and line, the library is recorded at the
+    replacement warnings.  Created from a one-line code object carrying the
+    op package's file name and line, the library is recorded at the
     declaration that asked for it, not inside opregistry; without a usable
     ``site``, at the caller.
     """
@@ -145,13 +145,27 @@ def new_library(namespace: str, kind: str, site: str | None = None) -> Any:
     filename, _, line = (site or "").rpartition(":")
     if not filename or not line.isdigit() or int(line) < 1:
         return Library(namespace, kind)
-    # the call is made from a frame of that line, and so is its caller: torch 2.13 records
-    # the caller's ``file:line``, torch 2.8 ``/dev/null:LINE`` with the line two frames up
-    code = compile("\n" * (int(line) - 1) + "library = (lambda: Library(namespace, kind))()",
-                   filename, "exec")
     scope = {"Library": Library, "namespace": namespace, "kind": kind}
-    exec(code, scope)  # noqa: S102 - our own one line, compiled above
+    exec(_code_at(filename, int(line)), scope)  # noqa: S102 - our own one line (_LIBRARY_AT)
     return scope["library"]
+
+
+#: the call :func:`new_library` runs, compiled once: from a frame of the site's line, and so
+#: is its caller -- torch 2.13 records the caller's ``file:line``, torch 2.8
+#: ``/dev/null:LINE`` with the line two frames up
+_LIBRARY_AT = compile("library = (lambda: Library(namespace, kind))()", "<opregistry>", "exec")
+
+
+def _code_at(filename: str, line: int) -> Any:
+    """:data:`_LIBRARY_AT` moved to ``filename:line``, the lambda within it too.
+
+    ``CodeType.replace`` keeps the line table, which is relative to the first
+    line: every instruction is then at ``line``.  Compiling the line anew per
+    library costs ~40x more (a thousand op packages are a thousand libraries).
+    """
+    consts = tuple(c.replace(co_filename=filename, co_firstlineno=line)
+                   if isinstance(c, type(_LIBRARY_AT)) else c for c in _LIBRARY_AT.co_consts)
+    return _LIBRARY_AT.replace(co_filename=filename, co_firstlineno=line, co_consts=consts)
 
 
 def undo_library(handle: Any, libraries: Iterable[Any] = ()) -> None:

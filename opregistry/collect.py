@@ -523,16 +523,26 @@ def _backend_state(
     return available, materializers
 
 
+#: the arguments of ``opregistry_materialize_kernel``, in the order the materializer passes them
+MATERIALIZE_ARGS = ("library", "op", "kernel", "payload", "fn")
+
+
 def _materializer(impl: Any) -> Callable[..., Any]:
     """``impl``'s ``opregistry_materialize_kernel``, called with the arguments it declares.
 
-    Called once per kernel (thousands at ``import torch``): the argument
-    names it takes are looked up here, once, not on every call.
+    Called once per kernel (thousands at ``import torch``), positionally with
+    :data:`MATERIALIZE_ARGS`: the arguments ``impl`` takes, in its own order,
+    are worked out here, once, as pluggy does, and picked from them.
     """
     function = impl.function
-    argnames = frozenset(impl.argnames)
+    order = tuple(MATERIALIZE_ARGS.index(name) for name in impl.argnames)
+    if order == tuple(range(len(order))):  # a prefix, the usual case: no reordering
+        width = len(order)
 
-    def materialize(**kwargs: Any) -> Any:
-        return function(**{k: v for k, v in kwargs.items() if k in argnames})
+        def materialize(*args: Any) -> Any:
+            return function(*args[:width])
+    else:
+        def materialize(*args: Any) -> Any:
+            return function(*[args[i] for i in order])
 
     return materialize

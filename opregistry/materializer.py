@@ -284,15 +284,17 @@ class _Importer:
 
 
 def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, what: str | None,
-                  **registration: Any) -> Problem | None:
+                  *registration: Any) -> Problem | None:
     """Call ``backend``'s materialize ``hook``, contained: ``None``, or the problem that fails it.
 
-    ``culprit``: the kernel whose distribution fails; ``what`` names the
+    ``registration``: the hook's arguments, in the order of
+    :data:`opregistry.collect.MATERIALIZE_ARGS` (library, op, kernel, payload,
+    fn). ``culprit``: the kernel whose distribution fails; ``what`` names the
     registration in the message (``None``: the culprit kernel's, made only
     on failure -- thousands of kernels succeed).
     """
     with registering():
-        done, exc = contain(hook, **registration)
+        done, exc = contain(hook, *registration)
     if exc is None and not done:
         exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
     if exc is not None:
@@ -382,9 +384,9 @@ class Executor:
             payload = attrs.evolve(payload, **{primary: counted(
                 kernel.op, kernel.key, label, getattr(payload, primary))})
         return _call_backend(self.materializers[planned.backend], planned.backend, kernel, None,
-                             library=self.libs[step.origin.distribution].get(step.namespace),
-                             op=op.op if op else None, kernel=kernel, payload=payload,
-                             fn=getattr(payload, payload.kind.primary))
+                             self.libs[step.origin.distribution].get(step.namespace),
+                             op.op if op else None, kernel, payload,
+                             getattr(payload, payload.kind.primary))
 
     def _defer(self, step: Step, planned: Any) -> None:
         """Register ``step`` right after the package registers its own kernel for the key
@@ -453,8 +455,8 @@ class Executor:
                    keywords=any(a.kwarg_only for a in op.parsed.arguments))
         problem = _call_backend(
             self.materializers[alive[-1].backend], alive[-1].backend, anchor, f"the {key} kernel candidates of {qualname}",
-            library=self.libs[anchor.origin.distribution].get(anchor.namespace), op=op.op,
-            kernel=attrs.evolve(anchor, payload=DeviceKernel(fn)), payload=DeviceKernel(fn), fn=fn)
+            self.libs[anchor.origin.distribution].get(anchor.namespace), op.op,
+            attrs.evolve(anchor, payload=DeviceKernel(fn)), DeviceKernel(fn), fn)
         if problem is not None:
             self.failed[anchor.origin.distribution] = problem
         return None

@@ -107,6 +107,27 @@ def test_out_of_tree_device_backend_registers_and_is_dispatched_to(dists, ns):
     torch.testing.assert_close(ops.ones(3, device="cpu"), torch.ones(3))
 
 
+def test_a_backend_hook_gets_the_arguments_it_names_in_its_own_order(dists, ns):
+    """pluggy's rule: a hook takes any subset of its arguments, in any order, by name."""
+    mod = f"npu_{ns}"
+    dists.make("npu-ops", ops={"ops": f"{mod}_ops:lib"},
+               modules={f"{mod}_ops": NPU_OPS.replace("NS", repr(ns))})
+    reordered = NPU_BACKEND.replace(
+        "def opregistry_materialize_kernel(library, op, kernel, fn):",
+        "def opregistry_materialize_kernel(fn, payload, library, kernel):\n"
+        "    assert payload.fn is fn, (payload, fn)")
+    dists.make("opregistry-npu", backends={"npu": f"{mod}_backend"},
+               modules={f"{mod}_backend": reordered})
+    reg = load(dists)
+    assert not reg.errors, [str(p) for p in reg.errors]
+    assert sorted(sys.modules[f"{mod}_backend"].registered) == [
+        (f"{ns}::mark", "PrivateUse1"), (f"{ns}::ones", "PrivateUse1")]
+    npu_only = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+    x = torch.zeros(2)
+    torch.testing.assert_close(getattr(torch.ops, ns).mark.default.redispatch(npu_only, x),
+                               x + 100)
+
+
 def test_out_of_tree_kernel_is_inactive_without_its_backend(dists, ns):
     """Without the PrivateUse1 backend installed, its kernels are listed inactive, not registered."""
     _npu(dists, ns, with_backend=False)

@@ -599,15 +599,26 @@ def load(*, strict: bool | None = None, plugins: Iterable[str] | None = None,
 
 def _load_deferred(state: Any) -> None:
     """Load what ``import torch`` deferred (the caller holds the state's lock), as the
-    autoload would have: a failure is logged, never raised, and leaves nothing loaded."""
-    variables, state.deferred = state.deferred, None
-    if variables is None or state.registry is not None:
+    autoload would have: a failure is logged, never raised, and leaves nothing loaded.
+
+    ``state.deferred`` stays set until the load is over, so that another thread's
+    :func:`get_registry` waits for it on the lock instead of returning ``None``
+    meanwhile; a call from inside the load itself (same thread) does nothing.
+    """
+    variables = state.deferred
+    if variables is None or state.deferred_loading:
         return
+    if state.registry is not None:
+        state.deferred = None
+        return
+    state.deferred_loading = True
     try:
         with _importing_plugins("load"):
             state.registry = _load(Settings.from_env(environ=variables))
     except Exception as exc:  # noqa: BLE001 - the autoload's failure, met later: logged
         log.error("opregistry autoload failed; ops were not registered", error=repr(exc))
+    finally:
+        state.deferred, state.deferred_loading = None, False
 
 
 def _load(settings: Settings) -> Registry:

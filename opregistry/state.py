@@ -109,6 +109,8 @@ class ProcessState:
         #: the ``OPREGISTRY_*`` variables of the load ``import torch`` deferred because its
         #: cached plan registers nothing (opregistry.idle); loaded when first asked for
         self.deferred: dict[str, str] | None = None
+        #: that deferred load is under way (on the thread holding :attr:`lock`)
+        self.deferred_loading = False
 
 
 _state = ProcessState()

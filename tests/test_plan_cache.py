@@ -741,6 +741,25 @@ def test_a_warm_start_with_nothing_to_register_imports_no_pipeline(env: Env) -> 
     assert warm["ops"] == 0 and "cpu" in warm["backends"]
 
 
+def test_threads_asking_for_a_deferred_registry_all_wait_for_it(env: Env) -> None:
+    """After a start with nothing to register, threads that ask for the registry while the
+    first of them loads it wait for that load: each gets the same registry, never ``None``."""
+    code = ("import threading, torch, opregistry\n"
+            "from opregistry.state import process\n"
+            "assert process().deferred is not None\n"
+            "got, start = [], threading.Barrier(8)\n"
+            "def ask():\n"
+            "    start.wait()\n"
+            "    got.append(opregistry.get_registry())\n"
+            "threads = [threading.Thread(target=ask) for _ in range(8)]\n"
+            "[t.start() for t in threads]\n"
+            "[t.join() for t in threads]\n"
+            "print(len(got), sum(r is None for r in got), len({id(r) for r in got}),\n"
+            "      process().deferred, got[0] is opregistry.load())")
+    env.run(IDLE_CHILD)  # writes the entry and its idle marker
+    assert env.run(code).split()[-5:] == ["8", "0", "1", "None", "True"]
+
+
 def test_a_new_op_package_ends_the_start_with_nothing_to_register(env: Env) -> None:
     """Installing an op package where the cached plan registered nothing: the next
     ``import torch`` sees the entry stale and registers the package's op."""

@@ -30,7 +30,8 @@ from attrs import field, frozen
 
 from .errors import ConfigError
 from .keys import ALIASES, KNOWN_KEYS
-from .variables import COUNTS_VAR, autoload_enabled, canonical_name, parse_flag, strict_requested
+from .variables import (COUNTS_VAR, autoload_enabled, canonical_name, check_mode, parse_flag,
+                        strict_requested)
 
 __all__ = ["Settings", "Policy", "canonical_name", "read_config", "autoload_enabled",
            "strict_requested", "parse_flag", "dispatch_key", "CONFIG_VAR", "BACKEND_VAR_PREFIX",
@@ -374,6 +375,7 @@ class Settings:
         parse_flag(env.get("OPREGISTRY_AUTOLOAD"), True, "OPREGISTRY_AUTOLOAD")  # validated here too
         parse_flag(env.get(COUNTS_VAR), False, COUNTS_VAR)  # read when kernels are registered
         parse_flag(env.get("OPREGISTRY_CACHE"), True, "OPREGISTRY_CACHE")  # read by diskcache
+        check_mode(env)  # read by the plan cache
         unknown = tuple(sorted(
             v for v in env if v.startswith("OPREGISTRY_") and v not in KNOWN_VARIABLES
             and not v.startswith(BACKEND_VAR_PREFIX)))

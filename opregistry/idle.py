@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from . import inputs
 from .diskcache import DiskCache
 from .logs import get_logger
-from .variables import COUNTS_VAR
+from .variables import CHECK_VAR, COUNTS_VAR, check_mode
 
 __all__ = ["FORMAT", "NAME", "CHECK_VAR", "plan_cache", "content_check", "marker_key", "idle_start"]
 
@@ -39,8 +39,6 @@ log = get_logger()
 FORMAT = 3
 #: the folder of the cache directory that holds the plans
 NAME = "plans"
-#: ``OPREGISTRY_CACHE_CHECK=content``: stamp every input by content, not size and time
-CHECK_VAR = "OPREGISTRY_CACHE_CHECK"
 
 
 def plan_cache(environ: Mapping[str, str] | None = None) -> DiskCache:
@@ -50,8 +48,7 @@ def plan_cache(environ: Mapping[str, str] | None = None) -> DiskCache:
 
 def content_check(settings: Any, environ: Mapping[str, str]) -> bool:
     """Whether this slot's inputs are stamped by content (locked mode, or asked)."""
-    mode = (environ.get(CHECK_VAR) or "stat").strip().lower()
-    return settings.lock is not None or mode == "content"
+    return settings.lock is not None or check_mode(environ) == "content"
 
 
 def marker_key(environ: Mapping[str, str] | None = None) -> str:
@@ -59,8 +56,7 @@ def marker_key(environ: Mapping[str, str] | None = None) -> str:
     manifest alone (a few kilobytes, where the entry of a thousand ops is a megabyte of
     JSON), keyed by the variables as they are set, so that reading it parses no settings."""
     env = os.environ if environ is None else environ
-    mode = (env.get(CHECK_VAR) or "stat").strip().lower()
-    return inputs.environment_slot(torch_imported=True, content=mode == "content",
+    return inputs.environment_slot(torch_imported=True, content=check_mode(env) == "content",
                                    environ=env) + "\n(idle)"
 
 

@@ -1,4 +1,4 @@
-"""``OPREGISTRY_*`` variables read alone: booleans and distribution names.
+"""``OPREGISTRY_*`` variables read alone: booleans, the cache's check mode, distribution names.
 
 The autoload reads ``OPREGISTRY_AUTOLOAD`` and the cache reads
 ``OPREGISTRY_CACHE`` before anything decides whether the pipeline is needed
@@ -14,10 +14,15 @@ from typing import Mapping
 
 from .errors import ConfigError
 
-__all__ = ["parse_flag", "autoload_enabled", "strict_requested", "canonical_name", "COUNTS_VAR"]
+__all__ = ["parse_flag", "autoload_enabled", "strict_requested", "canonical_name", "check_mode",
+           "COUNTS_VAR", "CHECK_VAR"]
 
 #: count which kernel serves each op call (``opregistry.kernel_counts``)
 COUNTS_VAR = "OPREGISTRY_KERNEL_COUNTS"
+#: ``OPREGISTRY_CACHE_CHECK=content``: the plan cache stamps every input by content, not by
+#: size and modification time
+CHECK_VAR = "OPREGISTRY_CACHE_CHECK"
+_CHECK_MODES = ("stat", "content")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -42,6 +47,21 @@ def parse_flag(value: str | None, default: bool, variable: str) -> bool:
     if word in _FALSE:
         return False
     raise ConfigError(f"{variable}={value!r} is not a boolean: use {_ACCEPTED}")
+
+
+def check_mode(environ: Mapping[str, str] | None = None) -> str:
+    """``OPREGISTRY_CACHE_CHECK``: ``"stat"`` (unset or empty) or ``"content"``, any case.
+
+    :raises ConfigError: any other value (``contents``, ``sha256``...): a mode
+        asked for and silently not applied would be a weaker check than meant.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(CHECK_VAR)
+    mode = (value or "stat").strip().lower() or "stat"
+    if mode not in _CHECK_MODES:
+        raise ConfigError(f"{CHECK_VAR}={value!r} is not a check mode: use 'stat' (size and "
+                          f"modification time, the default) or 'content'")
+    return mode
 
 
 def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -1423,6 +1423,10 @@ SETTING_CASES: dict[str, tuple[str, Callable[..., None]]] = {
         f"OPREGISTRY_KERNEL_COUNTS='sure' is not a boolean: {ACCEPTED}")),
     "cache-not-a-boolean": ("config-invalid", _config_fault(
         "OPREGISTRY_CACHE", "maybe", f"OPREGISTRY_CACHE='maybe' is not a boolean: {ACCEPTED}")),
+    "cache-check-not-a-mode": ("config-invalid", _config_fault(
+        "OPREGISTRY_CACHE_CHECK", "contents",
+        "OPREGISTRY_CACHE_CHECK='contents' is not a check mode: use 'stat' (size and "
+        "modification time, the default) or 'content'")),
     "kernel-switch-unknown-target": ("kernel-switch-unknown", kernel_switch_unknown_target),
     "schema-of-100k-characters": ("schema-invalid", schema_of_100k_characters),
     "triton-not-installed": ("triton-missing", triton_not_installed),

@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -47,6 +48,13 @@ CACHE_VAR = "OPREGISTRY_CACHE"
 CACHE_DIR_VAR = "OPREGISTRY_CACHE_DIR"
 
 log = get_logger()
+
+#: the files a cache writes in its folder: entries (:meth:`DiskCache.path`) and the temporary
+#: files of writes (``tempfile.mkstemp``); :meth:`DiskCache.prune` and
+#: :meth:`DiskCache.clear` remove these and nothing else -- ``OPREGISTRY_CACHE_DIR`` may
+#: name a folder that holds the user's own files
+_ENTRY = re.compile(r"[0-9a-f]{40}\.json")
+_TEMPORARY = re.compile(r"\.tmp-[A-Za-z0-9_]{8}\.json")
 
 
 def cache_root(environ: Mapping[str, str] | None = None, platform: str | None = None
@@ -221,7 +229,7 @@ class DiskCache:
         try:
             with os.scandir(self.folder) as listing:
                 for e in listing:
-                    if e.name.endswith(".json") and not e.name.startswith(".tmp-"):
+                    if _ENTRY.fullmatch(e.name):
                         with contextlib.suppress(OSError):
                             found.append((e.stat().st_mtime_ns, e.path))
         except OSError:
@@ -234,7 +242,7 @@ class DiskCache:
         return removed
 
     def clear(self) -> int:
-        """Remove every entry of this cache; how many were removed."""
+        """Remove every entry of this cache (and what interrupted writes left); how many."""
         if self.folder is None:
             return 0
         removed = 0
@@ -243,7 +251,7 @@ class DiskCache:
         except OSError:
             return 0
         for name in names:
-            if name.endswith(".json"):
+            if _ENTRY.fullmatch(name) or _TEMPORARY.fullmatch(name):
                 try:
                     os.unlink(os.path.join(self.folder, name))
                     removed += 1

@@ -80,6 +80,24 @@ def _broken(tmp_path: Path, how: str) -> DiskCache:
     return cache
 
 
+def test_prune_and_clear_remove_the_cache_files_alone(tmp_path: Path) -> None:
+    """OPREGISTRY_CACHE_DIR may name a folder of the user's own: their files survive."""
+    cache = _cache(tmp_path)
+    folder = tmp_path / "things"
+    folder.mkdir()
+    theirs = ["notes.json", "data.JSON", "results-2026.json", "a" * 40 + ".txt", ".tmp-x.json"]
+    for name in theirs:
+        (folder / name).write_text("{}")
+    for when, key in enumerate("abc"):
+        assert cache.store(key, key)
+        os.utime(cache.path(key), ns=(when * 10**9, when * 10**9))  # c is the newest
+    (folder / ".tmp-abcd_123.json").write_text("{")  # left by an interrupted write
+    assert cache.prune(1) == 2 and cache.load("c") == "c"
+    assert cache.clear() == 2
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) == \
+        sorted(theirs)
+
+
 @pytest.mark.parametrize("how", ["truncated", "not json", "empty", "other version", "other key",
                                  "not a dict", "unreadable"])
 def test_a_bad_entry_is_ignored(tmp_path: Path, how: str) -> None:

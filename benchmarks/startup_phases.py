@@ -13,12 +13,16 @@ the ``import torch`` statement itself; what comes after it up to the last
 finalization after the last handler (garbage collection of everything
 still alive, module teardown, C++ static destructors) until the process
 has exited.  A third variant destroys every opregistry registration before
-exiting, to tell torch's dispatcher teardown from Python's.  Medians of
+exiting, to tell torch's dispatcher teardown from Python's.  A second run
+of each variant times one full garbage collection right after ``import
+torch`` (the interpreter's finalization runs such collections over
+everything still alive) and counts the objects it tracks.  Medians of
 ``--reps`` runs; no timing is asserted anywhere.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import statistics
@@ -38,6 +42,9 @@ CHILD = ("import atexit, os, time\n"
          "atexit.register(lambda: os.write(W_EXIT, repr(time.time()).encode()))\n"
          "t0 = time.time()\nimport torch\nREGISTER\n"
          "os.write(W_IMPORT, repr(time.time() - t0).encode())\n")
+#: appended to a child: one full collection timed, and the objects tracked, on a third pipe
+COLLECT = ("import gc\ngc.collect()\nt1 = time.perf_counter()\ngc.collect()\n"
+           "os.write(W_GC, repr((time.perf_counter() - t1, len(gc.get_objects()))).encode())\n")
 DESTROY = ("import opregistry\nr = opregistry.get_registry()\n"
            "r is not None and r._materialized.destroy()\n")
 
@@ -63,6 +70,22 @@ def run(env: dict[str, str], extra: str = "", register: str = "") -> tuple[float
     return end - start, imported, end - last_handler
 
 
+def collection(env: dict[str, str], register: str = "") -> tuple[float, int]:
+    """(one full garbage collection after ``import torch`` [+ ``register``], objects tracked)."""
+    r_gc, w_gc = os.pipe()
+    code = ("import os, time\nimport torch\n" + register + "\n" + COLLECT).replace(
+        "W_GC", str(w_gc))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(w_gc,))
+    os.close(w_gc)
+    proc.wait()
+    found = os.read(r_gc, 100)
+    os.close(r_gc)
+    if proc.returncode:
+        raise RuntimeError(f"child exited with {proc.returncode}")
+    seconds, objects = ast.literal_eval(found.decode())
+    return seconds, objects
+
+
 def main() -> int:
     parser = benchops.size_parser(__doc__.splitlines()[0], reps=5)
     opts = parser.parse_args()
@@ -83,17 +106,21 @@ def main() -> int:
         for env, extra, register in variants.values():  # warm up: .pyc files, the plan cache
             run(env, extra, register)
         samples = benchops.interleaved(
-            {name: (lambda e=env, x=extra, r=register: run(e, x, r))
+            {name: (lambda e=env, x=extra, r=register: (*run(e, x, r), *collection(e, r)))
              for name, (env, extra, register) in variants.items()}, opts.reps)
-    result = {name: dict(zip(("wall", "import torch", "finalization"),
+    result = {name: dict(zip(("wall", "import torch", "finalization", "full collection",
+                              "objects"),
                              (statistics.median(col) for col in zip(*rows))))
               for name, rows in samples.items()}
     print(f"import torch with {opts.dists * opts.ops_per_dist} generated ops, seconds, "
-          f"median of {opts.reps} interleaved runs")
-    print(f"  {'':44s} {'wall':>7s} {'import':>7s} {'final.':>7s}")
+          f"median of {opts.reps} interleaved runs; a full collection after import torch, "
+          f"and the objects it tracks")
+    print(f"  {'':44s} {'wall':>7s} {'import':>7s} {'final.':>7s} {'full gc':>8s} "
+          f"{'objects':>8s}")
     for name, parts in result.items():
         print(f"  {name:44s} {parts['wall']:7.3f} {parts['import torch']:7.3f} "
-              f"{parts['finalization']:7.3f}")
+              f"{parts['finalization']:7.3f} {parts['full collection']:8.3f} "
+              f"{parts['objects']:8.0f}")
     if opts.json:
         opts.json.write_text(json.dumps({"ops": opts.dists * opts.ops_per_dist,
                                          "seconds": result}, indent=1))

@@ -170,9 +170,8 @@ def _definition_steps(plan: Plan, natively: set[tuple[str, str]]) -> list[Step]:
         assert origin is not None
         if (op.op.namespace, origin.distribution) in natively:
             continue  # its library's TORCH_LIBRARY block defines it
-        steps.append(Step(action="define", origin=origin, namespace=op.op.namespace,
-                          op=op.op.qualname, what=op.op.full_schema, subject=op,
-                          source=op.op.source))
+        steps.append(Step("define", origin, op.op.namespace, op.op.qualname, None, None, None,
+                          op.op.full_schema, (), op, op.op.source))
         if op.parsed.is_factory:
             steps.append(Step(action="route-factory", origin=origin, namespace=op.op.namespace,
                               op=op.op.qualname, key="BackendSelect",
@@ -181,13 +180,19 @@ def _definition_steps(plan: Plan, natively: set[tuple[str, str]]) -> list[Step]:
 
 
 def _kernel_step(action: Action, op: OpPlan | None, k: KernelPlan, subject: Any) -> Step:
+    # one per kernel (40,000 at 10,000 ops, at every import torch): positional, each
+    # property of the kernel read once
     kernel = k.kernel
-    assert kernel.origin is not None
+    origin = kernel.origin
+    assert origin is not None
     definer = op.op.origin.distribution if op is not None and op.op.origin else None
-    return Step(action=action, origin=kernel.origin, namespace=kernel.namespace, op=kernel.op,
-                key=kernel.key, kind=kernel.kind.name, backend=k.backend,
-                what=describe_ref(kernel.fn) or "",
-                definers=(definer,) if definer else (), subject=subject, source=kernel.source)
+    payload = kernel.payload
+    kind = payload.kind
+    ref = getattr(payload, kind.primary)
+    qualname = kernel.op
+    return Step(action, origin, qualname.partition("::")[0], qualname, kernel.key, kind.name,
+                k.backend, (ref if type(ref) is str else describe_ref(ref)) or "",
+                (definer,) if definer else (), subject, kernel.source)
 
 
 def _kernel_steps(plan: Plan, chains: Mapping[tuple[str, str], Any]) -> list[Step]:
@@ -195,9 +200,11 @@ def _kernel_steps(plan: Plan, chains: Mapping[tuple[str, str], Any]) -> list[Ste
     by_dist: dict[str, list[Step]] = defaultdict(list)
     for op in plan.ops:
         for k in op.kernels:
-            if (k.status == "active" and k.kernel.origin is not None and k.kernel.kind.by_backend
-                    and (k.kernel.op, k.kernel.key) not in chains):
-                by_dist[k.kernel.origin.distribution].append(
+            kernel = k.kernel
+            if (k.status == "active" and kernel.origin is not None
+                    and kernel.payload.kind.by_backend
+                    and not (chains and (kernel.op, kernel.key) in chains)):
+                by_dist[kernel.origin.distribution].append(
                     _kernel_step("register", op, k, (op, k)))
     for k in plan.external_kernels:
         if k.status == "active" and k.kernel.origin is not None and k.kernel.kind.by_backend:

@@ -128,6 +128,17 @@ def test_a_backend_hook_gets_the_arguments_it_names_in_its_own_order(dists, ns):
                                x + 100)
 
 
+def test_the_materializer_passes_hook_arguments_in_the_hookspec_order():
+    """The executor calls backend hooks positionally: its order is the hookspec's."""
+    import inspect
+
+    from opregistry import hookspecs
+    from opregistry.collect import MATERIALIZE_ARGS
+
+    spec = inspect.signature(hookspecs.opregistry_materialize_kernel).parameters
+    assert tuple(spec) == MATERIALIZE_ARGS
+
+
 def test_out_of_tree_kernel_is_inactive_without_its_backend(dists, ns):
     """Without the PrivateUse1 backend installed, its kernels are listed inactive, not registered."""
     _npu(dists, ns, with_backend=False)

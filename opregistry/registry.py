@@ -653,7 +653,41 @@ def _load_paused(settings: Settings) -> Registry:
                         hint=elide(problem.hint))
     log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
     registry.release()
+    _unload_at_exit()
     return registry
+
+
+def _unload_at_exit() -> None:
+    """Unregister what opregistry registered when the interpreter exits, before torch does.
+
+    torch unregisters every ``Library`` at exit anyway (a ``weakref.finalize``
+    each, run by the handler ``atexit`` got at ``import torch``, so after this
+    one); done here, the registry lets go of its libraries and the backends'
+    per-op state before the interpreter's finalization, whose full collections
+    would otherwise visit all of it (docs/performance.md, "Exit"), and the ops'
+    PyObject dispatch is switched off first, as :func:`~opregistry.torch_state.destroy_library`
+    does.  Handlers registered after this one -- any registered after ``import
+    torch`` -- run before it and still see every op.
+    """
+    state = process()
+    if state.unload_at_exit:
+        return
+    state.unload_at_exit = True
+    import atexit
+
+    def unload() -> None:
+        # a thread still loading at exit keeps the lock: leave its registry to torch
+        if not state.lock.acquire(blocking=False):
+            return
+        try:
+            if state.registry is not None:
+                state.registry.unload()
+        except Exception as exc:  # noqa: BLE001 - exit goes on; torch unregisters the rest
+            log.debug("unload at exit failed", error=repr(exc))
+        finally:
+            state.lock.release()
+
+    atexit.register(unload)
 
 
 def _undo_state_changes(seal: Seal, resolved: Plan, materialized: Materialized) -> None:

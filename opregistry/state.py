@@ -88,6 +88,8 @@ class ProcessState:
         #: counting, whatever earlier loads in the process did)
         self.counting_registered = 0
         self.counts_printed_at_exit = False
+        #: the registry is unloaded at interpreter exit (opregistry.registry.unload_at_exit)
+        self.unload_at_exit = False
         #: a real SIGINT arrived while third-party code ran (opregistry.containment)
         self.interrupted = threading.Event()
         self.interrupt_depth = 0

@@ -246,3 +246,35 @@ def test_strict_import_torch_with_an_invalid_config_file_fails(tmp_path):
     assert result["failed"] and result["cause"] == "ConfigError", result
     assert "missing.toml: cannot read the file" in result["message"]
     assert not result["present"]["tutorial::muladd"]
+
+
+#: atexit handlers around import torch: the one registered before it runs after opregistry's
+#: (handlers run last-in, first-out), the one registered after it runs before
+AT_EXIT = """
+import atexit, json, sys
+def before():
+    import opregistry, torch
+    sys.stdout.write(json.dumps({"before": {
+        "registry": opregistry.get_registry() is not None,
+        "defined": "tutorial::muladd" in torch._C._dispatch_get_all_op_names()}})
+        + "\\n")
+atexit.register(before)
+import torch
+def after():
+    value = torch.ops.tutorial.muladd(torch.ones(2), torch.full((2,), 3.0), 1.0).tolist()
+    sys.stdout.write(json.dumps({"after": value}) + "\\n")
+atexit.register(after)
+"""
+
+
+def test_registrations_are_unregistered_at_exit_after_handlers_registered_later():
+    """At exit opregistry unloads its registry before torch's own teardown: an atexit handler
+    registered after ``import torch`` still calls the ops; one registered before sees them gone."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    out = subprocess.run([sys.executable, "-c", AT_EXIT], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.strip().splitlines()]
+    assert lines == [{"after": [4.0, 4.0]}, {"before": {"registry": False, "defined": False}}], \
+        out.stdout

@@ -46,7 +46,7 @@ from .model import (
     source_of,
 )
 
-__all__ = ["Collected", "collect", "make_plugin_manager", "HOOK_GROUPS"]
+__all__ = ["Collected", "collect", "make_plugin_manager", "HOOK_GROUPS", "MATERIALIZE_ARGS"]
 
 log = get_logger()
 

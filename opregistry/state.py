@@ -87,13 +87,11 @@ class ProcessState:
         #: counting kernels and chains registered so far (a block that saw it grow loaded
         #: counting, whatever earlier loads in the process did)
         self.counting_registered = 0
-        self.counts_printed_at_exit = False
-        #: the registry is unloaded at interpreter exit (opregistry.registry.unload_at_exit)
-        self.unload_at_exit = False
+        #: the atexit handlers made: the counts table, the unload (opregistry.registry)
+        self.counts_printed_at_exit = self.unload_at_exit = False
         #: a real SIGINT arrived while third-party code ran (opregistry.containment)
         self.interrupted = threading.Event()
-        self.interrupt_depth = 0
-        self.interrupt_lock = threading.Lock()
+        self.interrupt_depth, self.interrupt_lock = 0, threading.Lock()
         #: per-thread flags (opregistry.torch_state's registration watch)
         self.thread = _PerThread()
         #: the wrapper of torch.library.Library's registration methods (installed once,

@@ -625,8 +625,7 @@ def _load(settings: Settings) -> Registry:
     # One pause of the cyclic collector for the whole load, ended once the plan's records
     # are let go: the first allocation after the collector is back runs a young collection
     # over everything allocated while it was off and still alive -- with the pause ended
-    # after each stage, that was the records too (10,000 ops: ~0.25 M objects traversed
-    # twice more; docs/performance.md)
+    # after each stage, that was the records too (docs/performance.md, "Records")
     with gc_paused():
         return _load_paused(settings)
 

@@ -180,8 +180,7 @@ def _definition_steps(plan: Plan, natively: set[tuple[str, str]]) -> list[Step]:
 
 
 def _kernel_step(action: Action, op: OpPlan | None, k: KernelPlan, subject: Any) -> Step:
-    # one per kernel (40,000 at 10,000 ops, at every import torch): positional, each
-    # property of the kernel read once
+    # one per kernel, at every import torch: positional, each property of the kernel read once
     kernel = k.kernel
     origin = kernel.origin
     assert origin is not None

@@ -160,8 +160,8 @@ def _code_at(filename: str, line: int) -> Any:
     """:data:`_LIBRARY_AT` moved to ``filename:line``, the lambda within it too.
 
     ``CodeType.replace`` keeps the line table, which is relative to the first
-    line: every instruction is then at ``line``.  Compiling the line anew per
-    library costs ~40x more (a thousand op packages are a thousand libraries).
+    line: every instruction is then at ``line``.  Compiling the line anew for
+    each library cost far more (a thousand op packages are a thousand libraries).
     """
     consts = tuple(c.replace(co_filename=filename, co_firstlineno=line)
                    if isinstance(c, type(_LIBRARY_AT)) else c for c in _LIBRARY_AT.co_consts)

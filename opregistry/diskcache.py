@@ -53,7 +53,8 @@ log = get_logger()
 #: files of writes (``tempfile.mkstemp``); :meth:`DiskCache.prune` and
 #: :meth:`DiskCache.clear` remove these and nothing else -- ``OPREGISTRY_CACHE_DIR`` may
 #: name a folder that holds the user's own files
-_ENTRY = re.compile(r"[0-9a-f]{40}\.json")
+_DIGEST = 40  # hex digits of the key's sha256 that name its entry
+_ENTRY = re.compile(rf"[0-9a-f]{{{_DIGEST}}}\.json")
 _TEMPORARY = re.compile(r"\.tmp-[A-Za-z0-9_]{8}\.json")
 
 
@@ -122,7 +123,7 @@ class DiskCache:
         """The file that holds ``key``'s entry (``None`` when caching is off)."""
         if self.folder is None:
             return None
-        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
         return os.path.join(self.folder, digest + ".json")
 
     def load(self, key: str) -> Any | None:

@@ -180,18 +180,13 @@ def _definition_steps(plan: Plan, natively: set[tuple[str, str]]) -> list[Step]:
 
 
 def _kernel_step(action: Action, op: OpPlan | None, k: KernelPlan, subject: Any) -> Step:
-    # one per kernel, at every import torch: positional, each property of the kernel read once
+    # one per kernel, at every import torch: built positionally (keywords cost twice as much)
     kernel = k.kernel
-    origin = kernel.origin
-    assert origin is not None
+    assert kernel.origin is not None
     definer = op.op.origin.distribution if op is not None and op.op.origin else None
-    payload = kernel.payload
-    kind = payload.kind
-    ref = getattr(payload, kind.primary)
-    qualname = kernel.op
-    return Step(action, origin, qualname.partition("::")[0], qualname, kernel.key, kind.name,
-                k.backend, (ref if type(ref) is str else describe_ref(ref)) or "",
-                (definer,) if definer else (), subject, kernel.source)
+    return Step(action, kernel.origin, kernel.namespace, kernel.op, kernel.key, kernel.kind.name,
+                k.backend, describe_ref(kernel.fn) or "", (definer,) if definer else (), subject,
+                kernel.source)
 
 
 def _kernel_steps(plan: Plan, chains: Mapping[tuple[str, str], Any]) -> list[Step]:
@@ -200,8 +195,7 @@ def _kernel_steps(plan: Plan, chains: Mapping[tuple[str, str], Any]) -> list[Ste
     for op in plan.ops:
         for k in op.kernels:
             kernel = k.kernel
-            if (k.status == "active" and kernel.origin is not None
-                    and kernel.payload.kind.by_backend
+            if (k.status == "active" and kernel.origin is not None and kernel.kind.by_backend
                     and not (chains and (kernel.op, kernel.key) in chains)):
                 by_dist[kernel.origin.distribution].append(
                     _kernel_step("register", op, k, (op, k)))

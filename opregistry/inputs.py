@@ -4,10 +4,13 @@ The plan cache (:mod:`opregistry.plancache`) keeps a plan while none of its
 inputs changed, and tells by the inputs' *stamps*, the way CPython tells a
 stale ``.pyc`` (PEP 552):
 
-* **the slot** -- what is known without reading a file: Python's version and executable, the platform, ``sys.path`` in
-  order, every ``OPREGISTRY_*`` variable, the settings (allow- and
-  block-lists, policy, strict, lock), whether torch is imported, the check
-  mode.  One cache entry per slot.
+* **the slot** -- what is known without reading a file: Python's version
+  and executable, the platform, ``sys.path`` in order but its first entry
+  (the script's folder or the working directory: the manifest checks it),
+  every ``OPREGISTRY_*`` variable (and the working directory when one names
+  a file relative to it), the settings (allow- and block-lists, policy,
+  strict, lock), whether torch is imported, the check mode.  One cache
+  entry per slot.
 * **the manifest** -- a stamp per file or directory: every ``sys.path``
   entry; every distribution's metadata folder on it (``*.dist-info``,
   ``*.egg-info``) with its ``entry_points.txt`` and ``METADATA``; the
@@ -40,7 +43,7 @@ import sysconfig
 import time
 from typing import Any, Iterable, Mapping
 
-__all__ = ["RACY_NS", "Stamper", "slot", "environment_slot", "check_manifest", "sys_path_files",
+__all__ = ["FIRST", "RACY_NS", "Stamper", "first_folder", "slot", "environment_slot", "check_manifest", "sys_path_files",
            "module_files",
            "package_files"]
 
@@ -105,6 +108,8 @@ class Stamper:
         self.racy_after = time.time_ns() - RACY_NS
         self.stamps: dict[str, list[Any] | None] = {}
         self.before: dict[str, list[str] | None] = {}
+        #: ``sys.path[0]`` when the folders were listed
+        self.first: str | None = None
 
     def add(self, paths: Iterable[str]) -> None:
         for path in paths:
@@ -113,6 +118,7 @@ class Stamper:
 
     def watch(self, folders: Iterable[str]) -> None:
         """List the folders before the declarations are read (see :meth:`manifest`)."""
+        self.first = first_folder()
         for folder in folders:
             self.before[folder] = _names(folder)
 
@@ -129,7 +135,8 @@ class Stamper:
                 return None
             folders[folder] = None if now is None or after is None else [
                 now, _digest(after, wanted), now >= self.racy_after]
-        return {"files": self.stamps, "folders": folders, "tops": sorted(wanted)}
+        return {"files": self.stamps, "folders": folders, "tops": sorted(wanted),
+                "first": self.first}
 
 
 def _names(folder: str) -> list[str] | None:
@@ -152,9 +159,27 @@ def _mtime(path: str) -> int | None:
 
 
 def check_manifest(manifest: Mapping[str, Any]) -> str | None:
-    """``None`` when every stamp still holds; else the first path that changed."""
+    """``None`` when every stamp still holds; else the first path that changed.
+
+    ``sys.path[0]`` may be another folder than the manifest's (``first``)
+    when neither holds an entry that can change the plan (see
+    :class:`Stamper`): the manifest's own is then not checked, unless it is
+    on ``sys.path`` further down.
+    """
     tops = frozenset(manifest["tops"])
-    for folder, recorded in manifest["folders"].items():
+    folders = manifest["folders"]
+    first, recorded_first = first_folder(), manifest.get("first")
+    skip = None
+    if first != recorded_first:
+        recorded = folders.get(recorded_first)
+        if first is None or recorded is None or recorded[1] != _digest((), tops) \
+                or _listing(first, tops) != recorded[1]:
+            return first or "sys.path"
+        rest = set(map(absolute, sys.path[1:]))
+        skip = None if recorded_first in rest else recorded_first
+    for folder, recorded in folders.items():
+        if folder == skip:
+            continue
         now = _mtime(folder)
         if recorded is None or now is None:
             if recorded is not None or now is not None:
@@ -197,8 +222,9 @@ def sys_path_files(paths: Iterable[str]) -> tuple[list[str], list[str]]:
     """
     folders: list[str] = []
     files: list[str] = []
-    for entry in paths:
-        entry = os.path.abspath(entry or os.curdir)
+    for entry in map(absolute, paths):
+        if entry.startswith("__editable__"):
+            continue  # its finder is stamped in the folder that holds it
         try:
             with os.scandir(entry) as listing:
                 names = [e.name for e in listing]
@@ -265,13 +291,38 @@ def package_files(modules: Iterable[str]) -> list[str]:
     return found
 
 
+#: the slot's name for ``sys.path[0]``, which the manifest checks (:func:`check_manifest`)
+FIRST = "<sys.path[0]>"
+#: the variables that name a file, read relative to the working directory
+_PATH_VARIABLES = ("OPREGISTRY_CONFIG", "OPREGISTRY_LOCK")
+
+
+def first_folder() -> str | None:
+    """``sys.path[0]``, absolute: the script's folder, or the working directory (``-c``, ``-m``)."""
+    return absolute(sys.path[0]) if sys.path else None
+
+
+def absolute(entry: str) -> str:
+    """A ``sys.path`` entry as an absolute path; an editable install's path hook as it is
+    (``__editable__.NAME.finder.__path_hook__``: a name its finder claims, not a folder)."""
+    return entry if entry.startswith("__editable__") else os.path.abspath(entry or os.curdir)
+
+
 def _process(environ: Mapping[str, str]) -> list[Any]:
-    """What names a slot before any setting: the interpreter, ``sys.path``, the variables."""
+    """What names a slot before any setting: the interpreter, ``sys.path``, the variables.
+
+    ``sys.path[0]`` is named :data:`FIRST`: a script run from a new folder
+    reuses the entry when that folder holds nothing that can change the plan
+    (:func:`check_manifest`).  The working directory counts only when a
+    variable names a file relative to it.
+    """
+    variables = sorted((k, v) for k, v in environ.items()
+                       if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR")
+    relative = any(environ.get(k) and not os.path.isabs(environ[k]) for k in _PATH_VARIABLES)
     return [
         sys.version, sys.executable, sys.platform, sys.implementation.cache_tag,
-        [os.path.abspath(p or os.curdir) for p in sys.path],
-        sorted((k, v) for k, v in environ.items()
-               if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR"),
+        [FIRST, *map(absolute, sys.path[1:])] if sys.path else [],
+        variables, os.getcwd() if relative else None,
     ]
 
 

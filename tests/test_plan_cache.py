@@ -67,6 +67,8 @@ class Env:
         self.cache = tmp / "cache"
         self.extra: list[Path] = []
         self.vars: dict[str, str] = {}
+        #: the working directory, ``sys.path[0]`` of ``python -c``
+        self.cwd = tmp
         (self.site / "pc_kernels.py").write_text(KERNELS)
 
     def dist(self, name: str, module: str, source: str, *, version: str = "1.0",
@@ -98,7 +100,7 @@ class Env:
         """The output of ``python -c code args`` in this environment (it must succeed)."""
         done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
                               text=True, env={**self.environ(), **extra},
-                              cwd=str(self.site.parent), timeout=300)
+                              cwd=str(self.cwd), timeout=300)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -337,6 +339,73 @@ def test_swap_two_distributions_on_sys_path(env: Env, tmp_path: Path) -> None:
     _sees(env.warm(), "pcshared::from_first")
     env.extra[:] = [second, first]
     _sees(env.probe(), "pcshared::from_second")
+
+
+def test_a_script_run_from_another_folder_reuses_the_entry(env: Env, tmp_path: Path) -> None:
+    """``sys.path[0]`` (the working directory of ``python -c``, a script's folder) names no
+    slot: a folder that holds nothing the plan depends on reuses the entry, for ``list`` and
+    ``import torch`` alike, and the folder it was written from still does too."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.warm()
+    for folder in ("elsewhere", "elsewhere/deeper"):
+        env.cwd = tmp_path / folder
+        env.cwd.mkdir()
+        (env.cwd / "notes.txt").write_text("a file of the user's, unrelated to the plan")
+        found = env.probe()
+        assert found["list"]["cache"] == found["torch"]["cache"] == "hit", found
+        _sees(found, "pcone::f")
+    env.cwd = tmp_path
+    assert env.probe()["list"]["cache"] == "hit"
+
+
+def test_a_module_in_another_folder_shadows_a_declaration_module(env: Env, tmp_path: Path) -> None:
+    """A new working directory with a module named like a declaration module imports that
+    one first: the entry written elsewhere is not used, there or back in its own folder."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.warm()
+    env.cwd = tmp_path / "shadowing"
+    env.cwd.mkdir()
+    (env.cwd / "pc_one.py").write_text(textwrap.dedent(MODULE.format(
+        ns="pcone", op="g", kmod="pc_kernels")))
+    found = env.probe()
+    assert found["list"]["cache"] != "hit", found
+    _sees(found, "pcone::g")
+    _sees(found, "pcone::f", present=False)
+    _sees(env.warm(), "pcone::g")  # its own entry, reused there
+    env.cwd = tmp_path
+    found = env.probe()
+    _sees(found, "pcone::f")
+    _sees(found, "pcone::g", present=False)
+
+
+def test_a_distribution_in_another_folder(env: Env, tmp_path: Path) -> None:
+    """A working directory holding a distribution's metadata installs it for ``python -c``."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.warm()
+    env.cwd = tmp_path / "with-a-dist"
+    env.cwd.mkdir()
+    env.op_dist("pc-two", "pctwo", "g", where=env.cwd)
+    found = env.probe()
+    _sees(found, "pctwo::g")
+    _sees(found, "pcone::f")
+
+
+def test_a_relative_configuration_file_in_another_folder(env: Env, tmp_path: Path) -> None:
+    """``OPREGISTRY_CONFIG`` relative to the working directory: another folder, another file.
+    Here the first folder's file allows the backends alone, so ``import torch`` there starts
+    with nothing to register (an idle start, keyed by the variables); the other folder's
+    allows everything, and its ``import torch`` registers the op package."""
+    env.op_dist("pc-one", "pcone", "f")
+    env.vars["OPREGISTRY_CONFIG"] = "settings.toml"
+    (tmp_path / "settings.toml").write_text(f"plugins = {json.dumps(BACKENDS)}\n")
+    code = ("import torch\nfrom opregistry.state import process\n"
+            "print(process().deferred is not None, hasattr(torch.ops.pcone, 'f'))")
+    env.run(code)
+    assert env.run(code).split() == ["True", "False"]
+    env.cwd = tmp_path / "other"
+    env.cwd.mkdir()
+    (env.cwd / "settings.toml").write_text("")
+    assert env.run(code).split() == ["False", "True"]
 
 
 def test_another_torch_sharing_the_cache_directory(env: Env, tmp_path: Path) -> None:

@@ -1020,6 +1020,26 @@ def test_a_cached_plan_adopts_and_protects_as_a_fresh_one(env: Env) -> None:
         assert found["out"] == 3.0
 
 
+def test_load_with_a_policy_of_its_own_on_adoption_is_not_the_cached_plan(env: Env) -> None:
+    """``load(policy=Policy(adopt=False))`` (or ``adopt_block``) after ``import torch`` adopted
+    from the cache: its plan adopts nothing (the adoption switches name the slot too)."""
+    from . import adoption_dists
+
+    adoption_dists.write(env.site, "pcfp", {"pcfp/__init__.py": """
+        import torch
+        lib = torch.library.Library("pcfp", "DEF")
+        lib.define("scale(Tensor x, float f) -> Tensor")
+    """})
+    code = ("import torch, opregistry\n"
+            "from opregistry.config import Policy\n"
+            "print([a.name for a in opregistry.get_registry().plan.adoptions if a.active])\n"
+            "for policy in (Policy(adopt=False), Policy(adopt_block=['pcfp'])):\n"
+            "    r = opregistry.load(reload=True, policy=policy)\n"
+            "    print([a.name for a in r.plan.adoptions if a.active])\n")
+    for _ in range(2):
+        assert env.run(code).split() == ["['pcfp']", "[]", "[]"]
+
+
 CHECK = """
 import os
 

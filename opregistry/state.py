@@ -151,4 +151,23 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
+            _promote_survivors()
             gc.enable()
+
+
+def _promote_survivors() -> None:
+    """Move every object the collector tracks to its oldest generation, without a pass.
+
+    What a load allocates stays alive (records, closures, registrations);
+    left in the young generation, the first collection after the pause
+    would traverse all of it (~0.1 s for 10,000 ops) only to promote it.
+    ``gc.freeze()`` then ``gc.unfreeze()`` is that promotion, documented:
+    every tracked object to the permanent generation and back to the oldest
+    one.  Garbage cycles of the application's that were young wait for the
+    next full collection.  Where the application froze objects itself
+    (``gc.get_freeze_count()``: a fork server's pre-fork heap), nothing is
+    moved: unfreezing would undo its freeze.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()

@@ -498,15 +498,17 @@ class Recorder:
         deeper = method in _STACKLEVEL
 
         def recording(library: Any, *args: Any, **kwargs: Any) -> Any:
+            thread = process().thread
+            if deeper:
+                args, kwargs = _one_frame_deeper(args, kwargs)
+            if thread.registering:  # opregistry's own: neither vetoed nor noted
+                return original(library, *args, **kwargs)
             if self.veto is not None and method == "impl" and args:
                 vetoed = self._vetoed(library, args, kwargs, slot_of)
                 if vetoed:
                     return None
-            if deeper:
-                args, kwargs = _one_frame_deeper(args, kwargs)
             result = original(library, *args, **kwargs)
-            thread = process().thread
-            if not thread.registering and args:
+            if args:
                 self._note(Registration(_qualname(library, args[0]),
                                         slot_of(args, kwargs),
                                         _creator(sys._getframe(1), self._root),

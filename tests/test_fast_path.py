@@ -339,6 +339,30 @@ def test_garbage_collector_is_restored_after_load(dists: DistFactory, ns: str) -
         gc.enable()
 
 
+def test_a_load_leaves_its_objects_in_the_oldest_generation(dists: DistFactory, ns: str) -> None:
+    """What a load allocates while the collector is paused is moved to the oldest generation
+    when it ends, without a collection traversing it (at 10,000 ops the young one that did
+    set off a full collection right after the load); objects the application froze stay
+    frozen."""
+    import gc
+
+    module = f"{ns}_old"
+    dists.make(f"old-{ns}", ops={ns: f"{module}:lib"},
+               modules={module: benchops.registry_source(ns, full=True)})
+    young = [{"an object of the application's": n} for n in range(3)]
+    registry = load(dists)
+    kept = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
+    assert id(registry) not in kept and id(registry.plan) not in kept
+    assert not {id(o) for o in young} & kept
+    gc.freeze()  # the application's pre-fork heap, say: with ``young`` in it
+    try:
+        load(dists)
+        assert gc.get_freeze_count()
+        assert not {id(o) for o in young} & {id(o) for o in gc.get_objects()}  # still frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_a_load_leaves_nothing_for_the_cyclic_collector(dists: DistFactory, ns: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The executor, its steps and the records they name are freed when the load returns.

@@ -51,13 +51,14 @@ def content_check(settings: Any, environ: Mapping[str, str]) -> bool:
     return settings.lock is not None or check_mode(environ) == "content"
 
 
-def marker_key(environ: Mapping[str, str] | None = None) -> str:
+def marker_key(environ: Mapping[str, str] | None = None, *, own: bool = False) -> str:
     """The key of the idle marker of ``import torch`` in this environment: its entry's
     manifest alone (a few kilobytes, where the entry of a thousand ops is a megabyte of
-    JSON), keyed by the variables as they are set, so that reading it parses no settings."""
+    JSON), keyed by the variables as they are set, so that reading it parses no settings;
+    ``own``: of the slot of this ``sys.path[0]`` alone (see :class:`~opregistry.plancache.PlanCache`)."""
     env = os.environ if environ is None else environ
     return inputs.environment_slot(torch_imported=True, content=check_mode(env) == "content",
-                                   environ=env) + "\n(idle)"
+                                   environ=env, own=own) + "\n(idle)"
 
 
 def idle_start(environ: Mapping[str, str] | None = None) -> bool:
@@ -69,14 +70,15 @@ def idle_start(environ: Mapping[str, str] | None = None) -> bool:
     if (env.get("OPREGISTRY_LOCK") or "").strip() or env.get(COUNTS_VAR):
         return False
     try:
-        marker = plan_cache(env).load(marker_key(env))
-        if not isinstance(marker, dict):
-            return False
-        changed = inputs.check_manifest(marker["manifest"])
+        cache = plan_cache(env)
+        for own in (True, False):  # the slot of this sys.path[0], then the shared one
+            marker = cache.load(marker_key(env, own=own))
+            if not isinstance(marker, dict):
+                continue
+            changed = inputs.check_manifest(marker["manifest"])
+            if changed is None:
+                return True
+            log.debug("plan cache entry stale", changed=changed)
     except Exception as exc:  # noqa: BLE001 - an unusable marker means the full load
         log.debug("plan cache: idle check failed", error=repr(exc))
-        return False
-    if changed is not None:
-        log.debug("plan cache entry stale", changed=changed)
-        return False
-    return True
+    return False

@@ -43,7 +43,7 @@ import sysconfig
 import time
 from typing import Any, Iterable, Mapping
 
-__all__ = ["FIRST", "RACY_NS", "Stamper", "first_folder", "slot", "environment_slot", "check_manifest", "sys_path_files",
+__all__ = ["FIRST", "RACY_NS", "Stamper", "first_folder", "plain_first", "slot", "environment_slot", "check_manifest", "sys_path_files",
            "module_files",
            "package_files"]
 
@@ -151,11 +151,22 @@ def _digest(names: Iterable[str], tops: frozenset[str]) -> str:
     return hashlib.sha256("\0".join(relevant).encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
+#: the digest of a folder's listing with no entry that can change the plan
+_NOTHING = _digest((), frozenset())
+
+
 def _mtime(path: str) -> int | None:
     try:
         return os.stat(path).st_mtime_ns
     except OSError:
         return None
+
+
+def plain_first(manifest: Mapping[str, Any]) -> bool:
+    """Whether the manifest's ``sys.path[0]`` held nothing that can change the plan: its
+    entry is stored in the shared slot, else in the slot of that folder (see :func:`_process`)."""
+    recorded = manifest["folders"].get(manifest.get("first"))
+    return recorded is not None and recorded[1] == _NOTHING
 
 
 def check_manifest(manifest: Mapping[str, Any]) -> str | None:
@@ -171,9 +182,7 @@ def check_manifest(manifest: Mapping[str, Any]) -> str | None:
     first, recorded_first = first_folder(), manifest.get("first")
     skip = None
     if first != recorded_first:
-        recorded = folders.get(recorded_first)
-        if first is None or recorded is None or recorded[1] != _digest((), tops) \
-                or _listing(first, tops) != recorded[1]:
+        if first is None or not plain_first(manifest) or _listing(first, tops) != _NOTHING:
             return first or "sys.path"
         rest = set(map(absolute, sys.path[1:]))
         skip = None if recorded_first in rest else recorded_first
@@ -308,39 +317,43 @@ def absolute(entry: str) -> str:
     return entry if entry.startswith("__editable__") else os.path.abspath(entry or os.curdir)
 
 
-def _process(environ: Mapping[str, str]) -> list[Any]:
+def _process(environ: Mapping[str, str], own: bool) -> list[Any]:
     """What names a slot before any setting: the interpreter, ``sys.path``, the variables.
 
-    ``sys.path[0]`` is named :data:`FIRST`: a script run from a new folder
-    reuses the entry when that folder holds nothing that can change the plan
-    (:func:`check_manifest`).  The working directory counts only when a
-    variable names a file relative to it.
+    ``sys.path[0]`` is named :data:`FIRST` in the shared slot (``own=False``):
+    a script run from a new folder reuses its entry when that folder holds
+    nothing that can change the plan (:func:`check_manifest`).  A folder that
+    does (a checkout with the package being developed in it) has a slot of its
+    own, named by its path (``own=True``; see :func:`plain_first`).  The
+    working directory counts only when a variable names a file relative to it.
     """
     variables = sorted((k, v) for k, v in environ.items()
                        if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR")
     relative = any(environ.get(k) and not os.path.isabs(environ[k]) for k in _PATH_VARIABLES)
     return [
         sys.version, sys.executable, sys.platform, sys.implementation.cache_tag,
-        [FIRST, *map(absolute, sys.path[1:])] if sys.path else [],
+        [FIRST if not own else first_folder(), *map(absolute, sys.path[1:])]
+        if sys.path else [],
         variables, os.getcwd() if relative else None,
     ]
 
 
 def environment_slot(*, torch_imported: bool, content: bool,
-                     environ: Mapping[str, str] | None = None) -> str:
+                     environ: Mapping[str, str] | None = None, own: bool = False) -> str:
     """:func:`slot` before the settings are parsed: the same inputs, the ``OPREGISTRY_*``
     variables as they are set (the settings are a function of them and of the
     configuration file, which the manifest stamps)."""
-    data = [*_process(os.environ if environ is None else environ), torch_imported, content]
+    data = [*_process(os.environ if environ is None else environ, own), torch_imported,
+            content]
     return json.dumps(data, separators=(",", ":"))
 
 
 def slot(settings: Any, *, torch_imported: bool, content: bool,
-         environ: Mapping[str, str] | None = None) -> str:
+         environ: Mapping[str, str] | None = None, own: bool = False) -> str:
     """What names a cache entry: every input known without reading a file, as one string."""
     policy = settings.policy
     data = [
-        *_process(os.environ if environ is None else environ),
+        *_process(os.environ if environ is None else environ, own),
         None if settings.allow is None else sorted(settings.allow), sorted(settings.block),
         settings.strict, settings.lock, sorted(settings.sources.items()),
         list(settings.unknown_variables), sorted(policy.allow_override),

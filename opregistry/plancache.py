@@ -149,8 +149,13 @@ class PlanCache:
         self.disk = plan_cache(env)
         self.environ = env
         self.torch_imported = torch_imported
-        self.key = inputs.slot(settings, torch_imported=torch_imported, content=self.content,
-                               environ=env)
+        #: the slot of this ``sys.path[0]`` alone, then the slot shared by the folders that
+        #: hold nothing that can change the plan (:func:`inputs.plain_first`)
+        self.keys = tuple(inputs.slot(settings, torch_imported=torch_imported,
+                                      content=self.content, environ=env, own=own)
+                          for own in (True, False))
+        #: the slot of the entry :meth:`lookup` found, or :meth:`store` wrote
+        self.key = self.keys[1]
         #: the bytes of the entry :meth:`lookup` returned last (:func:`cached_plan` decodes the
         #: plan from them again: a loaded registry keeps these, not the plan's records)
         self.data: bytes | None = None
@@ -163,26 +168,28 @@ class PlanCache:
         """The key of this slot's idle marker (:mod:`opregistry.idle`): only the autoload's
         slot has one, that of torch imported and the settings the variables give."""
         if self.torch_imported and _from_variables(self.settings, self.environ):
-            return marker_key(self.environ)
+            return marker_key(self.environ, own=self.key == self.keys[0])
         return None
 
     def lookup(self) -> dict[str, Any] | None:
         """The entry of this slot when its manifest still holds, else ``None`` (logged why)."""
         self.data = None
-        found = self.disk.read(self.key) if self.enabled else None
-        if found is None:
-            return None
-        entry, data = found
-        try:
-            changed = inputs.check_manifest(entry["manifest"])
-        except Exception as exc:  # noqa: BLE001 - a malformed entry is a miss
-            log.debug("plan cache entry malformed, ignored", error=repr(exc))
-            return None
-        if changed is not None:
-            log.debug("plan cache entry stale", changed=changed)
-            return None
-        self.data = data
-        return entry
+        for key in self.keys if self.enabled else ():
+            found = self.disk.read(key)
+            if found is None:
+                continue
+            entry, data = found
+            try:
+                changed = inputs.check_manifest(entry["manifest"])
+            except Exception as exc:  # noqa: BLE001 - a malformed entry is a miss
+                log.debug("plan cache entry malformed, ignored", error=repr(exc))
+                continue
+            if changed is not None:
+                log.debug("plan cache entry stale", changed=changed)
+                continue
+            self.key, self.data = key, data
+            return entry
+        return None
 
     @contextlib.contextmanager
     def building(self) -> Iterator[bool]:
@@ -190,7 +197,7 @@ class PlanCache:
         if not self.enabled:
             yield False
             return
-        with self.disk.lock(self.key, LOCK_TIMEOUT) as held:
+        with self.disk.lock(self.keys[1], LOCK_TIMEOUT) as held:
             yield held
 
     def stamper(self) -> inputs.Stamper:
@@ -230,6 +237,7 @@ class PlanCache:
         except Uncacheable as exc:
             log.debug("plan not cached", reason=str(exc))
             entry = {"manifest": manifest, "gate": gate, "uncacheable": str(exc)}
+        self.key = self.keys[1] if inputs.plain_first(manifest) else self.keys[0]
         marker = self.marker()
         if marker is not None:  # the entry's marker, when its plan is idle, comes after it
             self.disk.discard(marker)
@@ -353,7 +361,12 @@ def store_listing(entry_id: str, kind: str, text: str, errors: bool) -> None:
 
 def _status(cache: PlanCache) -> dict[str, Any]:
     """What the cache holds for ``cache``'s slot: ``none``, ``stale``, ``uncacheable``, ``valid``."""
-    entry = cache.disk.load(cache.key) if cache.enabled else None
+    entry = None
+    for key in cache.keys if cache.enabled else ():
+        entry = cache.disk.load(key)
+        if entry is not None:
+            cache.key = key
+            break
     if entry is None:
         return {"status": "none"}
     try:

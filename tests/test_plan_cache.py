@@ -378,6 +378,38 @@ def test_a_module_in_another_folder_shadows_a_declaration_module(env: Env, tmp_p
     _sees(found, "pcone::g", present=False)
 
 
+def test_folders_that_matter_and_folders_that_do_not_keep_their_entries(env: Env,
+                                                                         tmp_path: Path) -> None:
+    """A checkout holding a distribution (``sys.path[0]`` that matters) has a slot of its own:
+    starts alternating between it and plain folders reuse both entries, for ``list``,
+    ``import torch`` and a start with nothing to register alike."""
+    plain, checkout = tmp_path / "plain", tmp_path / "checkout"
+    plain.mkdir()
+    checkout.mkdir()
+    info = checkout / "pc_dev-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-dev\nVersion: 0.1\n")
+    idle = ("import torch\nfrom opregistry.state import process\n"
+            "print(process().deferred is not None)")
+    for folder in (plain, checkout):
+        env.cwd = folder
+        env.warm(torch=False)
+        env.run(idle)  # writes the entry of import torch and its idle marker
+    for folder in (plain, checkout, plain, checkout):
+        env.cwd = folder
+        assert env.probe(torch=False)["list"]["cache"] == "hit", folder
+        assert env.run(idle).split() == ["True"], folder
+    env.op_dist("pc-one", "pcone", "f")
+    for folder in (plain, checkout):
+        env.cwd = folder
+        env.warm()
+    for folder in (plain, checkout, plain):
+        env.cwd = folder
+        found = env.probe()
+        assert found["list"]["cache"] == found["torch"]["cache"] == "hit", (folder, found)
+        _sees(found, "pcone::f")
+
+
 def test_a_distribution_in_another_folder(env: Env, tmp_path: Path) -> None:
     """A working directory holding a distribution's metadata installs it for ``python -c``."""
     env.op_dist("pc-one", "pcone", "f")

@@ -35,8 +35,8 @@ from .selection import Step as Link
 from .selection import chain, counted, counting_forced, observer, print_counts_at_exit
 from .state import gc_paused, process
 from .steps import Step, Steps, plan_steps
-from .torch_state import (destroy_library, device_keyset, lookup_op, new_library, recorder,
-                          registering)
+from .torch_state import (destroy_library, device_keyset, forget_destroyed_kernels, lookup_op,
+                          new_library, recorder, registering)
 
 __all__ = ["Materialized", "materialize", "gc_paused", "defined_ops"]
 
@@ -67,6 +67,7 @@ class Materialized:
         """
         for lib in reversed(self.libraries.pop(origin.distribution, [])):
             destroy_library(lib)
+        forget_destroyed_kernels()
         gone = set(ops)
         self.ops[:] = [op for op in self.ops if op not in gone]
         process().defined.difference_update(gone)
@@ -79,6 +80,7 @@ class Materialized:
         for libs in reversed(list(self.libraries.values())):
             for lib in reversed(libs):
                 destroy_library(lib)
+        forget_destroyed_kernels()
         process().defined.difference_update(self.ops)
         self.libraries.clear()
         self.ops.clear()
@@ -116,6 +118,7 @@ class _DistLibraries:
             if self.owned.get(namespace) == "DEF":
                 holders.pop(namespace, None)
         self.libs.clear()
+        forget_destroyed_kernels()
 
 
 def _define(lib: Any, plan: OpPlan) -> None:

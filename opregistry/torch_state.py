@@ -129,6 +129,19 @@ def destroy_library(library: Any) -> None:
     library._destroy()
 
 
+def forget_destroyed_kernels() -> None:
+    """Drop the device kernels (``ProcessState.device_kernels``) of destroyed libraries.
+
+    :func:`opregistry.backend.device_kernel` forgets such an entry when asked
+    for it; after an unload nothing asks, and the entries (three objects per
+    kernel) would stay to the end of the process.
+    """
+    table = process().device_kernels
+    for found in [k for k, (ref, _) in table.items()
+                  if (lib := ref()) is None or not library_alive(lib)]:
+        del table[found]
+
+
 def new_library(namespace: str, kind: str, site: str | None = None) -> Any:
     """A ``torch.library.Library`` whose registrations torch records at ``site`` (``file:line``).
 

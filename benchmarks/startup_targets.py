@@ -22,8 +22,8 @@ count), and times, as separate processes, interleaved (A B C ..., A B C ...):
 Each ratio is the median of the per-pair ratios (A/B of the same rep), for
 wall time and for CPU time (user + system: steadier on a shared machine);
 the min and max of the pairs show the noise.  Objects kept per op: the
-objects the garbage collector tracks after the load, less bare ``import
-torch``'s, per op, for opregistry and the floor.
+objects the garbage collector tracks after the load and a full collection,
+less bare ``import torch``'s, per op, for opregistry and the floor.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ import benchops  # noqa: E402
 import raw_floor  # noqa: E402
 from bench_startup import source_paths  # noqa: E402
 
-OBJECTS = "import gc, torch; print(len(gc.get_objects()))"
+#: the objects alive after the load: counted after a full collection (what a load leaves as
+#: garbage is not kept, and whether a collection ran before the count is chance)
+OBJECTS = "import gc, torch; gc.collect(); print(len(gc.get_objects()))"
 TARGETS = {"backends / bare": 1.03, "import torch + 1000 / floor 1000": 1.05,
            "import torch + 10000 / floor 10000": 1.15, "list --json 1000 / bare": 0.10,
            "list --json 10000 / bare": 0.30, "cold 1000 / baseline": 1.0,
@@ -134,7 +136,7 @@ def objects_per_op(root: Path, sizes: list[int]) -> dict[str, float]:
     bare = count([py, "-c", OBJECTS], [], TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     found = {}
     for n in sizes:
-        floor = count([py, "-c", raw_floor.REGISTER + "\nprint(len(gc.get_objects()))", str(n)],
+        floor = count([py, "-c", raw_floor.REGISTER + "\n" + OBJECTS.partition("; ")[2], str(n)],
                       [], TORCH_DEVICE_BACKEND_AUTOLOAD="0")
         ours = count([py, "-c", OBJECTS], [root / f"gen{n}"])
         found[f"opregistry {n}"] = (ours - bare) / n

@@ -12,7 +12,8 @@ the ``import torch`` statement itself; what comes after it up to the last
 ``weakref.finalize`` of every ``torch.library.Library``); and interpreter
 finalization after the last handler (garbage collection of everything
 still alive, module teardown, C++ static destructors) until the process
-has exited.  A third variant destroys every opregistry registration by hand
+has exited; and, within the ``import torch`` statement, the time the
+cyclic garbage collector's passes took (``gc.callbacks``).  A third variant destroys every opregistry registration by hand
 before exiting: what opregistry itself does at exit (a control, expected
 within the noise of the second).  A second run
 of each variant times one full garbage collection right after ``import
@@ -39,10 +40,15 @@ import benchops  # noqa: E402
 import raw_floor  # noqa: E402
 from bench_startup import environ  # noqa: E402
 
-CHILD = ("import atexit, os, time\n"
+CHILD = ("import atexit, gc, os, time\n"
          "atexit.register(lambda: os.write(W_EXIT, repr(time.time()).encode()))\n"
+         "spent = [0.0]\n"
+         "def collecting(phase, info, clock=time.perf_counter, spent=spent):\n"
+         "    spent[0] += clock() if phase == 'stop' else -clock()\n"
+         "gc.callbacks.append(collecting)\n"
          "t0 = time.time()\nimport torch\nREGISTER\n"
-         "os.write(W_IMPORT, repr(time.time() - t0).encode())\n")
+         "gc.callbacks.remove(collecting)\n"
+         "os.write(W_IMPORT, repr((time.time() - t0, spent[0])).encode())\n")
 #: appended to a child: one full collection timed, and the objects tracked, on a third pipe
 COLLECT = ("import gc\ngc.collect()\nt1 = time.perf_counter()\ngc.collect()\n"
            "os.write(W_GC, repr((time.perf_counter() - t1, len(gc.get_objects()))).encode())\n")
@@ -68,13 +74,16 @@ def _child(env: dict[str, str], code: str, *names: str) -> list[bytes]:
     return found
 
 
-def run(env: dict[str, str], extra: str = "", register: str = "") -> tuple[float, float, float]:
-    """(wall, import torch [+ ``register``], finalization after the last atexit handler)."""
+def run(env: dict[str, str], extra: str = "", register: str = ""
+        ) -> tuple[float, float, float, float]:
+    """(wall, import torch [+ ``register``], finalization after the last atexit handler,
+    the garbage collector's passes within the import)."""
     start = time.time()
     last_handler, imported = _child(env, CHILD.replace("REGISTER", register) + extra,
                                     "W_EXIT", "W_IMPORT")
     end = time.time()
-    return end - start, float(imported), end - float(last_handler)
+    seconds, collecting = ast.literal_eval(imported.decode())
+    return end - start, seconds, end - float(last_handler), collecting
 
 
 def collection(env: dict[str, str], register: str = "") -> tuple[float, int]:
@@ -106,19 +115,19 @@ def main() -> int:
         samples = benchops.interleaved(
             {name: (lambda e=env, x=extra, r=register: (*run(e, x, r), *collection(e, r)))
              for name, (env, extra, register) in variants.items()}, opts.reps)
-    result = {name: dict(zip(("wall", "import torch", "finalization", "full collection",
-                              "objects"),
+    result = {name: dict(zip(("wall", "import torch", "finalization", "gc in import",
+                              "full collection", "objects"),
                              (statistics.median(col) for col in zip(*rows))))
               for name, rows in samples.items()}
     print(f"import torch with {opts.dists * opts.ops_per_dist} generated ops, seconds, "
           f"median of {opts.reps} interleaved runs; a full collection after import torch, "
           f"and the objects it tracks")
-    print(f"  {'':44s} {'wall':>7s} {'import':>7s} {'final.':>7s} {'full gc':>8s} "
-          f"{'objects':>8s}")
+    print(f"  {'':44s} {'wall':>7s} {'import':>7s} {'final.':>7s} {'gc in import':>12s} "
+          f"{'full gc':>8s} {'objects':>8s}")
     for name, parts in result.items():
         print(f"  {name:44s} {parts['wall']:7.3f} {parts['import torch']:7.3f} "
-              f"{parts['finalization']:7.3f} {parts['full collection']:8.3f} "
-              f"{parts['objects']:8.0f}")
+              f"{parts['finalization']:7.3f} {parts['gc in import']:12.3f} "
+              f"{parts['full collection']:8.3f} {parts['objects']:8.0f}")
     if opts.json:
         opts.json.write_text(json.dumps({"ops": opts.dists * opts.ops_per_dist,
                                          "seconds": result}, indent=1))

@@ -260,6 +260,7 @@ def test_bench_register_and_startup_run(tmp_path: Path) -> None:
     for parts in phases["seconds"].values():
         assert 0 < parts["import torch"] < parts["wall"] and 0 < parts["finalization"] < parts["wall"]
         assert parts["full collection"] > 0 and parts["objects"] > 10_000  # torch's own heap
+        assert 0 <= parts["gc in import"] < parts["import torch"]
     seconds = phases["seconds"]  # the ops keep objects: the floor's and opregistry's
     assert seconds["import torch + N ops"]["objects"] > seconds["bare import torch"]["objects"]
     stages = _script("warm_stages.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "1",

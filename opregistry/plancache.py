@@ -347,7 +347,8 @@ def listing(entry_id: str, kind: str) -> tuple[str, bool] | None:
 
 
 #: how many entries each folder keeps (the most recently written): one per environment, per
-#: working directory of ``python -c``, per set of ``OPREGISTRY_*`` variables
+#: set of ``OPREGISTRY_*`` variables, per script folder or working directory that holds what
+#: can change the plan (:func:`opregistry.inputs.plain_first`)
 KEEP_PLANS = 64
 KEEP_LISTINGS = 8
 

@@ -54,8 +54,9 @@ def content_check(settings: Any, environ: Mapping[str, str]) -> bool:
 def marker_key(environ: Mapping[str, str] | None = None, *, own: bool = False) -> str:
     """The key of the idle marker of ``import torch`` in this environment: its entry's
     manifest alone (a few kilobytes, where the entry of a thousand ops is a megabyte of
-    JSON), keyed by the variables as they are set, so that reading it parses no settings;
-    ``own``: of the slot of this ``sys.path[0]`` alone (see :class:`~opregistry.plancache.PlanCache`)."""
+    JSON), keyed by the variables as they are set, so that reading it parses no settings.
+    ``own``: the marker of the slot of this ``sys.path[0]`` alone (see
+    :class:`~opregistry.plancache.PlanCache`)."""
     env = os.environ if environ is None else environ
     return inputs.environment_slot(torch_imported=True, content=check_mode(env) == "content",
                                    environ=env, own=own) + "\n(idle)"

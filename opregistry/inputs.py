@@ -43,8 +43,8 @@ import sysconfig
 import time
 from typing import Any, Iterable, Mapping
 
-__all__ = ["FIRST", "RACY_NS", "Stamper", "first_folder", "plain_first", "slot", "environment_slot", "check_manifest", "sys_path_files",
-           "module_files",
+__all__ = ["FIRST", "RACY_NS", "Stamper", "absolute", "first_folder", "plain_first", "slot",
+           "environment_slot", "check_manifest", "sys_path_files", "module_files",
            "package_files"]
 
 #: a file modified less than this before it is stamped is also stamped by content

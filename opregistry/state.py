@@ -160,8 +160,8 @@ def _promote_survivors() -> None:
 
     What a load allocates stays alive (records, closures, registrations);
     left in the young generation, the first collection after the pause
-    would traverse all of it (~0.1 s for 10,000 ops) only to promote it.
-    ``gc.freeze()`` then ``gc.unfreeze()`` is that promotion, documented:
+    would traverse all of it (tens of milliseconds at 10,000 ops) only to
+    promote it.  ``gc.freeze()`` then ``gc.unfreeze()`` is that promotion, documented:
     every tracked object to the permanent generation and back to the oldest
     one.  Garbage cycles of the application's that were young wait for the
     next full collection.  Where the application froze objects itself

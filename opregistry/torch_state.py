@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # imported by snapshot(): the recorder alone needs no records
 from .state import process
 
 __all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
-           "kernel_registrations", "destroy_library", "new_library", "undo_library",
+           "kernel_registrations", "destroy_library", "forget_destroyed_kernels", "new_library",
+           "undo_library",
            "library_alive", "device_keyset", "lookup_op",
            "Watch", "Registration", "Recorder", "recorder", "registering", "watch_registrations",
            "torch_dir",

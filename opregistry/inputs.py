@@ -8,8 +8,9 @@ stale ``.pyc`` (PEP 552):
   and executable, the platform, ``sys.path`` in order but its first entry
   (the script's folder or the working directory: the manifest checks it),
   every ``OPREGISTRY_*`` variable (and the working directory when one names
-  a file relative to it), the settings (allow- and block-lists, policy,
-  strict, lock), whether torch is imported, the check mode.  One cache
+  a file relative to it), the settings (allow- and block-lists, policy and
+  adoption switches, strict, lock), whether torch is imported, the check
+  mode.  One cache
   entry per slot.
 * **the manifest** -- a stamp per file or directory: every ``sys.path``
   entry; every distribution's metadata folder on it (``*.dist-info``,
@@ -358,6 +359,7 @@ def slot(settings: Any, *, torch_imported: bool, content: bool,
         settings.strict, settings.lock, sorted(settings.sources.items()),
         list(settings.unknown_variables), sorted(policy.allow_override),
         sorted(policy.backends), sorted(policy.backend_sources.items()),
-        [[s.text, s.source] for s in policy.kernels], torch_imported, content,
+        [[s.text, s.source] for s in policy.kernels], policy.adopt, sorted(policy.adopt_block),
+        sorted(policy.adopt_sources.items()), torch_imported, content,
     ]
     return json.dumps(data, separators=(",", ":"))

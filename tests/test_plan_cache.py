@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -477,6 +478,28 @@ def test_python_platform_and_settings_name_the_slot(monkeypatch: pytest.MonkeyPa
     monkeypatch.undo()
     monkeypatch.setattr(sys, "platform", "other")
     assert base != inputs.slot(s, torch_imported=False, content=False, environ={})
+
+
+def test_every_setting_names_the_slot() -> None:
+    """Each field of the settings and their policy changes the slot (a field added later
+    must be added here: the field names are compared)."""
+    from opregistry.config import Policy, Switch
+
+    policy = {"allow_override": ["pc-a"], "backends": {"CPU": "pc-cpu"},
+              "backend_sources": {"CPU": "a file"}, "kernels": [Switch.parse("-pc::f", "here")],
+              "adopt": False, "adopt_block": ["pc-b"], "adopt_sources": {"adopt": "a file"}}
+    settings = {"allow": ["pc-a"], "block": ["pc-b"], "strict": True, "sources": {"block": "x"},
+                "unknown_variables": ("OPREGISTRY_TYPO",), "lock": "opregistry.lock",
+                "policy": Policy(adopt=False)}
+    assert set(policy) == {f.name for f in attrs.fields(Policy)}
+    assert set(settings) == {f.name for f in attrs.fields(Settings)}
+    base = inputs.slot(Settings(), torch_imported=True, content=False, environ={})
+    for name, value in policy.items():
+        changed = Settings(policy=attrs.evolve(Policy(), **{name: value}))
+        assert inputs.slot(changed, torch_imported=True, content=False, environ={}) != base, name
+    for name, value in settings.items():
+        changed = attrs.evolve(Settings(), **{name: value})
+        assert inputs.slot(changed, torch_imported=True, content=False, environ={}) != base, name
 
 
 def test_opregistry_itself_is_an_input(env: Env) -> None:
@@ -1064,12 +1087,12 @@ def test_load_with_a_policy_of_its_own_on_adoption_is_not_the_cached_plan(env: E
     """})
     code = ("import torch, opregistry\n"
             "from opregistry.config import Policy\n"
-            "print([a.name for a in opregistry.get_registry().plan.adoptions if a.active])\n"
+            "print([a.name for a in opregistry.load().plan.adoptions if a.active])\n"
             "for policy in (Policy(adopt=False), Policy(adopt_block=['pcfp'])):\n"
             "    r = opregistry.load(reload=True, policy=policy)\n"
             "    print([a.name for a in r.plan.adoptions if a.active])\n")
-    for _ in range(2):
-        assert env.run(code).split() == ["['pcfp']", "[]", "[]"]
+    for _ in range(2):  # the second: every load a cache hit, each of its own slot
+        assert env.run(code, OPREGISTRY_AUTOLOAD="0").split() == ["['pcfp']", "[]", "[]"]
 
 
 CHECK = """

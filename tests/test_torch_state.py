@@ -7,6 +7,8 @@ These tests fail loudly, naming the call, when a torch release changes them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from opregistry import torch_state
@@ -549,3 +551,29 @@ def test_a_note_on_torchs_error_reads_on_every_python():
     old = NoNotes("Only a single TORCH_LIBRARY ...")
     add_note(old, "opregistry: who")
     assert str(old) == "Only a single TORCH_LIBRARY ...\nopregistry: who"
+
+
+def test_torch_keeps_a_python_kernel_after_its_library_is_destroyed() -> None:
+    """What docs/performance.md ("Exit") says of torch: a Python kernel registered with
+    ``Library.impl`` outlives its ``Library``'s destruction (2.8 to 2.15 alike), so the
+    backends' per-op kernels stay to the end of the process whatever an unload does.
+    A torch that gives them back fails this, and the page is to be corrected."""
+    import gc
+    import weakref
+
+    lib = torch.library.Library("opregistry_kept_kernel", "DEF")
+    lib.define("f(Tensor x) -> Tensor")
+
+    def make() -> Any:
+        def kernel(x: torch.Tensor) -> torch.Tensor:
+            return x
+        return kernel
+
+    kernel = make()
+    kept = weakref.ref(kernel)
+    lib.impl("f", kernel, "CPU")
+    del kernel
+    torch_state.destroy_library(lib)
+    del lib
+    gc.collect()
+    assert kept() is not None

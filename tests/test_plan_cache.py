@@ -804,6 +804,22 @@ def test_a_package_that_only_mentions_torch_is_stamped_by_its_record(env: Env) -
     assert "namespace-held-by-package" in found["list"]["errors"], found
 
 
+def test_a_package_without_record_is_stamped_file_by_file(env: Env) -> None:
+    """A distribution with no ``RECORD`` (a hand-made ``dist-info`` on ``PYTHONPATH``, a
+    legacy develop install): its sources change without its metadata, so they are stamped."""
+    info = env.site / "pc_norecord-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-norecord\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("pc_norecord\n")
+    module = env.site / "pc_norecord.py"
+    module.write_text("import torch\n\ndef f():\n    return torch.ones(1)\n")
+    env.op_dist("pc-one", "pcheld", "g")
+    env.warm(torch=False)
+    module.write_text('import torch\nlib = torch.library.Library("pcheld", "DEF")\n')
+    found = env.probe(torch=False)
+    assert "namespace-held-by-package" in found["list"]["errors"], found
+
+
 def test_a_warm_import_torch_runs_no_declaration_code(env: Env) -> None:
     """A cached plan is registered without the declarations: no declaration module, no
     resolver, not even opregistry's declaration API (``opregistry`` imports it on first use)."""

@@ -24,7 +24,7 @@ and modification time by default, their sha256 in locked mode
 reinstall or an upgrade means a new scan of that distribution only.  A
 distribution found not to use torch is checked again only when its
 ``METADATA`` or ``RECORD`` changes (every install rewrites them; editable
-installs are always checked file by file).  :func:`scan_installed` raises
+installs and distributions without ``RECORD`` are always checked file by file).  :func:`scan_installed` raises
 :class:`~opregistry.ConfigError` for an ``OPREGISTRY_CACHE`` that is not a
 boolean, and nothing else: a distribution whose scan fails carries the
 failure in :attr:`~opregistry.foreign.ForeignDistribution.error`.
@@ -210,7 +210,7 @@ def _stamp(infos: list[DistInfo]) -> str:
 
 def _metadata_stamp(info: DistInfo) -> str | None:
     """Size and mtime of the files every install, upgrade or reinstall rewrites; ``None`` for
-    an editable install (its sources change without them)."""
+    an editable install or one without ``RECORD`` (its sources change without them)."""
     if is_editable(info):
         return None
     out = []
@@ -348,8 +348,10 @@ def scan_inputs(scan: ForeignScan) -> list[str]:
 
     Each installed distribution's ``METADATA`` and ``RECORD`` (a distribution
     is scanned again when they change: pip rewrites them on every install),
-    and every file scanned of the editable installs (whose sources change
-    without them) and of the distributions found registering with torch.  A
+    and every file scanned of the editable installs and the distributions
+    without a ``RECORD`` (whose sources change without them: a hand-made
+    ``dist-info``, a legacy develop install) and of the distributions found
+    registering with torch.  A
     distribution whose sources mention torch but register nothing (numpy,
     sympy: thousands of files) is stamped by its ``METADATA`` and ``RECORD``
     alone, not file by file at every start.
@@ -361,6 +363,6 @@ def scan_inputs(scan: ForeignScan) -> list[str]:
         if not location or info.installed.name in NOT_SCANNED:
             continue
         found += [os.path.join(location, n) for n in ("METADATA", "RECORD")]
-        if info.installed.name in users or is_editable(info):
+        if info.installed.name in users or _metadata_stamp(info) is None:
             found += [path for path, _ in _scanned_files(info)]
     return found

@@ -17,7 +17,10 @@ count), and times, as separate processes, interleaved (A B C ..., A B C ...):
 * with ``--baseline DIR`` (``git archive main | tar -x -C DIR``, compiled first):
   ``cold N``, the first ``import torch`` with an empty cache folder (the plan
   built and written), this checkout vs ``DIR``'s code, each with its source
-  folders first on ``PYTHONPATH``.
+  folders first on ``PYTHONPATH``; and ``rebuild N``, the same with only the
+  plan cache emptied, the scan of installed packages kept: the first start
+  after an op package is installed or upgraded (no target; for a baseline
+  without a plan cache, such as 12182fd, it is that baseline's cold start).
 
 Each ratio is the median of the per-pair ratios (A/B of the same rep), for
 wall time and for CPU time (user + system: steadier on a shared machine);
@@ -88,6 +91,10 @@ def cases(root: Path, sizes: list[int], baseline: Path | None
         return run([py, "-c", "import torch"],
                    {**env(paths), "OPREGISTRY_CACHE_DIR": str(root / f"cold{counter[0]}")})
 
+    def rebuild(paths: list[Path], folder: Path) -> tuple[float, float]:
+        shutil.rmtree(folder / "plans", ignore_errors=True)
+        return run([py, "-c", "import torch"], {**env(paths), "OPREGISTRY_CACHE_DIR": str(folder)})
+
     for n in sizes:
         gen = root / f"gen{n}"
         benchops.write_many(gen, n // 10, 10)
@@ -99,6 +106,10 @@ def cases(root: Path, sizes: list[int], baseline: Path | None
             this, base = source_paths(HERE.parent), source_paths(baseline)
             found[f"cold {n}"] = lambda g=gen, p=this: cold([*p, g])
             found[f"cold {n} baseline"] = lambda g=gen, p=base: cold([*p, g])
+            found[f"rebuild {n}"] = (lambda g=gen, p=this, n=n:
+                                     rebuild([*p, g], root / f"rebuild{n}"))
+            found[f"rebuild {n} baseline"] = (lambda g=gen, p=base, n=n:
+                                              rebuild([*p, g], root / f"rebuild{n}-baseline"))
     return found
 
 
@@ -108,7 +119,8 @@ def ratios(samples: dict[str, list[tuple[float, float]]], sizes: list[int]
     for n in sizes:
         pairs += [(f"import torch + {n} / floor {n}", f"import torch + {n}", f"floor {n}"),
                   (f"list --json {n} / bare", f"list --json {n}", "bare"),
-                  (f"cold {n} / baseline", f"cold {n}", f"cold {n} baseline")]
+                  (f"cold {n} / baseline", f"cold {n}", f"cold {n} baseline"),
+                  (f"rebuild {n} / baseline", f"rebuild {n}", f"rebuild {n} baseline")]
     found = {}
     for name, a, b in pairs:
         if a not in samples or b not in samples:

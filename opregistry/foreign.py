@@ -235,6 +235,10 @@ class ForeignScan:
     distributions: tuple[ForeignDistribution, ...] = ()
     skipped: int = 0
     cached: int = 0
+    #: the files the scan read that a cache of it must stamp
+    #: (:func:`opregistry.scan.scan_inputs`); ``None`` when not known (a scan rebuilt
+    #: from data, one of some distributions only)
+    inputs: tuple[str, ...] | None = field(default=None, eq=False, repr=False)
 
     def registrations(self) -> Iterator[tuple[ForeignDistribution, Registration]]:
         for dist in self.distributions:

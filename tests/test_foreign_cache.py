@@ -256,3 +256,36 @@ def test_a_whole_scan_drops_the_entries_of_distributions_gone(tmp_path: Path) ->
     whole.put("/site", "new 1.0", {"x": 3})
     whole.write(whole=True)
     assert disk.load("distributions in /site") == {"a 1.0": {"x": 1}, "new 1.0": {"x": 3}}
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["scanned", "from the cache"])
+def test_the_scan_records_the_files_a_cache_of_it_stamps(site: Site, tmp_path: Path,
+                                                         cached: bool) -> None:
+    """What the scan records as its inputs is what ``scan_inputs`` lists again for a scan
+    rebuilt from data: every installed distribution's ``METADATA`` and ``RECORD``, and the
+    files of those that register, of editable installs and of those without ``RECORD``."""
+    from opregistry.scan import scan_inputs
+
+    bare = tmp_path / "bare"  # a dist-info without RECORD: its module is stamped
+    info = bare / "fx_norecord-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fx-norecord\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("fx_norecord\n")
+    (bare / "fx_norecord.py").write_text("X = 1\n")
+    sys.path.insert(0, str(bare))
+    try:
+        importlib.invalidate_caches()
+        env = {"OPREGISTRY_CACHE_DIR": str(site.cache)}
+        if cached:
+            scan_installed(environ=env)
+        found = scan_installed(environ=env)
+        assert (found.cached > 0) == cached
+        assert found.inputs is not None
+        listed = scan_inputs(ForeignScan.from_dict(found.to_dict()))
+        assert sorted(found.inputs) == sorted(listed)
+        assert str(site.module) in found.inputs
+        assert str(bare / "fx_norecord.py") in found.inputs
+        assert str(info / "METADATA") in found.inputs
+    finally:
+        sys.path.remove(str(bare))
+        importlib.invalidate_caches()

@@ -224,9 +224,12 @@ def _metadata_stamp(info: DistInfo) -> str | None:
 
 
 def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
-        ForeignDistribution | None, bool, bool, dict[str, Any] | None]:
-    """``(record or None, uses torch, from the cache, entry to store or None)`` of one
-    distribution, given its cached ``entry`` (``None`` when there is none).
+        ForeignDistribution | None, bool, bool, dict[str, Any] | None, list[str]]:
+    """``(record or None, uses torch, from the cache, entry to store or None, files to stamp)``
+    of one distribution, given its cached ``entry`` (``None`` when there is none).  The
+    files to stamp are those of its scan that a cache of it must stamp besides
+    ``METADATA`` and ``RECORD`` (:func:`scan_inputs`): every file read of a
+    registering distribution, or of one checked file by file; none of the others.
 
     A distribution found not to use torch is checked again only when its
     metadata changes (an install rewrites ``METADATA`` and ``RECORD``):
@@ -237,14 +240,20 @@ def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
     stamp = _metadata_stamp(info)
     if (isinstance(entry, dict) and entry.get("uses_torch") is False and stamp is not None
             and entry.get("metadata") == stamp and not content):
-        return None, False, True, None
+        return None, False, True, None, []
     files = _scanned_files(info)
-    digest = _digest(info, [path for path, _ in files], content)
+    paths = [path for path, _ in files]
+    digest = _digest(info, paths, content)
+
+    def stamped(record: ForeignDistribution | None) -> list[str]:
+        registers = record is not None and bool(record.registrations or record.error)
+        return paths if registers or stamp is None else []
+
     if isinstance(entry, dict) and entry.get("digest") == digest:
         try:
             dist = entry.get("dist")
-            return (ForeignDistribution.from_dict(dist) if dist else None,
-                    bool(entry.get("uses_torch")), True, None)
+            record = ForeignDistribution.from_dict(dist) if dist else None
+            return record, bool(entry.get("uses_torch")), True, None, stamped(record)
         except (KeyError, TypeError, ValueError) as exc:
             log.debug("cached scan malformed, scanning again", distribution=info.installed.text,
                       error=str(exc))
@@ -255,11 +264,11 @@ def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
                     error=f"{type(exc).__name__}: {exc}")
         record = ForeignDistribution(distribution=info.installed, requires_torch=info.requires_any(
             ("torch", "opregistry")), error=f"the scan failed: {type(exc).__name__}: {exc}")
-        return record, True, False, None  # not cached: tried again next time
+        return record, True, False, None, stamped(record)  # not cached: tried next time
     record = attrs.evolve(record, digest=digest)
     return (record if uses else None), uses, False, {
         "digest": digest, "uses_torch": uses, "metadata": stamp,
-        "dist": record.to_dict() if uses else None}
+        "dist": record.to_dict() if uses else None}, stamped(record)
 
 
 class _Folders:
@@ -322,6 +331,7 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
     store = _Folders(DiskCache.open(CACHE_NAME, stamp=_stamp(infos), environ=env) if cache
                      else DiskCache(None, ""))
     found, skipped, hits = [], 0, 0
+    read: list[str] = []  # what a cache of this scan must stamp (scan_inputs)
     for info in infos:
         if wanted is not None and info.installed.name not in wanted:
             continue
@@ -330,9 +340,11 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
             continue
         folder = os.path.dirname(info.installed.location)
         key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
-        record, uses, hit, entry = _cached(store.entry(folder, key), info, content)
+        record, uses, hit, entry, paths = _cached(store.entry(folder, key), info, content)
         if entry is not None:
             store.put(folder, key, entry)
+        read += [os.path.join(info.installed.location, n) for n in ("METADATA", "RECORD")]
+        read += paths
         hits += hit
         if record is None or not uses:
             skipped += 1
@@ -340,7 +352,8 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
         found.append(record)
     store.write(whole=wanted is None)
     found.sort(key=lambda d: d.name)
-    return ForeignScan(distributions=tuple(found), skipped=skipped, cached=hits)
+    return ForeignScan(distributions=tuple(found), skipped=skipped, cached=hits,
+                       inputs=None if wanted is not None else tuple(read))
 
 
 def scan_inputs(scan: ForeignScan) -> list[str]:
@@ -354,8 +367,12 @@ def scan_inputs(scan: ForeignScan) -> list[str]:
     registering with torch.  A
     distribution whose sources mention torch but register nothing (numpy,
     sympy: thousands of files) is stamped by its ``METADATA`` and ``RECORD``
-    alone, not file by file at every start.
+    alone, not file by file at every start.  The scan itself records them
+    (:attr:`~opregistry.foreign.ForeignScan.inputs`): they are listed again
+    only for a scan rebuilt from data.
     """
+    if scan.inputs is not None:
+        return list(scan.inputs)
     users = {d.name for d in scan.distributions if d.registrations or d.error}
     found = []
     for info in distributions():

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -390,6 +391,39 @@ def test_not_torch_is_not_a_registration(tmp_path: Path) -> None:
         Lib().define("z(Tensor x) -> Tensor")
     """})
     assert found == []
+
+
+@pytest.mark.parametrize("source", [
+    '"""Define the model; a fallback impl for torch users."""\nimport torch\n',
+    "import torch\n# we define an impl here, and a fallback\nx = 1\n",
+    "import torch\nHELP = 'define the impl; see Library docs'\nDOC = \"\"\"\nimpl\n\"\"\"\n",
+    "import torch\ns = '#'  # a hash in a string, then a comment: define impl\n",
+    "import torch\nattn_implementation = 'eager'  # library\n",
+])
+def test_prose_is_not_code(source: str) -> None:
+    """API names in comments, docstrings and strings alone: the module is not parsed (in
+    transformers, 116 modules name torch and "define", "impl" or "fallback" in prose)."""
+    from opregistry.scan.pysource import _may_register
+
+    assert not _may_register(source.encode())
+
+
+@pytest.mark.parametrize("source,found", [
+    ('lib = torch.library.Library("nsp", "FRAGMENT")\n', [("FRAGMENT", None)]),
+    ('from torch import library\nlibrary.define("nsp::a", "(Tensor x) -> Tensor")\n',
+     [("op", "nsp::a")]),
+    ('torch.library . define ("nsp::b", "(Tensor x) -> Tensor")\n', [("op", "nsp::b")]),
+    ('s = "#"; torch.library.define("nsp::c", "(Tensor x) -> Tensor")  # "\n',
+     [("op", "nsp::c")]),
+    ('"""A docstring naming \\"""quotes\\"""."""\ntorch.library.define("nsp::d", "(Tensor x) -> '
+     'Tensor")\n', [("op", "nsp::d")]),
+    ("x = '''it''' + 'is'  # define\ntorch.library.define('nsp::e', '(Tensor x) -> Tensor')\n",
+     [("op", "nsp::e")]),
+])
+def test_code_among_prose_is_scanned(tmp_path: Path, source: str, found: list[Any]) -> None:
+    """Registrations next to strings and comments that look like code are still read."""
+    regs = _scan_sources(tmp_path, {"pkg/__init__.py": "import torch\n" + source})
+    assert [(r.kind, r.op) for r in regs] == found
 
 
 # -- shared libraries -------------------------------------------------------------

@@ -664,8 +664,27 @@ def _may_register(text: bytes) -> bool:
     transformers, 116 modules name torch and "define", "impl" or "fallback"
     in prose, two in code; parsing the 116 took seconds.
     """
-    return b"torch" in text and _API.search(text) is not None and \
+    return b"torch" in text and _names_api(text) and \
         _API_IN_CODE.search(_NOT_CODE.sub(b" ", text)) is not None
+
+
+_API_WORDS = tuple(sorted(n.encode() for n in API_NAMES))
+_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _names_api(text: bytes) -> bool:
+    """``_API.search(text)``, faster: each name found by ``bytes.find``, its word boundaries
+    checked where it is found (the regex's alternation reads ~25 MB/s)."""
+    end = len(text)
+    for word in _API_WORDS:
+        at = text.find(word)
+        while at >= 0:
+            after = at + len(word)
+            if (at == 0 or text[at - 1] not in _WORD_BYTES) and \
+                    (after == end or text[after] not in _WORD_BYTES):
+                return True
+            at = text.find(word, after)
+    return False
 
 
 def scan_modules(modules: dict[str, ModuleSource], texts: Mapping[str, bytes]

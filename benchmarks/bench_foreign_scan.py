@@ -6,8 +6,10 @@ What ``opregistry.scan.scan_installed()`` costs, without torch, for the real
 packages bitsandbytes 0.50.2 and torchao 0.18.0 (installed with
 ``pip install --no-deps --target`` into ``--site``; by default the folder
 tests/test_foreign_real.py installs them in, under the system's temporary
-directory, installed here when missing) and for every distribution of this
-environment plus those two.  Each is timed as a whole process
+directory, installed here when missing), for every distribution of this
+environment plus those two, and for five packages that name torch on every
+page and register nothing (transformers, diffusers, timm, peft, accelerate:
+``PROSE_PINS``, installed the same way into a folder of their own).  Each is timed as a whole process
 (``python -c "from opregistry.scan import scan_installed; scan_installed(...)"``)
 and as the call alone (the child reports it, and the import of opregistry
 before it: ~0.1 s, what any opregistry command pays), interleaved with bare
@@ -36,6 +38,10 @@ sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
 
 PINS, DEFAULT_SITE = benchops.REAL_PINS, benchops.REAL_SITE
+#: packages whose modules name torch, and "define", "impl" or "fallback" in their prose
+PROSE_PINS = ("transformers==4.46.3", "diffusers==0.35.2", "timm==1.0.20", "peft==0.17.1",
+              "accelerate==1.10.1")
+PROSE_SITE = DEFAULT_SITE.parent / "+".join(p.replace("==", "-") for p in PROSE_PINS)
 
 CHILD = """
 import json, sys, time
@@ -51,12 +57,12 @@ print(json.dumps({"seconds": seconds, "import": imported - start, "dists": len(f
 """
 
 
-def ensure_site(site: Path) -> None:
+def ensure_site(site: Path, pins: tuple[str, ...] = PINS) -> None:
     if (site / ".complete").exists():
         return
     site.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(site), *PINS], check=True)
+                    "--disable-pip-version-check", "--target", str(site), *pins], check=True)
     (site / ".complete").touch()
 
 
@@ -70,10 +76,10 @@ class Runner:
         self.inner: dict[str, list[float]] = {}
         self.last: dict[str, dict[str, object]] = {}
 
-    def scan(self, name: str, only: list[str], cold: bool) -> float:
+    def scan(self, name: str, only: list[str], cold: bool, site: Path | None = None) -> float:
         self.count += 1
         cache = self.root / (f"cold-{self.count}" if cold else f"warm-{name}")
-        env = benchops.environ([self.site], OPREGISTRY_CACHE_DIR=str(cache))
+        env = benchops.environ([site or self.site], OPREGISTRY_CACHE_DIR=str(cache))
         start = time.perf_counter()
         out = subprocess.run([sys.executable, "-c", CHILD, *only], env=env, check=True,
                              capture_output=True, text=True, cwd=benchops.neutral_cwd())
@@ -103,7 +109,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     opts = parser.parse_args()
     ensure_site(opts.site)
+    ensure_site(PROSE_SITE, PROSE_PINS)
     real = ["bitsandbytes", "torchao"]
+    prose = [p.partition("==")[0] for p in PROSE_PINS]
     with tempfile.TemporaryDirectory() as tmp:
         runner = Runner(opts.site, Path(tmp))
         cases = {
@@ -111,6 +119,10 @@ def main() -> int:
             "bitsandbytes + torchao, cached": lambda: runner.scan("real", real, False),
             "whole environment, cold": lambda: runner.scan("all-cold", [], True),
             "whole environment, cached": lambda: runner.scan("all", [], False),
+            "five prose packages, cold": lambda: runner.scan("prose-cold", prose, True,
+                                                             PROSE_SITE),
+            "five prose packages, cached": lambda: runner.scan("prose", prose, False,
+                                                               PROSE_SITE),
             "import torch (bare)": bare_torch,
         }
         for case in cases.values():  # fills the warm caches and the OS file cache
@@ -124,7 +136,8 @@ def main() -> int:
     everything = runner.last["all"]
     print(f"foreign scan, wall seconds of whole processes (and of the scan_installed call "
           f"alone), median of {opts.reps} interleaved runs; torch is never imported")
-    names = dict(zip(cases, ["real-cold", "real", "all-cold", "all", None]))
+    names = dict(zip(cases, ["real-cold", "real", "all-cold", "all", "prose-cold", "prose",
+                             None]))
     for case, sec in res.items():
         call = f"  (the call {inner[names[case]] * 1000:7.1f} ms)" if names[case] else ""
         print(f"  {case:34s} {sec:7.3f} s  {sec / bare:5.2f}x bare import torch{call}")

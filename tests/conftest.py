@@ -248,15 +248,46 @@ def real_packages() -> Path:
     ``pip install --no-deps --target``: they never pull another torch (bitsandbytes
     needs numpy and packaging at import, which the development environment has).
     """
+    return _installed(REAL_PINS)
+
+
+#: a real package from the index that names torch in nearly every module and registers
+#: nothing: what the scan must not parse module by module
+PROSE_PINS = ("transformers==4.46.3",)
+
+
+@pytest.fixture(scope="session")
+def prose_packages() -> Path:
+    """:data:`PROSE_PINS`, installed as :func:`real_packages` (never imported by the tests)."""
+    return _installed(PROSE_PINS)
+
+
+def _installed(pins: tuple[str, ...]) -> Path:
+    """``pins`` installed with ``pip install --no-deps --target`` into a folder of the
+    temporary directory named after them, once per machine (atomically: a concurrent
+    session's copy, if any, wins)."""
     import os
     import shutil
     import subprocess
     import tempfile
 
     root = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
-        p.replace("==", "-") for p in REAL_PINS)
+        p.replace("==", "-") for p in pins)
     if (root / ".complete").exists():
         return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".install-", dir=root.parent))
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          "--disable-pip-version-check", "--target", str(work), *pins],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, (f"could not install {' '.join(pins)} from the index:\n"
+                                 f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    (work / ".complete").touch()
+    try:
+        os.replace(work, root)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+    return root
     root.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".install-", dir=root.parent))
     out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",

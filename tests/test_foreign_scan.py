@@ -419,6 +419,10 @@ def test_prose_is_not_code(source: str) -> None:
      'Tensor")\n', [("op", "nsp::d")]),
     ("x = '''it''' + 'is'  # define\ntorch.library.define('nsp::e', '(Tensor x) -> Tensor')\n",
      [("op", "nsp::e")]),
+    ('"""A line break \\\nescaped."""\ntorch.library.define("nsp::f", "(Tensor x) -> Tensor")\n'
+     '"""A later docstring."""\n', [("op", "nsp::f")]),
+    ('# old Mac line breaks\rtorch.library.define("nsp::g", "(Tensor x) -> Tensor")\r',
+     [("op", "nsp::g")]),
 ])
 def test_code_among_prose_is_scanned(tmp_path: Path, source: str, found: list[Any]) -> None:
     """Registrations next to strings and comments that look like code are still read."""

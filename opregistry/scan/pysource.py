@@ -53,7 +53,8 @@ _API = re.compile(rb"\b(?:" + b"|".join(sorted(n.encode() for n in API_NAMES)) +
 _API_IN_CODE = re.compile(_API.pattern[:-3] + rb"|library)\b")
 #: string literals and comments, each a whole (a ``#`` in a string is no comment)
 _NOT_CODE = re.compile(rb'"""(?:\\.|[^\\])*?"""|' + rb"'''(?:\\.|[^\\])*?'''|"
-                       rb'"(?:\\.|[^"\\\n])*"|' + rb"'(?:\\.|[^'\\\n])*'|#[^\n]*")
+                       rb'"(?:\\.|[^"\\\r\n])*"|' + rb"'(?:\\.|[^'\\\r\n])*'|#[^\r\n]*",
+                       re.DOTALL)  # an escaped line break is part of its string
 _QUALNAME = re.compile(r"([A-Za-z_]\w*)::([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?\Z")
 _NAME = re.compile(r"([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?\Z")
 _FUNCTION_KEYS = {"register_fake": "Meta", "impl_abstract": "Meta", "register_autograd": "Autograd",

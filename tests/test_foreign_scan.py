@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opregistry.foreign import ForeignDistribution, ForeignScan, Registration
 from opregistry.keys import RESERVED_NAMESPACES
@@ -428,6 +430,49 @@ def test_code_among_prose_is_scanned(tmp_path: Path, source: str, found: list[An
     """Registrations next to strings and comments that look like code are still read."""
     regs = _scan_sources(tmp_path, {"pkg/__init__.py": "import torch\n" + source})
     assert [(r.kind, r.op) for r in regs] == found
+
+
+_PROSE = st.lists(st.sampled_from([*"ab #'\"\\\n\r\t", "\\\n", "define", "impl", "Library", "library",
+                                   '"""', "'''"]), max_size=40).map("".join)
+
+
+def _literal(text: str, how: int) -> str:
+    """``text`` as a Python string literal (five forms, one with raw backslashes) or a comment."""
+    if how == 0:
+        return repr(text)
+    if how == 1:
+        return '"""' + text.replace("\\", "\\\\").replace('"', '\\"') + '"""'
+    if how == 2:
+        return "'''" + text.replace("\\", "\\\\").replace("'", "\\'") + "'''"
+    if how == 3:
+        return repr(text.encode())
+    if how == 4:  # raw backslashes: escaped line breaks and quotes
+        return '"""' + text.replace('"', "'").rstrip("\\") + '"""'
+    return "# " + text.replace("\n", " ").replace("\r", " ")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_PROSE, st.integers(0, 5)), max_size=6), st.integers(0, 6),
+       st.booleans())
+def test_the_code_filter_never_hides_code(prose: list[tuple[str, int]], at: int,
+                                          register: bool) -> None:
+    """Random strings, docstrings and comments full of quotes, backslashes, line breaks
+    and API names around one registration: it is seen in code; without it, none is."""
+    import ast
+    import warnings
+
+    from opregistry.scan.pysource import _may_register
+
+    lines = ["import torch"] + [
+        (_literal(text, how) if how == 5 else f"x = {_literal(text, how)}") for text, how in prose]
+    if register:
+        lines.insert(min(at, len(lines)) or 1,
+                     'torch.library.define("nsq::op", "(Tensor x) -> Tensor")')
+    source = "\n".join(lines) + "\n"
+    with warnings.catch_warnings():  # "\\L": an invalid escape sequence, valid Python
+        warnings.simplefilter("ignore")
+        ast.parse(source)  # the generator writes valid Python
+    assert _may_register(source.encode()) is register, source
 
 
 # -- shared libraries -------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -475,6 +476,37 @@ def test_the_code_filter_never_hides_code(prose: list[tuple[str, int]], at: int,
     assert _may_register(source.encode()) is register, source
 
 
+def test_a_scan_leaves_no_cycles(tmp_path: Path) -> None:
+    """What the evaluation made is freed by reference counting, syntax trees included: the
+    collector is paused during a load, and vllm's scan left ~600,000 objects to it."""
+    import ast
+    import gc
+
+    from opregistry.scan.pyvalues import ModuleSource as Source, Scope
+
+    files = {"pkg/consts.py": 'NS = "ns1"\n',
+             "pkg/ops.py": "import torch\nlib = torch.library.Library('ns1', 'FRAGMENT')\n"
+                           "def reg(name):\n    lib.define(name + '(Tensor x) -> Tensor')\n",
+             "pkg/__init__.py": "import torch\nfrom .ops import reg, lib\nfrom .consts import NS\n"
+                                "reg('a')\nfor n in ('b', 'c'):\n    reg(n)\n"
+                                "@torch.library.register_fake(f'{NS}::a')\ndef _(x):\n"
+                                "    return x\n"}
+    gc.collect()
+    gc.disable()
+    try:
+        found = _scan_sources(tmp_path, files)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, (ast.AST, Source, Scope))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert {("op", "ns1::a"), ("op", "ns1::b"), ("op", "ns1::c"), ("kernel", "ns1::a")} <= {
+        (r.kind, r.op) for r in found}
+    assert left == [], f"{len(left)} scan objects in cycles"
+
+
 # -- shared libraries -------------------------------------------------------------
 
 
@@ -491,6 +523,59 @@ def test_elf_reader_agrees_with_nm(native_libraries: dict[str, Path]) -> None:
         ours = {s.name for s in elf.symbols() if s.defined}
         assert not elf.symbol_names(dynamic=False) == b""
     assert expected - ours == set()
+
+
+#: the one-pattern form of what :func:`opregistry.scan.native._identifiers` finds
+_REFERENCE = re.compile(rb"(\d*)((?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?_(?:static_)?init_\w+)")
+
+
+def _reference_identifiers(blob: bytes) -> set[str]:
+    out = set()
+    for m in _REFERENCE.finditer(blob):
+        digits, rest = m.group(1), m.group(2)
+        ident = rest
+        while digits:
+            if 0 < int(digits) <= len(rest):
+                ident = rest[:int(digits)]
+                break
+            digits = digits[1:]
+        out.add(ident.decode("ascii", "replace"))
+    return out
+
+
+@pytest.mark.parametrize("blob", [
+    b"\0_Z12TORCH_LIBRARY_init_ab\0", b"xSTABLE_TORCH_LIBRARY_IMPL_init_ns_CPU_3\0",
+    b"7STABLE_TORCH_LIBRARY_init_a\0", b"TORCH_LIBRARY_init_a2TORCH_LIBRARY_init_b",
+    b"99TORCH_LIBRARY_FRAGMENT_init_x_1 0TORCH_LIBRARY_static_init_y",
+    b"_ZN5torch3TORCH_LIBRARY_init_q", b"TORCH_LIBRARY_init_", b"", b"123"])
+def test_macro_identifiers_as_the_one_pattern_reads_them(blob: bytes) -> None:
+    from opregistry.scan.native import _identifiers
+
+    assert _identifiers(blob) == _reference_identifiers(blob)
+
+
+def test_macro_identifiers_of_real_libraries(native_libraries: dict[str, Path]) -> None:
+    """The same identifiers as the one pattern, in every symbol table of the test libraries
+    and of torch's own (thousands of ``TORCH_LIBRARY`` blocks)."""
+    import glob
+
+    import torch
+
+    from opregistry.scan.native import _identifiers
+
+    paths = [*map(str, native_libraries.values()),
+             *glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*.so*"))]
+    seen = 0
+    for path in paths:
+        elf = open_elf(path)
+        if elf is None:
+            continue
+        with elf:
+            for blob in (elf.symbol_names(dynamic=True), elf.symbol_names(dynamic=False)):
+                found = _identifiers(blob)
+                assert found == _reference_identifiers(blob), path
+                seen += len(found)
+    assert seen > 100
 
 
 def test_elf_reader_refuses_what_is_not_elf(tmp_path: Path, native_libraries: dict[str, Path]

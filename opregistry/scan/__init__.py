@@ -32,9 +32,11 @@ failure in :attr:`~opregistry.foreign.ForeignDistribution.error`.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 import attrs
 
@@ -310,6 +312,22 @@ class _Folders:
                 self.cache.store(f"distributions in {folder}", merged)
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic collector paused while distributions are scanned: parsing makes hundreds
+    of thousands of syntax-tree objects, and each collection traversed those of the trees
+    still in use (vllm 0.33's first scan: 9 s with the collector, 4 s without).  The scan
+    leaves no cycles (:meth:`~opregistry.scan.pyvalues.Index.release`): nothing waits for a
+    collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
                    content_digests: bool | None = None,
                    environ: Mapping[str, str] | None = None) -> ForeignScan:
@@ -332,24 +350,25 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
                      else DiskCache(None, ""))
     found, skipped, hits = [], 0, 0
     read: list[str] = []  # what a cache of this scan must stamp (scan_inputs)
-    for info in infos:
-        if wanted is not None and info.installed.name not in wanted:
-            continue
-        if info.installed.name in NOT_SCANNED or not info.installed.location:
-            skipped += 1
-            continue
-        folder = os.path.dirname(info.installed.location)
-        key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
-        record, uses, hit, entry, paths = _cached(store.entry(folder, key), info, content)
-        if entry is not None:
-            store.put(folder, key, entry)
-        read += [os.path.join(info.installed.location, n) for n in ("METADATA", "RECORD")]
-        read += paths
-        hits += hit
-        if record is None or not uses:
-            skipped += 1
-            continue
-        found.append(record)
+    with _collector_paused():
+        for info in infos:
+            if wanted is not None and info.installed.name not in wanted:
+                continue
+            if info.installed.name in NOT_SCANNED or not info.installed.location:
+                skipped += 1
+                continue
+            folder = os.path.dirname(info.installed.location)
+            key = f"{info.installed.name}=={info.installed.version} {info.installed.location}"
+            record, uses, hit, entry, paths = _cached(store.entry(folder, key), info, content)
+            if entry is not None:
+                store.put(folder, key, entry)
+            read += [os.path.join(info.installed.location, n) for n in ("METADATA", "RECORD")]
+            read += paths
+            hits += hit
+            if record is None or not uses:
+                skipped += 1
+                continue
+            found.append(record)
     store.write(whole=wanted is None)
     found.sort(key=lambda d: d.name)
     return ForeignScan(distributions=tuple(found), skipped=skipped, cached=hits,

@@ -9,7 +9,9 @@ tests/test_foreign_real.py installs them in, under the system's temporary
 directory, installed here when missing), for every distribution of this
 environment plus those two, and for five packages that name torch on every
 page and register nothing (transformers, diffusers, timm, peft, accelerate:
-``PROSE_PINS``, installed the same way into a folder of their own).  Each is timed as a whole process
+``PROSE_PINS``, installed the same way into a folder of their own); with
+``--heavy``, also for three that register hundreds of ops (vllm, sglang,
+flashinfer: ``HEAVY_PINS``, ~440 MB of wheels).  Each is timed as a whole process
 (``python -c "from opregistry.scan import scan_installed; scan_installed(...)"``)
 and as the call alone (the child reports it, and the import of opregistry
 before it: ~0.1 s, what any opregistry command pays), interleaved with bare
@@ -42,6 +44,9 @@ PINS, DEFAULT_SITE = benchops.REAL_PINS, benchops.REAL_SITE
 PROSE_PINS = ("transformers==4.46.3", "diffusers==0.35.2", "timm==1.0.20", "peft==0.17.1",
               "accelerate==1.10.1")
 PROSE_SITE = DEFAULT_SITE.parent / "+".join(p.replace("==", "-") for p in PROSE_PINS)
+#: packages that register hundreds of ops from Python and C++ (``--heavy``)
+HEAVY_PINS = ("vllm==0.33.0", "sglang==0.5.23", "flashinfer-python==0.7.2.post1")
+HEAVY_SITE = DEFAULT_SITE.parent / "+".join(p.replace("==", "-") for p in HEAVY_PINS)
 
 CHILD = """
 import json, sys, time
@@ -107,11 +112,16 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--site", type=Path, default=DEFAULT_SITE)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--heavy", action="store_true",
+                        help="also scan vllm, sglang and flashinfer (~440 MB of wheels)")
     opts = parser.parse_args()
     ensure_site(opts.site)
     ensure_site(PROSE_SITE, PROSE_PINS)
     real = ["bitsandbytes", "torchao"]
     prose = [p.partition("==")[0] for p in PROSE_PINS]
+    heavy = [p.partition("==")[0] for p in HEAVY_PINS]
+    if opts.heavy:
+        ensure_site(HEAVY_SITE, HEAVY_PINS)
     with tempfile.TemporaryDirectory() as tmp:
         runner = Runner(opts.site, Path(tmp))
         cases = {
@@ -123,6 +133,10 @@ def main() -> int:
                                                              PROSE_SITE),
             "five prose packages, cached": lambda: runner.scan("prose", prose, False,
                                                                PROSE_SITE),
+            **({"vllm + sglang + flashinfer, cold": lambda: runner.scan(
+                    "heavy-cold", heavy, True, HEAVY_SITE),
+                "vllm + sglang + flashinfer, cached": lambda: runner.scan(
+                    "heavy", heavy, False, HEAVY_SITE)} if opts.heavy else {}),
             "import torch (bare)": bare_torch,
         }
         for case in cases.values():  # fills the warm caches and the OS file cache
@@ -137,7 +151,7 @@ def main() -> int:
     print(f"foreign scan, wall seconds of whole processes (and of the scan_installed call "
           f"alone), median of {opts.reps} interleaved runs; torch is never imported")
     names = dict(zip(cases, ["real-cold", "real", "all-cold", "all", "prose-cold", "prose",
-                             None]))
+                             *(["heavy-cold", "heavy"] if opts.heavy else []), None]))
     for case, sec in res.items():
         call = f"  (the call {inner[names[case]] * 1000:7.1f} ms)" if names[case] else ""
         print(f"  {case:34s} {sec:7.3f} s  {sec / bare:5.2f}x bare import torch{call}")

@@ -288,17 +288,4 @@ def _installed(pins: tuple[str, ...]) -> Path:
     except OSError:
         shutil.rmtree(work, ignore_errors=True)
     return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".install-", dir=root.parent))
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                          "--disable-pip-version-check", "--target", str(work), *REAL_PINS],
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, (f"could not install {' '.join(REAL_PINS)} from the index:\n"
-                                 f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    (work / ".complete").touch()
-    try:
-        os.replace(work, root)  # atomic: a concurrent session's copy, if any, wins
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
-    return root
 

@@ -433,8 +433,8 @@ def test_code_among_prose_is_scanned(tmp_path: Path, source: str, found: list[An
     assert [(r.kind, r.op) for r in regs] == found
 
 
-_PROSE = st.lists(st.sampled_from([*"ab #'\"\\\n\r\t", "\\\n", "define", "impl", "Library", "library",
-                                   '"""', "'''"]), max_size=40).map("".join)
+_PROSE = st.lists(st.sampled_from([*"ab #'\"\\\n\r\t", "\\\n", "define", "impl", "Library",
+                                   "library", '"""', "'''"]), max_size=40).map("".join)
 
 
 def _literal(text: str, how: int) -> str:
@@ -526,7 +526,8 @@ def test_elf_reader_agrees_with_nm(native_libraries: dict[str, Path]) -> None:
 
 
 #: the one-pattern form of what :func:`opregistry.scan.native._identifiers` finds
-_REFERENCE = re.compile(rb"(\d*)((?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?_(?:static_)?init_\w+)")
+_REFERENCE = re.compile(
+    rb"(\d*)((?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?_(?:static_)?init_\w+)")
 
 
 def _reference_identifiers(blob: bytes) -> set[str]:

@@ -29,7 +29,7 @@ import ast
 import re
 
 import attrs
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..foreign import Registration
 from ..keys import autocast_key, canonical_key
@@ -326,6 +326,11 @@ def _value_hook(index: Index) -> None:
     index.call_hook = hook
 
 
+#: ``ast.NodeVisitor.visit_Constant``: it only dispatches to ``visit_Num`` and the like,
+#: which no walker here defines
+_SHIM = getattr(ast.NodeVisitor, "visit_Constant", None)
+
+
 class _Flow(ast.NodeVisitor):
     """The control flow of the walk: which statements run under a condition, and in order.
 
@@ -340,6 +345,34 @@ class _Flow(ast.NodeVisitor):
     scope: Scope
     enter_functions: bool
     conditional: int
+    #: node class -> the method that visits it, per walker class (``visit`` looks it up by
+    #: name for every node: a large package has millions)
+    _methods: dict[type, Callable[..., Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._methods = {}
+
+    def visit(self, node: ast.AST) -> Any:
+        methods = self._methods
+        method = methods.get(node.__class__)
+        if method is None:
+            method = getattr(type(self), "visit_" + node.__class__.__name__, None)
+            if method is None or method is _SHIM:  # ast's visit_Constant: only for visit_Num
+                method = type(self).generic_visit
+            methods[node.__class__] = method
+        return method(self, node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        """``ast.NodeVisitor.generic_visit`` without its generator (same order)."""
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.visit(item)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
 
     def _guarded(self, blocks: Iterable[Iterable[ast.AST]]) -> None:
         self.conditional += 1

@@ -134,7 +134,7 @@ def reset() -> ProcessState:
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(promote: bool = True) -> Iterator[None]:
     """Pause the cyclic garbage collector while the pipeline builds its records.
 
     Discovery, collection, resolution and materialization allocate tens of
@@ -143,7 +143,9 @@ def gc_paused() -> Iterator[None]:
     collector's full passes made the pipeline grow faster than linearly
     (docs/performance.md).  Nothing here depends on cycles being freed during
     the load; the collector is restored (and runs as usual) afterwards, also
-    on error.
+    on error.  ``promote=False`` for work whose objects do not outlive it (the
+    scan of installed packages): what it leaves is garbage, not survivors to
+    promote.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -151,7 +153,8 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
-            _promote_survivors()
+            if promote:
+                _promote_survivors()
             gc.enable()
 
 

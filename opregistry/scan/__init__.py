@@ -33,11 +33,9 @@ distribution whose scan fails carries the failure in
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import attrs
 
@@ -47,6 +45,7 @@ from ..distfiles import (NATIVE_SUFFIXES, DistInfo, distributions, files_of, is_
                          module_name)
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
 from ..logs import get_logger
+from ..state import gc_paused
 
 if TYPE_CHECKING:
     from .pyvalues import ModuleSource
@@ -313,22 +312,6 @@ class _Folders:
                 self.cache.store(f"distributions in {folder}", merged)
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic collector paused while distributions are scanned: parsing makes hundreds
-    of thousands of syntax-tree objects, and each collection traversed those of the trees
-    still in use (vllm 0.33's first scan: 7 s with the collector, 3 s without).  The scan
-    leaves no cycles (:meth:`~opregistry.scan.pyvalues.Index.release`): nothing waits for a
-    collection."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
                    content_digests: bool | None = None,
                    environ: Mapping[str, str] | None = None) -> ForeignScan:
@@ -351,7 +334,10 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
                      else DiskCache(None, ""))
     found, skipped, hits = [], 0, 0
     read: list[str] = []  # what a cache of this scan must stamp (scan_inputs)
-    with _collector_paused():
+    # the collector paused: parsing makes hundreds of thousands of syntax-tree objects, and
+    # each collection traversed those of the trees in use (vllm 0.33's first scan: 7 s with
+    # it, 3 s without); the scan leaves no cycles (pyvalues.Index.release), so nothing waits
+    with gc_paused(promote=False):
         for info in infos:
             if wanted is not None and info.installed.name not in wanted:
                 continue

@@ -63,12 +63,7 @@ print(json.dumps({"seconds": seconds, "import": imported - start, "dists": len(f
 
 
 def ensure_site(site: Path, pins: tuple[str, ...] = PINS) -> None:
-    if (site / ".complete").exists():
-        return
-    site.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(site), *pins], check=True)
-    (site / ".complete").touch()
+    benchops.ensure_site(site, pins)
 
 
 class Runner:

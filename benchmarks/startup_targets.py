@@ -10,6 +10,11 @@ count), and times, as separate processes, interleaved (A B C ..., A B C ...):
 
 * ``bare``: ``import torch`` without opregistry (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``);
 * ``backends``: ``import torch`` with opregistry and its backends, no op package;
+* ``adopted`` and ``bare adopted``: the same two, with bitsandbytes and torchao
+  (``benchops.REAL_PINS``, installed with ``--no-deps`` into
+  ``benchops.REAL_SITE`` when missing) on ``PYTHONPATH``: packages that
+  register with torch by themselves, adopted (imported on their first touch),
+  the machine of most users;
 * ``floor N``: ``import torch`` + the same N ops registered with torch's own calls
   (``raw_floor.REGISTER``: define, CPU / Autograd / FuncTorchBatched impl, fake);
 * ``import torch + N``: opregistry autoloading the N ops, warm plan cache;
@@ -51,7 +56,7 @@ from bench_startup import source_paths  # noqa: E402
 #: the objects alive after the load: counted after a full collection (what a load leaves as
 #: garbage is not kept, and whether a collection ran before the count is chance)
 OBJECTS = "import gc, torch; gc.collect(); print(len(gc.get_objects()))"
-TARGETS = {"backends / bare": 1.03, "import torch + 1000 / floor 1000": 1.05,
+TARGETS = {"backends / bare": 1.03, "adopted / bare adopted": 1.03, "import torch + 1000 / floor 1000": 1.05,
            "import torch + 10000 / floor 10000": 1.15, "list --json 1000 / bare": 0.10,
            "list --json 10000 / bare": 0.30, "cold 1000 / baseline": 1.0,
            "cold 10000 / baseline": 1.0}
@@ -84,6 +89,10 @@ def cases(root: Path, sizes: list[int], baseline: Path | None
         "bare": lambda: run([py, "-c", "import torch"],
                             env([], TORCH_DEVICE_BACKEND_AUTOLOAD="0")),
         "backends": lambda: run([py, "-c", "import torch"], env([]))}
+    adopted = benchops.ensure_site()
+    found["bare adopted"] = lambda: run([py, "-c", "import torch"],
+                                        env([adopted], TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+    found["adopted"] = lambda: run([py, "-c", "import torch"], env([adopted]))
     counter = [0]
 
     def cold(paths: list[Path]) -> tuple[float, float]:
@@ -115,7 +124,8 @@ def cases(root: Path, sizes: list[int], baseline: Path | None
 
 def ratios(samples: dict[str, list[tuple[float, float]]], sizes: list[int]
            ) -> dict[str, dict[str, float]]:
-    pairs = [("backends / bare", "backends", "bare")]
+    pairs = [("backends / bare", "backends", "bare"),
+             ("adopted / bare adopted", "adopted", "bare adopted")]
     for n in sizes:
         pairs += [(f"import torch + {n} / floor {n}", f"import torch + {n}", f"floor {n}"),
                   (f"list --json {n} / bare", f"list --json {n}", "bare"),

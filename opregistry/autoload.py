@@ -23,6 +23,8 @@ ours).  ``OPREGISTRY_AUTOLOAD=0`` turns it off.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .containment import must_propagate
 from .errors import ConfigError
 from .logs import get_logger
@@ -56,6 +58,66 @@ def variables() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("OPREGISTRY_")}
 
 
+class Waiting:
+    """``process().adopter`` while the load waits (:mod:`opregistry.idle`), for a plan whose
+    adoptions are all lazy.
+
+    The first touch of ``torch.ops.<ns>`` for an adopted namespace, or the
+    lookup of a missing op in a namespace whose ops an adopted package's
+    modules define (:func:`opregistry.torch_state.install_ops_hooks` routes
+    both here), loads the registry; its :class:`~opregistry.adopting.Adopter`,
+    the process's adopter from then on, imports what registers the namespace
+    or defines the op, as if the load had run at ``import torch``.
+    """
+
+    __slots__ = ("namespaces", "op_namespaces")
+
+    def __init__(self, namespaces: frozenset[str], op_namespaces: frozenset[str]) -> None:
+        #: the namespaces whose first touch loads the registry
+        self.namespaces = namespaces
+        #: the namespaces whose missing ops load it
+        self.op_namespaces = op_namespaces
+
+    def namespace_touched(self, namespace: str) -> None:
+        adopter = self._loaded()
+        if adopter is not None and namespace in adopter.namespaces:
+            adopter.namespace_touched(namespace)
+
+    def op_missing(self, namespace: str, name: str) -> bool:
+        if namespace not in self.op_namespaces:
+            return False
+        adopter = self._loaded()
+        return adopter is not None and bool(adopter.op_missing(namespace, name))
+
+    def _loaded(self) -> Any:
+        """The loaded registry's adopter (``None``: the load failed, adopts nothing, or is
+        this thread's own, under way)."""
+        from .registry import get_registry
+
+        get_registry()
+        state = process()
+        if state.adopter is not self:
+            return state.adopter
+        if state.deferred is None:  # loaded, or failed: nothing adopts any more
+            state.adopter = None
+        return None
+
+
+def _wait(adopted: frozenset[str], adopted_ops: frozenset[str]) -> bool:
+    """Leave the load for later (:mod:`opregistry.idle`); ``False`` when it cannot wait: an
+    adopted namespace, and a ``torch.ops`` of another shape than the hooks know."""
+    from .torch_state import install_ops_hooks, recorder
+
+    state = process()
+    if adopted or adopted_ops:
+        if not install_ops_hooks():
+            return False
+        state.adopter = Waiting(adopted, adopted_ops)
+    state.deferred = variables()
+    recorder()  # what is registered with torch from now on is attributed, as after a load
+    return True
+
+
 def _autoload() -> None:
     if process().loading:
         # a plugin opregistry is importing imported torch: the load (or plan) in progress
@@ -71,11 +133,8 @@ def _autoload() -> None:
             return
         from .idle import idle_start
 
-        if idle_start():  # nothing to register: the registry is loaded when asked for
-            from .torch_state import recorder
-
-            process().deferred = variables()
-            recorder()  # what is registered with torch from now on is attributed, as after a load
+        waiting = idle_start()
+        if waiting is not None and _wait(*waiting):  # the registry is loaded when asked for
             return
         from .config import Settings
 

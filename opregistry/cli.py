@@ -909,8 +909,9 @@ def cmd_cache(args: argparse.Namespace, t: Text) -> int:
     t.line(f"  inputs checked by: {'content' if data['check'] == 'content' else 'size and time'}")
     for what, status in data["this_environment"].items():
         detail = {"valid": lambda s: f"valid ({s['ops']} ops, {s['distributions']} "
-                                     f"distributions" + ("; registers nothing: loaded when "
-                                     "asked for" if s.get("registers_nothing") else "") + ")",
+                                     f"distributions" + ("; registers nothing at import torch: "
+                                     "loaded when asked for, or when an adopted namespace is "
+                                     "touched" if s.get("registers_nothing") else "") + ")",
                   "stale": lambda s: f"stale ({s['changed']} changed)",
                   "uncacheable": lambda s: f"not cached: {s['reason']}"}.get(
             status["status"], lambda s: s["status"])(status)

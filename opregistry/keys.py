@@ -48,6 +48,7 @@ __all__ = [
     "RESERVED_NAMESPACES",
     "NAMESPACE_SINCE",
     "LAZY_NAMESPACES",
+    "LATE_NAMESPACES",
     "KNOWN_TAGS",
     "ALL_TAGS",
     "TAG_SINCE",
@@ -336,6 +337,12 @@ NAMESPACE_SINCE: dict[str, tuple[int, int]] = {
     # torch._native's AOT kernels (_native_aot::...), from 2.15; fsdp is defined at import too
     **dict.fromkeys(("_native_aot", "fsdp"), (2, 15)),
 }
+
+#: namespaces ``import torch`` defines after its device-backend autoload (the last line of
+#: torch/__init__.py, ``import torch._native``): a load at ``import torch`` never sees their ops,
+#: a later one does; the resolver is shown neither (no op package may use them: reserved), so
+#: that the plan does not depend on when it was made
+LATE_NAMESPACES: frozenset[str] = frozenset({"_native", "_native_aot"})
 
 #: namespaces torch's Python modules define when they are first imported (torch.compile,
 #: torch.distributed, torch.onnx, flex attention), and "_" -- never in a fresh dispatcher

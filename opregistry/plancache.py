@@ -243,9 +243,10 @@ class PlanCache:
             self.disk.discard(marker)
         stored = self.disk.store(self.key, entry)
         if stored:
-            if marker is not None and "plan" in entry and self.settings.lock is None \
-                    and registers_nothing(decl, plan):
-                self.disk.store(marker, {"manifest": manifest})
+            waits = waiting_load(decl, plan) if marker is not None and "plan" in entry \
+                and self.settings.lock is None else None
+            if waits is not None:
+                self.disk.store(marker, {"manifest": manifest, **waits})
             self.disk.prune(KEEP_PLANS)
         return stored
 
@@ -259,13 +260,35 @@ def _from_variables(settings: Settings, environ: Mapping[str, str]) -> bool:
         return False
 
 
-def registers_nothing(decl: Declarations, plan: Plan) -> bool:
-    """Whether loading ``plan`` leaves torch as it is and has nothing to report
-    (:func:`opregistry.idle.idle_start`): no op package's declaration, no adoption,
-    no native library, no problem."""
-    return not (decl.namespaces or decl.ops or decl.kernels or decl.adoptions or decl.problems
-                or plan.namespaces or plan.ops or plan.external_kernels or plan.natives
-                or plan.adoptions or plan.problems)
+def waiting_load(decl: Declarations, plan: Plan) -> dict[str, list[str]] | None:
+    """What ``import torch`` must know to leave the load of ``plan`` for later
+    (:func:`opregistry.idle.idle_start`), or ``None`` when it cannot wait.
+
+    It can wait when the load registers nothing and has nothing to report --
+    no op package's declaration, no native library, no problem -- and every
+    adoption is lazy: its package is imported on the first touch of one of its
+    namespaces (or the lookup of an op a module it does not import defines),
+    and no kernel of an adopted package is switched off (a switch applies as
+    the package registers, whoever imports it: the adopter must be there
+    first).  Returns the namespaces whose first touch loads the registry
+    (``"adopted"``) and those whose missing op does (``"adopted_ops"``); both
+    empty when nothing is adopted.
+    """
+    if (decl.namespaces or decl.ops or decl.kernels or decl.problems or plan.namespaces
+            or plan.ops or plan.external_kernels or plan.natives or plan.problems):
+        return None
+    touched: set[str] = set()
+    looked_up: set[str] = set()
+    for adopted in plan.adoptions:
+        if any(k.disabled_by for k in adopted.kernels):
+            return None
+        if not adopted.active:
+            continue
+        if adopted.load != "lazy":
+            return None
+        touched.update(adopted.namespaces)
+        looked_up.update(op.split("::", 1)[0] for op, _ in adopted.op_modules)
+    return {"adopted": sorted(touched), "adopted_ops": sorted(looked_up)}
 
 
 def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:

@@ -280,11 +280,15 @@ def lookup_op(qualname: str) -> Any:
 
 
 def snapshot(mine: Iterable[str] = ()) -> TorchState:
-    """The dispatcher's ops and namespaces, less ``mine`` (the ops opregistry registered)."""
+    """The dispatcher's ops and namespaces, less ``mine`` (the ops opregistry registered) and
+    those torch defines after the autoload (:data:`~opregistry.keys.LATE_NAMESPACES`)."""
     import torch
 
+    from .keys import LATE_NAMESPACES
+
     mine = frozenset(mine)
-    ops = frozenset(op for op in registered_ops() if op not in mine)
+    ops = frozenset(op for op in registered_ops() if op not in mine
+                    and op.partition("::")[0] not in LATE_NAMESPACES)
     namespaces = frozenset(op.split("::", 1)[0] for op in ops)
     tags = frozenset(name for name in dir(torch.Tag) if not name.startswith("_")) - {"name", "value"}
     from .environment import TorchState

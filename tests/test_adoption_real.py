@@ -120,6 +120,39 @@ def test_attributed_live_to_its_distribution(bnb_site: Path, cache: Path) -> Non
     assert found["owners"]["CompositeExplicitAutograd"] == "bitsandbytes==0.50.2"
 
 
+FIRST_TOUCH = """
+    import json, sys, torch
+    from opregistry.state import process
+    adopter = type(process().adopter).__name__
+    before = sorted(m for m in sys.modules
+                    if m.startswith(("bitsandbytes", "opregistry.registry", "pluggy")))
+    q, _ = torch.ops.bitsandbytes.quantize_blockwise(
+        torch.linspace(-1, 1, 256), torch.linspace(-1, 1, 256), 256)
+    import opregistry
+    r = opregistry.get_registry()
+    print(json.dumps({"adopter": adopter, "before": before, "sum": int(q.sum()),
+                      "cache": process().plan_cache,
+                      "outcome": r.adopter.outcomes.get("bitsandbytes")}))
+"""
+
+
+def test_a_warm_import_torch_leaves_the_load_to_the_first_touch(bnb_site: Path,
+                                                                tmp_path: Path) -> None:
+    """bitsandbytes the only package that registers (the example op packages blocked): a warm
+    ``import torch`` loads nothing, imports nothing of the pipeline or of bitsandbytes; the
+    first touch of ``torch.ops.bitsandbytes`` loads the registry from its entry (a hit),
+    which imports bitsandbytes, and the op gives what it gives without the cache."""
+    cache = tmp_path / "cache"
+    block = {"OPREGISTRY_BLOCK": "tutorial-ops,nnkit,nnkit-contrib,extension-cpp"}
+    cold, warm, uncached = (last_json(run(bnb_site, cache, FIRST_TOUCH, **block, **extra))
+                            for extra in ({}, {}, {"OPREGISTRY_CACHE": "0"}))
+    assert cold["adopter"] == "Adopter" and "opregistry.registry" in cold["before"], cold
+    assert warm["adopter"] == "Waiting" and warm["before"] == [], warm
+    assert warm["cache"] == "hit" and uncached["cache"] == "off", (warm, uncached)
+    assert warm["sum"] == cold["sum"] == uncached["sum"] != 0, (cold, warm, uncached)
+    assert warm["outcome"] == uncached["outcome"] == "imported", (warm, uncached)
+
+
 def test_locked_and_a_tampered_file_refused(bnb_site: Path, cache: Path,
                                             tmp_path: Path) -> None:
     site = tmp_path / "site"
@@ -250,7 +283,9 @@ import json, os, sys
 import torch
 q, _ = torch.ops.bitsandbytes.quantize_blockwise(
     torch.linspace(-1, 1, 256), torch.linspace(-1, 1, 256), 256)
-print(json.dumps({"rank": int(os.environ["RANK"]), "sum": int(q.sum())}))
+rank = int(os.environ["RANK"])
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as out:  # not a pipe shared by two
+    json.dump({"rank": rank, "sum": int(q.sum())}, out)
 """
 
 
@@ -258,10 +293,11 @@ def test_torchrun_ranks_call_an_adopted_op(bnb_site: Path, cache: Path, tmp_path
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path, env=_env(bnb_site, cache))
+                          "--nproc-per-node", "2", str(script), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env=_env(bnb_site, cache))
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     assert len({r["sum"] for r in rows}) == 1
 

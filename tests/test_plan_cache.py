@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 from opregistry import codec, inputs, plancache
 from opregistry.config import Settings
 
+from . import adoption_dists
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["opregistry-cpu", "opregistry-meta", "opregistry-autograd", "opregistry-vmap"]
 
@@ -879,6 +881,107 @@ def test_a_warm_start_with_nothing_to_register_imports_no_pipeline(env: Env) -> 
         assert {k: found[k] for k in ("ops", "backends", "problems")} == {
             k: uncached[k] for k in ("ops", "backends", "problems")}
     assert warm["ops"] == 0 and "cpu" in warm["backends"]
+
+
+#: a package that registers with torch.library by itself (adopted lazily): ``pcad::scale`` at
+#: its import, ``pcad2::twice`` in a module it does not import (torchao's prototypes)
+ADOPTED = {
+    "pc_adopt/__init__.py": """
+        import torch
+
+        torch.library.define("pcad::scale", "(Tensor x, float f) -> Tensor")
+
+
+        @torch.library.register_kernel("pcad::scale", "default")
+        def _(x, f):
+            return x * f
+
+
+        @torch.library.register_kernel("pcad::scale", "cpu")
+        def _(x, f):
+            return x * f + 1000
+    """,
+    "pc_adopt/extra.py": """
+        import torch
+
+
+        @torch.library.custom_op("pcad2::twice", mutates_args=())
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+    """,
+}
+ADOPTED_CHILD = r"""
+import json, sys, torch
+from opregistry.state import process
+adopter = type(process().adopter).__name__ if process().adopter is not None else None
+deferred = process().deferred is not None
+imported = sorted(m for m in sys.modules if m.startswith(
+    ("pc_adopt", "opregistry.registry", "opregistry.adopting", "pluggy", "attr")))
+first = sys.argv[1]
+out = {}
+for what in (first, *{"ns": ["op"], "op": ["ns"]}[first]):
+    if what == "ns":
+        out["scale"] = torch.ops.pcad.scale(torch.ones(2), 3.0).tolist()
+    else:
+        out["twice"] = torch.ops.pcad2.twice(torch.ones(1)).tolist()
+import opregistry
+r = opregistry.get_registry()
+print(json.dumps({"adopter": adopter, "deferred": deferred, "imported": imported, "out": out,
+                  "cache": process().plan_cache, "outcomes": r.adopter.outcomes,
+                  "now": type(process().adopter).__name__,
+                  "adopted": [[a.name, a.status, a.load] for a in r.plan.adoptions],
+                  "problems": sorted(p.code for p in r.problems)}))
+"""
+
+
+@pytest.mark.parametrize("first", ["ns", "op"])
+def test_a_warm_start_that_only_adopts_lazily_waits_for_the_first_touch(env: Env,
+                                                                        first: str) -> None:
+    """Only a package that registers by itself (vllm, bitsandbytes): nothing to register at
+    ``import torch``, so a warm start loads nothing there (no pipeline, no package imported);
+    the first touch of the adopted namespace -- or the lookup of an op a module the package
+    does not import defines -- loads the registry, which adopts as a load at ``import torch``
+    would have: the same outputs, outcomes and plan as without the cache."""
+    adoption_dists.write(env.site, "pc-adopt", ADOPTED)
+
+    def run(**extra: str) -> dict[str, Any]:
+        return json.loads(env.run(ADOPTED_CHILD, first, **extra).strip().splitlines()[-1])
+
+    cold = run()
+    assert not cold["deferred"] and cold["adopter"] == "Adopter", cold
+    warm = run()
+    assert warm["deferred"] and warm["adopter"] == "Waiting" and warm["imported"] == [], warm
+    # loaded after import torch, from the entry as it is: torch's own late namespaces
+    # (torch._native's, defined after the autoload) do not make it resolve the plan again
+    assert warm["now"] == "Adopter" and warm["cache"] == "hit", warm
+    uncached = run(OPREGISTRY_CACHE="0")
+    assert uncached["cache"] == "off" and not uncached["deferred"], uncached
+    same = ("out", "outcomes", "adopted", "problems")
+    for found in (cold, warm):
+        assert {k: found[k] for k in same} == {k: uncached[k] for k in same}, (found, uncached)
+    assert warm["out"] == {"scale": [1003.0, 1003.0], "twice": [2.0]}, warm
+    assert warm["outcomes"] == {"pc-adopt": "imported"} and not warm["problems"], warm
+
+
+@pytest.mark.parametrize("case", ["switch", "eager"])
+def test_an_adoption_that_must_act_at_import_torch_takes_the_full_load(env: Env,
+                                                                      case: str) -> None:
+    """A kernel switch on an adopted package applies as the package registers, and an eager
+    adoption imports it at load: ``import torch`` loads the registry, cache or not."""
+    if case == "switch":
+        adoption_dists.write(env.site, "pc-adopt", ADOPTED)
+        env.vars["OPREGISTRY_KERNELS"] = "-pcad::scale:CPU"
+    else:
+        adoption_dists.write(env.site, "pc-adopt", ADOPTED,
+                             entry_points="[opregistry.adopt.eager]\npcad = pc_adopt\n")
+    for _ in range(2):
+        found = json.loads(env.run(ADOPTED_CHILD, "ns").strip().splitlines()[-1])
+        assert not found["deferred"] and found["adopter"] == "Adopter", found
+    assert found["cache"] == "hit", found
+    if case == "switch":  # the package's CPU kernel left out: its default kernel serves
+        assert found["out"]["scale"] == [3.0, 3.0], found
+    else:
+        assert "pc_adopt" in found["imported"], found
 
 
 def test_threads_asking_for_a_deferred_registry_all_wait_for_it(env: Env) -> None:

@@ -138,6 +138,52 @@ def test_the_namespaces_torch_defines_later_are_reserved():
         f"{sorted(later - RESERVED_NAMESPACES)} (keys.LAZY_NAMESPACES)")
 
 
+#: a fresh interpreter's ``import torch`` with opregistry's autoload and no cache: the
+#: namespaces in the dispatcher when the autoload loads, and once ``import torch`` is over
+_LATE_PROBE = """
+import json
+from opregistry import registry, torch_state
+at_load = []
+snapshot = registry._snapshot
+def spy():
+    at_load.append(set(torch_state.registered_ops()))
+    return snapshot()
+registry._snapshot = spy
+import torch
+from opregistry.materializer import defined_ops
+after = set(torch_state.registered_ops()) - set(defined_ops())  # less the op packages' ops
+print(json.dumps({"loads": len(at_load), "late": sorted(
+    {op.split("::", 1)[0] for op in after - at_load[0]}) if at_load else None,
+    "seen": sorted({op.split("::", 1)[0] for op in registry._snapshot().ops})}))
+"""
+
+
+def test_the_namespaces_torch_defines_after_the_autoload_are_late():
+    """``import torch`` defines ``torch._native``'s namespaces after the device-backend
+    autoload (its last line): keys.LATE_NAMESPACES names every namespace that comes then, and
+    the resolver's snapshot leaves them out, so that a plan made at ``import torch`` and one
+    made later see the same dispatcher."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from opregistry.keys import LATE_NAMESPACES, RESERVED_NAMESPACES
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPREGISTRY_")}
+    env["OPREGISTRY_CACHE"] = "0"
+    proc = subprocess.run([sys.executable, "-c", _LATE_PROBE], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["loads"] >= 1, "the autoload did not load: the probe is broken"
+    assert set(found["late"]) <= LATE_NAMESPACES, (
+        f"import torch defines namespaces after its autoload that keys.LATE_NAMESPACES lacks: "
+        f"{sorted(set(found['late']) - LATE_NAMESPACES)}")
+    assert "_native" in found["late"] or not hasattr(__import__("torch"), "_native")
+    assert not LATE_NAMESPACES & set(found["seen"]) and LATE_NAMESPACES <= RESERVED_NAMESPACES
+
+
 #: run in a fresh interpreter: the names torch.ops and its objects answer themselves
 _OPS_ATTRIBUTES_PROBE = """
 import json, torch

@@ -210,8 +210,15 @@ def test_a_kernel_switched_off(bnb_site: Path, cache: Path) -> None:
     assert f"disabled by OPREGISTRY_KERNELS (-{OP}:CPU)" in listed.stdout
 
 
-def test_an_exported_program_reloads_in_a_fresh_process(bnb_site: Path, cache: Path,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize("op_packages", ["loaded", "blocked"])
+def test_an_exported_program_reloads_in_a_fresh_process(bnb_site: Path, tmp_path: Path,
+                                                        op_packages: str) -> None:
+    """Blocked, the example op packages leave bitsandbytes the only package that registers:
+    the process that loads the program starts with the load waiting (the idle marker the
+    saving process wrote), and torch.export.load's touch of the namespace loads it."""
+    cache = tmp_path / "cache"
+    block = {"OPREGISTRY_BLOCK": "tutorial-ops,nnkit,nnkit-contrib,extension-cpp"} \
+        if op_packages == "blocked" else {}
     saved = last_json(run(bnb_site, cache, """
         import json, torch, bitsandbytes
 
@@ -223,17 +230,21 @@ def test_an_exported_program_reloads_in_a_fresh_process(bnb_site: Path, cache: P
         program = torch.export.export(Quantize(), args)
         torch.export.save(program, "quantize.pt2")
         print(json.dumps({"q": program.module()(*args)[0][:16].tolist()}))
-    """, cwd=tmp_path))
+    """, cwd=tmp_path, **block))
     load = """
         import json, sys, torch
+        from opregistry.state import process
+        waited = process().deferred is not None
         program = torch.export.load("quantize.pt2")
         imported = "bitsandbytes" in sys.modules
         args = (torch.linspace(-1, 1, 512), torch.linspace(-1, 1, 256))
-        print(json.dumps({"imported": imported, "q": program.module()(*args)[0][:16].tolist()}))
+        print(json.dumps({"imported": imported, "q": program.module()(*args)[0][:16].tolist(),
+                          "waited": waited}))
     """
-    loaded = last_json(run(bnb_site, cache, load, cwd=tmp_path))
-    assert loaded == {"imported": True, "q": saved["q"]}  # imported by adoption, not by hand
-    without = run(bnb_site, cache, load, cwd=tmp_path, OPREGISTRY_ADOPT="0")
+    loaded = last_json(run(bnb_site, cache, load, cwd=tmp_path, **block))
+    # imported by adoption, not by hand
+    assert loaded == {"imported": True, "q": saved["q"], "waited": op_packages == "blocked"}
+    without = run(bnb_site, cache, load, cwd=tmp_path, OPREGISTRY_ADOPT="0", **block)
     assert without.returncode != 0  # what every user sees without adoption
 
 

@@ -141,10 +141,21 @@ class Stamper:
 
 
 def _names(folder: str) -> list[str] | None:
+    """The entries of ``folder`` that an import or an installation can find: all but a plain
+    file without a suffix, which no import finds (the console script ``bin/opregistry`` of
+    a process started from it, with ``bin`` as its ``sys.path[0]``)."""
     try:
-        return os.listdir(folder)
+        with os.scandir(folder) as entries:
+            return [e.name for e in entries if "." in e.name or _is_folder(e)]
     except OSError:
         return None
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # a package, a namespace package (through a link too)
+    except OSError:
+        return True  # unknown: kept
 
 
 def _digest(names: Iterable[str], tops: frozenset[str]) -> str:

@@ -413,6 +413,29 @@ def test_folders_that_matter_and_folders_that_do_not_keep_their_entries(env: Env
         _sees(found, "pcone::f")
 
 
+def test_a_console_scripts_folder_is_a_plain_folder(env: Env, tmp_path: Path) -> None:
+    """A process started from a console script (``opregistry list``, ``vllm serve``) has the
+    scripts' folder as ``sys.path[0]``, with a file named like a top module (``opregistry``):
+    no import finds an extensionless file, so the folder is a plain one and the entry made
+    from another folder serves; a folder (a namespace package) of that name still matters."""
+    env.op_dist("pc-one", "pcone", "f")
+    plain, scripts, shadow = tmp_path / "plain", tmp_path / "bin", tmp_path / "shadow"
+    for folder in (plain, scripts, shadow):
+        folder.mkdir()
+    for name in ("opregistry", "torchrun", "pc_one"):
+        (scripts / name).write_text("#!/usr/bin/env python\n")
+    (shadow / "pc_one").mkdir()  # a namespace package named like the declaration module
+    env.cwd = plain
+    env.warm()
+    env.cwd = scripts
+    found = env.probe()
+    assert found["list"]["cache"] == found["torch"]["cache"] == "hit", found
+    _sees(found, "pcone::f")
+    env.cwd = shadow
+    found = env.probe()
+    assert found["list"]["cache"] == found["torch"]["cache"] == "miss", found
+
+
 def test_a_distribution_in_another_folder(env: Env, tmp_path: Path) -> None:
     """A working directory holding a distribution's metadata installs it for ``python -c``."""
     env.op_dist("pc-one", "pcone", "f")

@@ -43,8 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
-
-REAL_SITE = benchops.REAL_SITE
+import realsite  # noqa: E402
 
 OPS = '''
 import torch
@@ -156,9 +155,8 @@ def main() -> None:
         empty, cache = root / "empty", root / "cache"
         empty.mkdir()
         if args.real:
-            assert (REAL_SITE / ".complete").exists(), (
-                f"{REAL_SITE} is missing: run tests/test_foreign_real.py once (it installs them)")
-            site, modules, label = REAL_SITE, ["bitsandbytes", "torchao"], "2 (bitsandbytes, torchao)"
+            site = realsite.ensure_site(realsite.REAL_PINS)
+            modules, label = ["bitsandbytes", "torchao"], "2 (bitsandbytes, torchao)"
             namespace = "bitsandbytes"
         else:
             site = root / "site"

@@ -38,15 +38,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
+import realsite  # noqa: E402
 
-PINS, DEFAULT_SITE = benchops.REAL_PINS, benchops.REAL_SITE
+PINS, DEFAULT_SITE = realsite.REAL_PINS, realsite.site_of(realsite.REAL_PINS)
 #: packages whose modules name torch, and "define", "impl" or "fallback" in their prose
-PROSE_PINS = ("transformers==4.46.3", "diffusers==0.35.2", "timm==1.0.20", "peft==0.17.1",
-              "accelerate==1.10.1")
-PROSE_SITE = DEFAULT_SITE.parent / "+".join(p.replace("==", "-") for p in PROSE_PINS)
+PROSE_PINS = realsite.MORE_PROSE_PINS
+PROSE_SITE = realsite.site_of(PROSE_PINS)
 #: packages that register hundreds of ops from Python and C++ (``--heavy``)
-HEAVY_PINS = ("vllm==0.33.0", "sglang==0.5.23", "flashinfer-python==0.7.2.post1")
-HEAVY_SITE = DEFAULT_SITE.parent / "+".join(p.replace("==", "-") for p in HEAVY_PINS)
+HEAVY_PINS = realsite.HEAVY_PINS
+HEAVY_SITE = realsite.site_of(HEAVY_PINS)
 
 CHILD = """
 import json, sys, time
@@ -60,10 +60,6 @@ print(json.dumps({"seconds": seconds, "import": imported - start, "dists": len(f
                   "skipped": found.skipped, "ops": sum(len(d.ops()) for d in found.distributions),
                   "torch": "torch" in sys.modules}))
 """
-
-
-def ensure_site(site: Path, pins: tuple[str, ...] = PINS) -> None:
-    benchops.ensure_site(site, pins)
 
 
 class Runner:
@@ -110,13 +106,13 @@ def main() -> int:
     parser.add_argument("--heavy", action="store_true",
                         help="also scan vllm, sglang and flashinfer (~440 MB of wheels)")
     opts = parser.parse_args()
-    ensure_site(opts.site)
-    ensure_site(PROSE_SITE, PROSE_PINS)
+    realsite.ensure_site(PINS, opts.site)
+    realsite.ensure_site(PROSE_PINS, PROSE_SITE)
     real = ["bitsandbytes", "torchao"]
     prose = [p.partition("==")[0] for p in PROSE_PINS]
     heavy = [p.partition("==")[0] for p in HEAVY_PINS]
     if opts.heavy:
-        ensure_site(HEAVY_SITE, HEAVY_PINS)
+        realsite.ensure_site(HEAVY_PINS, HEAVY_SITE)
     with tempfile.TemporaryDirectory() as tmp:
         runner = Runner(opts.site, Path(tmp))
         cases = {

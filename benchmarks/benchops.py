@@ -33,26 +33,6 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).resolve().parent
-#: real packages that register ops with torch.library at their import, as tests/conftest.py pins
-#: them, and where tests/test_foreign_real.py installs them (``pip install --no-deps --target``)
-REAL_PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
-REAL_SITE = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
-    p.replace("==", "-") for p in REAL_PINS)
-
-
-def ensure_site(site: Path = REAL_SITE, pins: tuple[str, ...] = REAL_PINS) -> Path:
-    """``pins`` installed into ``site`` (``pip install --no-deps --target``: never another
-    torch), once; returns ``site``."""
-    import subprocess
-
-    if not (site / ".complete").exists():
-        site.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--disable-pip-version-check", "--target", str(site), *pins], check=True)
-        (site / ".complete").touch()
-    return site
-
-
 BACKENDS = ["opregistry-cpu", "opregistry-cuda", "opregistry-meta", "opregistry-autograd",
             "opregistry-vmap"]
 

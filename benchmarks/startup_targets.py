@@ -11,8 +11,8 @@ count), and times, as separate processes, interleaved (A B C ..., A B C ...):
 * ``bare``: ``import torch`` without opregistry (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``);
 * ``backends``: ``import torch`` with opregistry and its backends, no op package;
 * ``adopted`` and ``bare adopted``: the same two, with bitsandbytes and torchao
-  (``benchops.REAL_PINS``, installed with ``--no-deps`` into
-  ``benchops.REAL_SITE`` when missing) on ``PYTHONPATH``: packages that
+  (``realsite.REAL_PINS``, installed with ``--no-deps`` into
+  ``realsite.site_of(REAL_PINS)`` when missing) on ``PYTHONPATH``: packages that
   register with torch by themselves, adopted (imported on their first touch),
   the machine of most users;
 * ``floor N``: ``import torch`` + the same N ops registered with torch's own calls
@@ -51,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchops  # noqa: E402
 import raw_floor  # noqa: E402
+import realsite  # noqa: E402
 from bench_startup import source_paths  # noqa: E402
 
 #: the objects alive after the load: counted after a full collection (what a load leaves as
@@ -89,7 +90,7 @@ def cases(root: Path, sizes: list[int], baseline: Path | None
         "bare": lambda: run([py, "-c", "import torch"],
                             env([], TORCH_DEVICE_BACKEND_AUTOLOAD="0")),
         "backends": lambda: run([py, "-c", "import torch"], env([]))}
-    adopted = benchops.ensure_site()
+    adopted = realsite.ensure_site(realsite.REAL_PINS)
     found["bare adopted"] = lambda: run([py, "-c", "import torch"],
                                         env([adopted], TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
     found["adopted"] = lambda: run([py, "-c", "import torch"], env([adopted]))

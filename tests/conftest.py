@@ -21,6 +21,21 @@ import pytest
 import opregistry
 from opregistry.state import process
 
+
+def _load_realsite():  # type: ignore[no-untyped-def]
+    """``benchmarks/realsite.py`` (torch-free), loaded without putting benchmarks/ on sys.path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "realsite.py"
+    spec = importlib.util.spec_from_file_location("realsite", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+realsite = _load_realsite()
+
 BACKENDS = ["opregistry-cpu", "opregistry-cuda", "opregistry-meta", "opregistry-autograd",
             "opregistry-vmap", "opregistry-autocast", "opregistry-torch-dispatch"]
 
@@ -237,55 +252,24 @@ def native_rival_library(native_libraries: dict[str, Path]) -> Path:
     return native_libraries["rival"]
 
 
-#: real packages from the index that register ops with torch.library at their own import
-REAL_PINS = ("bitsandbytes==0.50.2", "torchao==0.18.0")
-
-
 @pytest.fixture(scope="session")
 def real_packages() -> Path:
-    """:data:`REAL_PINS`, installed once per machine under the temporary directory.
-
-    ``pip install --no-deps --target``: they never pull another torch (bitsandbytes
-    needs numpy and packaging at import, which the development environment has).
-    """
-    return _installed(REAL_PINS)
-
-
-#: a real package from the index that names torch in nearly every module and registers
-#: nothing: what the scan must not parse module by module
-PROSE_PINS = ("transformers==4.46.3",)
+    """:data:`realsite.REAL_PINS`, installed once per machine under the temporary directory
+    (``pip install --no-deps --target``: they never pull another torch)."""
+    return _installed(realsite.REAL_PINS)
 
 
 @pytest.fixture(scope="session")
 def prose_packages() -> Path:
-    """:data:`PROSE_PINS`, installed as :func:`real_packages` (never imported by the tests)."""
-    return _installed(PROSE_PINS)
+    """:data:`realsite.PROSE_PINS` (a package that names torch in nearly every module and
+    registers nothing: what the scan must not parse module by module), installed as
+    :func:`real_packages` (never imported by the tests)."""
+    return _installed(realsite.PROSE_PINS)
 
 
 def _installed(pins: tuple[str, ...]) -> Path:
-    """``pins`` installed with ``pip install --no-deps --target`` into a folder of the
-    temporary directory named after them, once per machine (atomically: a concurrent
-    session's copy, if any, wins)."""
-    import os
-    import shutil
-    import subprocess
-    import tempfile
-
-    root = Path(tempfile.gettempdir()) / "opregistry-foreign-real" / "+".join(
-        p.replace("==", "-") for p in pins)
-    if (root / ".complete").exists():
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".install-", dir=root.parent))
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                          "--disable-pip-version-check", "--target", str(work), *pins],
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, (f"could not install {' '.join(pins)} from the index:\n"
-                                 f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    (work / ".complete").touch()
     try:
-        os.replace(work, root)
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
-    return root
+        return realsite.ensure_site(pins)
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
 

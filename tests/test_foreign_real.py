@@ -40,7 +40,9 @@ import pytest
 from opregistry.foreign import ForeignDistribution, ForeignScan
 from opregistry.keys import RESERVED_NAMESPACES
 
-from .conftest import REAL_PINS as PINS
+from .conftest import realsite
+
+PINS = realsite.REAL_PINS
 
 PACKAGES = {"bitsandbytes": "bitsandbytes", "torchao": "torchao"}
 

@@ -507,6 +507,77 @@ def test_a_scan_leaves_no_cycles(tmp_path: Path) -> None:
     assert left == [], f"{len(left)} scan objects in cycles"
 
 
+#: registrations in every place the walks look, among code that names no registration (which
+#: they skip by its lines); a raw carriage return in a string is a line break to the tokenizer
+_AMONG_QUIET_CODE = {
+    "pkg/_helpers.py": (
+        "import torch\n"
+        "def add(name):\n"
+        "    torch.library.define(name, '(Tensor x) -> Tensor')\n"),
+    "pkg/__init__.py": (
+        "import torch\n"
+        "from ._helpers import add\n"
+        "NOTE = '''spans lines,\rwith a carriage return'''\n"
+        "TABLE = {'a': [1, 2, 3],\n"
+        "         'b': (lambda x: x + 1)}\n"
+        "def quiet(x):\n"
+        "    y = [i * 2 for i in range(x)]\n"
+        "    return {'y': y}\n"
+        "class Quiet:\n"
+        "    '''Nothing here registers.'''\n"
+        "    def method(self):\n"
+        "        return sorted(set('abc'))\n"
+        "if TABLE:\n"
+        "    torch.library.define('nsw::at_module', '(Tensor x) -> Tensor')\n"
+        "def later(): torch.library.define('nsw::one_line', '(Tensor x) -> Tensor')\n"
+        "def outer():\n"
+        "    def inner():\n"
+        "        add('nsw::nested')\n"
+        "    return inner\n"
+        "class Holder:\n"
+        "    lib = torch.library.Library('nsw', 'FRAGMENT')\n"
+        "    def method(self):\n"
+        "        add('nsw::in_method')\n"
+        "NOTE2 = '''more lines\n"
+        "\r\r\n"
+        "'''\n"
+        "@torch.library.register_fake('nsw::at_module')\n"
+        "def _(x):\n"
+        "    return x\n"
+        "add('nsw::called')\n"),
+}
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+def test_the_walks_skip_only_code_that_names_no_registration(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, newline: str) -> None:
+    """A function or class body, or a module-level statement, whose lines name no
+    registration name is not walked; what is found is what a walk of every node finds,
+    whatever the file's line breaks (a node's lines are found by the tokenizer's)."""
+    from opregistry.scan import pysource
+
+    def scan(folder: Path) -> list[tuple[str, str | None, str | None, bool]]:
+        modules, texts = {}, {}
+        for rel, source in _AMONG_QUIET_CODE.items():
+            path = folder / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(source.replace("\n", newline).encode())
+            name = rel[:-3].replace("/", ".").removesuffix(".__init__")
+            texts[str(path)] = path.read_bytes()
+            modules[name] = ModuleSource(name, str(path), rel.endswith("__init__.py"),
+                                         texts[str(path)])
+        return [(r.kind, r.op, r.key, r.at_import) for r in scan_modules(modules, texts)]
+
+    skipping = scan(tmp_path / "skipping")
+    monkeypatch.setattr(pysource, "_may_hold", lambda *args: True)
+    every_node = scan(tmp_path / "every")
+    assert skipping == every_node
+    assert {op for _, op, _, _ in skipping} >= {
+        "nsw::at_module", "nsw::one_line", "nsw::nested", "nsw::in_method", "nsw::called"}
+    assert ("kernel", "nsw::at_module", "Meta", True) in skipping
+    assert ("FRAGMENT", None, None, True) in skipping
+
+
 # -- shared libraries -------------------------------------------------------------
 
 

@@ -183,7 +183,7 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
     from .pysource import scan_modules
     from .pyvalues import ModuleSource
 
-    sources = {name: ModuleSource(name, path, path.endswith("__init__.py"))
+    sources = {name: ModuleSource(name, path, path.endswith("__init__.py"), texts.get(path))
                for name, path in modules.items()}
     found = scan_modules(sources, texts)
     native = {path: regs for path in natives if (regs := scan_library(path))}

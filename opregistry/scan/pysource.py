@@ -29,7 +29,7 @@ import ast
 import re
 
 import attrs
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..foreign import Registration
 from ..keys import autocast_key, canonical_key
@@ -429,6 +429,9 @@ class _Flow(ast.NodeVisitor):
         self._guarded([node.cases])
 
 
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
 class _Walker(_Flow):
     """Visits one module, scope by scope, and collects what its calls register.
 
@@ -459,6 +462,12 @@ class _Walker(_Flow):
     def visit_Call(self, node: ast.Call) -> None:
         self._classify(node)
         self.generic_visit(node)
+
+    def visit_Module(self, node: ast.Module) -> None:
+        words = self.index.words
+        for stmt in node.body:  # a def or class has its decorators above its lines
+            if isinstance(stmt, _DEFINITIONS) or _may_hold(self.module, stmt, words):
+                self.visit(stmt)
 
     def visit_For(self, node: ast.For) -> None:
         scopes = unroll(node, self.scope)
@@ -555,7 +564,8 @@ class _Walker(_Flow):
         args = node.args
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
             self.visit(default)
-        if not self.enter_functions:
+        body = node.body if isinstance(node.body, list) else [node.body]
+        if not self.enter_functions or not _may_hold(self.module, body, self.index.words):
             return
         params = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
         params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
@@ -572,6 +582,8 @@ class _Walker(_Flow):
             return
         for child in [*node.bases, *(k.value for k in node.keywords)]:
             self.visit(child)
+        if not _may_hold(self.module, node.body, self.index.words):
+            return
         scope = Scope(self.index, self.module, node.body, self.scope, f"class {node.name}",
                       is_class=True)
         self._enter(scope, node.body, at_import=self.at_import)
@@ -624,6 +636,8 @@ def _functions(index: Index, modules: Iterable[ModuleSource], aliases: frozenset
     names one of them may register through it.
     """
     names = API_NAMES | aliases
+    # a body whose lines name no registration name and define no function marks nothing
+    inside, defines = _words(names) + (b"def",), (b"def",)
     registering: set[str] = set()
     returned: set[str] = set()
     exported: set[str] = set()
@@ -632,7 +646,7 @@ def _functions(index: Index, modules: Iterable[ModuleSource], aliases: frozenset
             continue
         top = {id(n) for n in module.tree.body}
         # one walk, with the chain of enclosing functions: a registration call marks them all
-        stack: list[tuple[ast.AST, tuple[ast.AST, ...]]] = [(module.tree, ())]
+        stack: list[tuple[ast.AST, tuple[ast.AST, ...]]] = [(n, ()) for n in module.tree.body]
         while stack:
             node, outer = stack.pop()
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -641,8 +655,11 @@ def _functions(index: Index, modules: Iterable[ModuleSource], aliases: frozenset
                 # decorators and defaults run where the function is defined, not in it
                 stack.extend((child, outer) for child in [*node.decorator_list,
                                                           *node.args.defaults])
-                stack.extend((child, outer + (node,)) for child in node.body)
+                if _may_hold(module, node.body, inside):
+                    stack.extend((child, outer + (node,)) for child in node.body)
                 continue
+            if not outer and not _may_hold(module, node, defines):
+                continue  # outside any function, a call marks nothing: only a def inside counts
             if isinstance(node, ast.Call) and outer and (
                     getattr(node.func, "attr", None) in names
                     or getattr(node.func, "id", None) in names):
@@ -701,20 +718,43 @@ _API_WORDS = tuple(sorted(n.encode() for n in API_NAMES))
 _WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
-def _names_word(text: bytes, words: tuple[bytes, ...]) -> bool:
-    """Whether ``text`` has one of ``words`` as a whole word (``rb"\\b(?:a|b)\\b"``), faster
-    than the regex: each word found by ``bytes.find``, its boundaries checked where it is
-    found (an alternation reads ~25 MB/s; vllm's 2,000 modules were searched 36,000 times)."""
+def _names_word(text: bytes, words: tuple[bytes, ...], start: int = 0, stop: int | None = None
+                ) -> bool:
+    """Whether ``text[start:stop]`` has one of ``words`` as a whole word
+    (``rb"\\b(?:a|b)\\b"``), faster than the regex: each word found by ``bytes.find``, its
+    boundaries checked where it is found (an alternation reads ~25 MB/s; vllm's 2,000
+    modules were searched 36,000 times)."""
     end = len(text)
+    stop = end if stop is None else stop
     for word in words:
-        at = text.find(word)
+        at = text.find(word, start, stop)
         while at >= 0:
             after = at + len(word)
             if (at == 0 or text[at - 1] not in _WORD_BYTES) and \
                     (after == end or text[after] not in _WORD_BYTES):
                 return True
-            at = text.find(word, after)
+            at = text.find(word, after, stop)
     return False
+
+
+def _may_hold(module: ModuleSource, nodes: Sequence[ast.AST] | ast.AST,
+              words: tuple[bytes, ...] | None) -> bool:
+    """Whether the lines of ``nodes`` (a body, or one node) name one of ``words`` (``None``:
+    anything may count).
+
+    A call registers only through a name: torch's (:data:`API_NAMES`), an
+    alias, or one of the distribution's functions that registers; a
+    function body or class body whose lines name none of them (in code,
+    comments or strings alike) holds no registration, and the walks skip it
+    without visiting its nodes -- most of a large package's code.
+    """
+    if words is None:
+        return True
+    if isinstance(nodes, ast.AST):
+        span = module.span(nodes)
+    else:
+        span = module.span(nodes[0], nodes[-1]) if nodes else None
+    return span is None or _names_word(module.text, words, *span)  # type: ignore[arg-type]
 
 
 def scan_modules(modules: dict[str, ModuleSource], texts: Mapping[str, bytes]
@@ -740,6 +780,7 @@ def _scan(index: Index, modules: dict[str, ModuleSource], texts: Mapping[str, by
     first = [m for m in modules.values() if _may_register(texts.get(m.file, b""))]
     aliases = _aliases(index, first)
     helpers = _functions(index, first, aliases)
+    index.words = _words(API_NAMES | aliases | index.registering | index.returned)
     chosen = {m.name for m in first}
     second = []
     if aliases | helpers:  # a file naming one of them and one of the modules that bind them

@@ -21,6 +21,7 @@ distribution runs.
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 from typing import Callable, Iterable, Iterator, Union
 
@@ -132,11 +133,16 @@ _OS_PATH = {"os.path.join", "os.path.dirname", "os.path.abspath", "os.path.realp
 class ModuleSource:
     """One module of the distribution: its name, file and (lazily) syntax tree."""
 
-    def __init__(self, name: str, file: str, is_package: bool) -> None:
+    def __init__(self, name: str, file: str, is_package: bool, text: bytes | None = None
+                 ) -> None:
         self.name = name
         self.file = file
         self.package = name if is_package else name.rpartition(".")[0]
+        #: the file's bytes, when the caller read them already: parsed, and searched by
+        #: :meth:`span`, as they were read (the file is read here otherwise)
+        self.text = text
         self._tree: ast.Module | None = None
+        self._starts: list[int] | None = None
         self.failed = ""
         self.scope: Scope | None = None
 
@@ -144,11 +150,29 @@ class ModuleSource:
     def tree(self) -> ast.Module | None:
         if self._tree is None and not self.failed:
             try:
-                with open(self.file, "rb") as f:
-                    self._tree = ast.parse(f.read(), self.file)
+                if self.text is None:
+                    with open(self.file, "rb") as f:
+                        self.text = f.read()
+                self._tree = ast.parse(self.text, self.file)
             except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
         return self._tree
+
+    def span(self, first_node: ast.AST, last_node: ast.AST | None = None
+             ) -> tuple[int, int] | None:
+        """The byte offsets in :attr:`text` of the lines from ``first_node``'s first to
+        ``last_node``'s last (default: ``first_node``'s), nodes of :attr:`tree`; ``None``
+        when unknown.  Where a search for the names the nodes use may look."""
+        first = getattr(first_node, "lineno", None)
+        last = getattr(first_node if last_node is None else last_node, "end_lineno", None)
+        if self.text is None or first is None or last is None:
+            return None
+        if self._starts is None:  # the tokenizer's line breaks: \n, \r\n, \r
+            self._starts = [0, *itertools.accumulate(map(len, self.text.splitlines(True)))]
+        starts = self._starts
+        if not 1 <= first <= last < len(starts):
+            return None
+        return starts[first - 1], starts[last]
 
     def absolute(self, module: str | None, level: int) -> str:
         """The absolute name of ``from <level dots><module> import ...`` in this module."""
@@ -374,6 +398,9 @@ class Index:
         self.registering: frozenset[str] = frozenset()
         #: names of those that define (and may return) a function that registers
         self.returned: frozenset[str] = frozenset()
+        #: every name a registration is made through, as bytes (set by the scanner): a
+        #: function or class body whose lines name none of them is not walked
+        self.words: tuple[bytes, ...] | None = None
         #: every scope made over these modules (:meth:`release`)
         self.scopes: list[Scope] = []
 

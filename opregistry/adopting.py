@@ -68,6 +68,8 @@ class Adopter:
         self.ops: dict[str, tuple[Adopted, str]] = {}
         #: distribution -> what happened: ``imported``, ``failed: ...``, ``refused: ...``
         self.outcomes: dict[str, str] = {}
+        #: namespace -> the active adoptions that register in it (kept after the first touch)
+        self.owners: dict[str, list[Adopted]] = {}
         #: (op, key) -> where a switched-off registration was refused
         self.switched: dict[tuple[str, str], str] = {}
         self._mutex = threading.RLock()
@@ -81,6 +83,7 @@ class Adopter:
         if adopted.active:
             for ns, modules in adopted.modules:
                 self.namespaces.setdefault(ns, []).append((adopted, modules))
+                self.owners.setdefault(ns, []).append(adopted)
             for op, module in adopted.op_modules:
                 self.ops.setdefault(op.split(".", 1)[0], (adopted, module))
         files = frozenset(_real(r.file) for r in (*adopted.registrations,
@@ -118,6 +121,25 @@ class Adopter:
         with self._mutex:
             self.ops.pop(f"{namespace}::{name}", None)
         return ok
+
+    def why_missing(self, namespace: str) -> str | None:
+        """Why ops of ``namespace`` may be missing from torch: an adopted package that
+        registers in it failed to import, or the lock refused it; ``None`` otherwise."""
+        with self._mutex:
+            owners = list(self.owners.get(namespace, ()))
+        why = []
+        for adopted in owners:
+            outcome = self.outcomes.get(adopted.name, "")
+            if outcome.startswith("failed: "):
+                module = outcome[len("failed: importing "):].partition(":")[0]
+                why.append(f"{adopted.distribution.text}, adopted by opregistry for "
+                           f"torch.ops.{namespace}, failed to import ({outcome[8:]}); import "
+                           f"{module} yourself to see the whole error")
+            elif outcome.startswith("refused: "):
+                why.append(f"{adopted.distribution.text}, adopted by opregistry for "
+                           f"torch.ops.{namespace}, was not imported: the lock refuses it "
+                           f"({outcome[9:]})")
+        return "; ".join(why) or None
 
     # -- importing --------------------------------------------------------------------
 

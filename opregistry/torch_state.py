@@ -716,11 +716,19 @@ def install_ops_hooks() -> bool:
     def op_getattr(self: Any, op_name: str) -> Any:
         try:
             return original_op(self, op_name)
-        except AttributeError:
+        except AttributeError as missing:
             adopter = process().adopter
-            if adopter is None or not adopter.op_missing(self.name, op_name):
+            if adopter is None:
                 raise
-            return original_op(self, op_name)
+            if adopter.op_missing(self.name, op_name):
+                return original_op(self, op_name)
+            # asked again: a waiting adopter has just handed over to the loaded registry's
+            why = getattr(process().adopter, "why_missing", lambda _: None)(self.name)
+            if why is None:
+                raise
+            explained = AttributeError(f"{missing}: {why}")
+            explained.name, explained.obj = missing.name, missing.obj
+            raise explained from missing
 
     for wrapper, original in ((namespace_getattr, original_ns), (op_getattr, original_op)):
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]

@@ -129,6 +129,9 @@ def test_an_op_outside_the_packages_own_import_is_imported_when_looked_up(
     load(dists)
     assert getattr(torch.ops, ns).twice(torch.ones(1)).item() == 2.0
     assert f"fp_{ns}.extra" in sys.modules
+    with pytest.raises(AttributeError) as missing:  # the package imported: torch's own message
+        getattr(torch.ops, ns).thrice
+    assert str(missing.value) == f"'_OpNamespace' '{ns}' object has no attribute 'thrice'"
 
 
 def test_a_failing_import_is_named_never_raised(foreign, dists: DistFactory, ns) -> None:
@@ -142,8 +145,17 @@ def test_a_failing_import_is_named_never_raised(foreign, dists: DistFactory, ns)
     registry = load(dists)
     with capture_logs() as logs:
         namespace = getattr(torch.ops, ns)  # no exception here
-        with pytest.raises(AttributeError):
+        with pytest.raises(AttributeError) as missing:
             namespace.nothing_else
+        assert not hasattr(namespace, "nor_this")
+    # the lookup says why an op may be missing: the package that registers in the namespace
+    # failed to import
+    assert str(missing.value).startswith(
+        f"'_OpNamespace' '{ns}' object has no attribute 'nothing_else': ")
+    assert f"{name}==1.0, adopted by opregistry for torch.ops.{ns}, failed to import" in str(
+        missing.value)
+    assert "no native library for this machine" in str(missing.value)
+    assert f"import fp_{ns} yourself" in str(missing.value)
     (problem,) = [p for p in registry.problems if p.code == "adoption-import-failed"]
     assert name in problem.message and f"fp_{ns}" in problem.message
     assert "no native library for this machine" in problem.message

@@ -986,6 +986,39 @@ def test_a_warm_start_that_only_adopts_lazily_waits_for_the_first_touch(env: Env
     assert warm["outcomes"] == {"pc-adopt": "imported"} and not warm["problems"], warm
 
 
+BROKEN_CHILD = r"""
+import json, torch
+from opregistry.state import process
+adopter = type(process().adopter).__name__
+try:
+    torch.ops.pcbk.missing
+    message = None
+except AttributeError as exc:
+    message = str(exc)
+print(json.dumps({"adopter": adopter, "message": message, "cache": process().plan_cache}))
+"""
+
+
+def test_an_op_missing_after_a_failed_adoption_says_why_on_a_warm_start(env: Env) -> None:
+    """The waiting adopter hands the lookup to the loaded registry's: an op missing because
+    the adopted package failed to import says so, the same as after a load at import torch."""
+    adoption_dists.write(env.site, "pc-broken", {"pc_broken/__init__.py": """
+        import torch
+
+        torch.library.define("pcbk::op", "(Tensor x) -> Tensor")
+        raise ImportError("built for another torch")
+    """})
+    found = [json.loads(env.run(BROKEN_CHILD).strip().splitlines()[-1]) for _ in range(2)]
+    assert [f["adopter"] for f in found] == ["Adopter", "Waiting"], found
+    assert found[1]["cache"] == "hit", found
+    for f in found:
+        assert f["message"] == (
+            "'_OpNamespace' 'pcbk' object has no attribute 'missing': pc-broken==1.0, adopted "
+            "by opregistry for torch.ops.pcbk, failed to import (importing pc_broken: "
+            "ImportError: built for another torch); import pc_broken yourself to see the "
+            "whole error"), f
+
+
 @pytest.mark.parametrize("case", ["switch", "eager"])
 def test_an_adoption_that_must_act_at_import_torch_takes_the_full_load(env: Env,
                                                                       case: str) -> None:

@@ -24,7 +24,6 @@ import importlib
 import json
 import py_compile
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, TypeVar

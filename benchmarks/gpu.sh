@@ -281,7 +281,8 @@ if [ "$RC" = 0 ]; then record "requirements" "ok"; else record "requirements" "M
 
 # 3. the monorepo, one pip call (not where opregistry is installed already: a dev environment,
 #    whose editable installs a second copy on PYTHONPATH would duplicate)
-if "$PY" -c "import importlib.metadata as m; m.distribution('opregistry')" 2>/dev/null \
+#    (asked from /: a checkout's own opregistry.egg-info, in the working directory, is no install)
+if (cd / && "$PY" -c "import importlib.metadata as m; m.distribution('opregistry')" 2>/dev/null) \
         && [ ! -d "$SITE/opregistry" ]; then
     record "install" "skipped: opregistry is already installed in this environment (a dev venv)"
 else

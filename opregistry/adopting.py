@@ -68,8 +68,11 @@ class Adopter:
         self.ops: dict[str, tuple[Adopted, str]] = {}
         #: distribution -> what happened: ``imported``, ``failed: ...``, ``refused: ...``
         self.outcomes: dict[str, str] = {}
-        #: namespace -> the active adoptions that register in it (kept after the first touch)
-        self.owners: dict[str, list[Adopted]] = {}
+        #: namespace -> (adoption, module) of each module that registers in it or defines an
+        #: op of it; (distribution, module) -> the exception its import raised: why an op is
+        #: missing (:meth:`why_missing`)
+        self.owners: dict[str, list[tuple[Adopted, str]]] = {}
+        self.import_errors: dict[tuple[str, str], str] = {}
         #: (op, key) -> where a switched-off registration was refused
         self.switched: dict[tuple[str, str], str] = {}
         self._mutex = threading.RLock()
@@ -83,9 +86,10 @@ class Adopter:
         if adopted.active:
             for ns, modules in adopted.modules:
                 self.namespaces.setdefault(ns, []).append((adopted, modules))
-                self.owners.setdefault(ns, []).append(adopted)
+                self.owners.setdefault(ns, []).extend((adopted, m) for m in modules)
             for op, module in adopted.op_modules:
                 self.ops.setdefault(op.split(".", 1)[0], (adopted, module))
+                self.owners.setdefault(op.partition("::")[0], []).append((adopted, module))
         files = frozenset(_real(r.file) for r in (*adopted.registrations,
                                                   *(k.registration for k in adopted.kernels))
                           if r.file)
@@ -123,22 +127,21 @@ class Adopter:
         return ok
 
     def why_missing(self, namespace: str) -> str | None:
-        """Why ops of ``namespace`` may be missing from torch: an adopted package that
-        registers in it failed to import, or the lock refused it; ``None`` otherwise."""
+        """Why ops of ``namespace`` may be missing from torch: a module of an adopted package
+        that registers in it, or defines one of its ops, failed to import, or the lock
+        refused the package; ``None`` otherwise."""
         with self._mutex:
             owners = list(self.owners.get(namespace, ()))
-        why = []
-        for adopted in owners:
-            outcome = self.outcomes.get(adopted.name, "")
-            if outcome.startswith("failed: "):
-                module = outcome[len("failed: importing "):].partition(":")[0]
-                why.append(f"{adopted.distribution.text}, adopted by opregistry for "
-                           f"torch.ops.{namespace}, failed to import ({outcome[8:]}); import "
-                           f"{module} yourself to see the whole error")
-            elif outcome.startswith("refused: "):
-                why.append(f"{adopted.distribution.text}, adopted by opregistry for "
-                           f"torch.ops.{namespace}, was not imported: the lock refuses it "
-                           f"({outcome[9:]})")
+        why: dict[str, None] = {}  # in order, once each
+        for adopted, module in owners:
+            where = f"{adopted.distribution.text}, adopted by opregistry for torch.ops.{namespace}"
+            error = self.import_errors.get((adopted.name, module))
+            if error is not None:
+                why[f"{where}, failed to import (importing {module}: {error}); import "
+                    f"{module} yourself to see the whole error"] = None
+            elif self._verdicts.get(adopted.name):
+                why[f"{where}, was not imported: the lock refuses it "
+                    f"({self._verdicts[adopted.name]})"] = None
         return "; ".join(why) or None
 
     # -- importing --------------------------------------------------------------------
@@ -200,6 +203,7 @@ class Adopter:
     def _failed(self, adopted: Adopted, module: str, why: str, exc: BaseException) -> None:
         text = describe(exc)
         self.outcomes[adopted.name] = f"failed: importing {module}: {text}"
+        self.import_errors[(adopted.name, module)] = text
         log.warning("adopted package failed to import", distribution=adopted.distribution.text,
                     module=module, error=text)
         self.report(Problem(

@@ -134,6 +134,34 @@ def test_an_op_outside_the_packages_own_import_is_imported_when_looked_up(
     assert str(missing.value) == f"'_OpNamespace' '{ns}' object has no attribute 'thrice'"
 
 
+def test_an_op_missing_because_its_module_failed_to_import_says_so(
+        foreign, dists: DistFactory, ns) -> None:
+    """An op of another namespace, defined in a module the package does not import (torchao's
+    prototypes), whose import fails: its lookup says which module failed, and why."""
+    files = {**_package(ns), f"fp_{ns}/extra.py": f"""
+        import torch
+
+        torch.library.define("{ns}x::twice", "(Tensor x) -> Tensor")
+        raise ImportError("needs a newer triton")
+    """}
+    name = foreign(files)
+    load(dists)
+    with pytest.raises(AttributeError) as missing:
+        getattr(torch.ops, f"{ns}x").thrice
+    assert str(missing.value) == f"'_OpNamespace' '{ns}x' object has no attribute 'thrice'"
+    with pytest.raises(AttributeError) as missing:  # the op the failing module defines
+        getattr(torch.ops, f"{ns}x").twice.default
+    assert str(missing.value).startswith(
+        f"'_OpNamespace' '{ns}x' object has no attribute 'twice': {name}==1.0, adopted by "
+        f"opregistry for torch.ops.{ns}x, failed to import (importing fp_{ns}.extra: "
+        f"ImportError: needs a newer triton)"), str(missing.value)
+    # the package's own namespace imported: a missing op there is torch's message alone
+    assert getattr(torch.ops, ns).scale(torch.ones(1), 2.0).item() == 1002.0
+    with pytest.raises(AttributeError) as missing:
+        getattr(torch.ops, ns).thrice
+    assert str(missing.value) == f"'_OpNamespace' '{ns}' object has no attribute 'thrice'"
+
+
 def test_a_failing_import_is_named_never_raised(foreign, dists: DistFactory, ns) -> None:
     files = {f"fp_{ns}/__init__.py": f"""
         import torch

@@ -165,17 +165,18 @@ def test_locked_and_a_tampered_file_refused(bnb_site: Path, cache: Path,
         import json, torch, opregistry
         try:
             torch.ops.bitsandbytes.quantize_blockwise
-            found = True
-        except AttributeError:
-            found = False
+            found, why = True, None
+        except AttributeError as exc:
+            found, why = False, str(exc)
         problems = [p.message for p in opregistry.get_registry().problems
                     if p.code == "lock-mismatch"]
         import bitsandbytes.functional as F
         q, state = F.quantize_blockwise(torch.linspace(-1, 1, 512))
-        print(json.dumps({"found": found, "problems": problems, "by_hand": list(q.shape)}))
+        print(json.dumps({"found": found, "why": why, "problems": problems,
+                          "by_hand": list(q.shape)}))
     """
     ok = last_json(run(site, cache, touch, OPREGISTRY_LOCK=str(lock)))
-    assert ok == {"found": True, "problems": [], "by_hand": [512]}
+    assert ok == {"found": True, "why": None, "problems": [], "by_hand": [512]}
     target = site / "bitsandbytes" / "backends" / "cpu" / "ops.py"
     target.write_text(target.read_text() + "\n# edited after the lock\n")
     verify = run(site, cache, f"-m opregistry verify {lock}")
@@ -184,6 +185,12 @@ def test_locked_and_a_tampered_file_refused(bnb_site: Path, cache: Path,
     assert refused["found"] is False and refused["by_hand"] == [512]
     (message,) = refused["problems"]
     assert "bitsandbytes==0.50.2" in message and "bitsandbytes/backends/cpu/ops.py" in message
+    # the lookup says why the op is missing
+    assert refused["why"].startswith(
+        "'_OpNamespace' 'bitsandbytes' object has no attribute 'quantize_blockwise': "
+        "bitsandbytes==0.50.2, adopted by opregistry for torch.ops.bitsandbytes, was not "
+        "imported: the lock refuses it ("), refused["why"]
+    assert "bitsandbytes/backends/cpu/ops.py" in refused["why"]
 
 
 SWITCH = f"""

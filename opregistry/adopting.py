@@ -127,22 +127,10 @@ class Adopter:
         return ok
 
     def why_missing(self, namespace: str) -> str | None:
-        """Why ops of ``namespace`` may be missing from torch: a module of an adopted package
-        that registers in it, or defines one of its ops, failed to import, or the lock
-        refused the package; ``None`` otherwise."""
+        """Why ops of ``namespace`` may be missing from torch (:func:`_missing_because`)."""
         with self._mutex:
             owners = list(self.owners.get(namespace, ()))
-        why: dict[str, None] = {}  # in order, once each
-        for adopted, module in owners:
-            where = f"{adopted.distribution.text}, adopted by opregistry for torch.ops.{namespace}"
-            error = self.import_errors.get((adopted.name, module))
-            if error is not None:
-                why[f"{where}, failed to import (importing {module}: {error}); import "
-                    f"{module} yourself to see the whole error"] = None
-            elif self._verdicts.get(adopted.name):
-                why[f"{where}, was not imported: the lock refuses it "
-                    f"({self._verdicts[adopted.name]})"] = None
-        return "; ".join(why) or None
+        return _missing_because(namespace, owners, self.import_errors, self._verdicts)
 
     # -- importing --------------------------------------------------------------------
 
@@ -325,3 +313,22 @@ def deactivate(adopter: Adopter | None) -> None:
     state.adopter = None
     if state.recorder is not None and state.recorder.veto == adopter.veto:
         state.recorder.veto = None
+
+
+def _missing_because(namespace: str, owners: list[tuple[Adopted, str]],
+                     errors: dict[tuple[str, str], str], verdicts: dict[str, str | None]
+                     ) -> str | None:
+    """Why ops of ``namespace`` may be missing: a module of an adopted package that registers
+    in it, or defines one of its ops, failed to import, or the lock refused the package;
+    ``None`` otherwise."""
+    why: dict[str, None] = {}  # in order, once each
+    for adopted, module in owners:
+        where = f"{adopted.distribution.text}, adopted by opregistry for torch.ops.{namespace}"
+        error = errors.get((adopted.name, module))
+        if error is not None:
+            why[f"{where}, failed to import (importing {module}: {error}); import {module} "
+                f"yourself to see the whole error"] = None
+        elif verdicts.get(adopted.name):
+            why[f"{where}, was not imported: the lock refuses it "
+                f"({verdicts[adopted.name]})"] = None
+    return "; ".join(why) or None

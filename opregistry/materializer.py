@@ -122,8 +122,9 @@ class _DistLibraries:
 
 
 def _define(lib: Any, plan: OpPlan) -> None:
-    import torch
-
+    # torch is imported (the recorder is installed first): read, not imported, 10,000 times
+    # at ``import torch``, where an import statement of torch waits on its module lock
+    torch = sys.modules["torch"]
     op = plan.op
     missing = [t for t in op.tags if not hasattr(torch.Tag, t)]
     if missing:  # the resolver refuses these first (op-tag-needs-newer-torch)
@@ -296,8 +297,12 @@ def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, w
     registration in the message (``None``: the culprit kernel's, made only
     on failure -- thousands of kernels succeed).
     """
-    with registering():
+    thread = process().thread  # registering(), inlined: entered for each of 40,000 kernels
+    outer, thread.registering = thread.registering, True
+    try:
         done, exc = contain(hook, *registration)
+    finally:
+        thread.registering = outer
     if exc is None and not done:
         exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
     if exc is not None:
@@ -381,15 +386,16 @@ class Executor:
         payload, problem = self.importer.payload(kernel)
         if problem is not None:
             return problem
-        if self.count and kernel.kind.countable:
+        kind = payload.kind
+        if self.count and kind.countable:
             label = f"{describe_ref(kernel.fn)} ({kernel.origin.dist})"
-            primary = kernel.kind.primary
-            payload = attrs.evolve(payload, **{primary: counted(
-                kernel.op, kernel.key, label, getattr(payload, primary))})
-        return _call_backend(self.materializers[planned.backend], planned.backend, kernel, None,
+            payload = attrs.evolve(payload, **{kind.primary: counted(
+                kernel.op, kernel.key, label, getattr(payload, kind.primary))})
+        backend = planned.backend
+        return _call_backend(self.materializers[backend], backend, kernel, None,
                              self.libs[step.origin.distribution].get(step.namespace),
                              op.op if op else None, kernel, payload,
-                             getattr(payload, payload.kind.primary))
+                             getattr(payload, kind.primary))
 
     def _defer(self, step: Step, planned: Any) -> None:
         """Register ``step`` right after the package registers its own kernel for the key
@@ -468,7 +474,7 @@ class Executor:
 
     def _settle(self) -> None:
         """Fail every distribution whose kernels target an op of a failed one, until none is left."""
-        while True:
+        while self.failed:  # none failed (the usual case): no step to look at
             failed_ops = {op for op, dist in self.steps.definers.items() if dist in self.failed}
             dependents = {}
             for step in self.steps.steps:

@@ -166,15 +166,18 @@ def _native_step(native: NativePlan, definers: Mapping[str, str]) -> Step:
 def _definition_steps(plan: Plan, natively: set[tuple[str, str]]) -> list[Step]:
     steps = []
     for op in plan.ops:
-        origin = op.op.origin
+        opdef = op.op
+        origin = opdef.origin
         assert origin is not None
-        if (op.op.namespace, origin.distribution) in natively:
+        namespace = opdef.namespace
+        if natively and (namespace, origin.distribution) in natively:
             continue  # its library's TORCH_LIBRARY block defines it
-        steps.append(Step("define", origin, op.op.namespace, op.op.qualname, None, None, None,
-                          op.op.full_schema, (), op, op.op.source))
+        qualname = opdef.qualname
+        steps.append(Step("define", origin, namespace, qualname, None, None, None,
+                          opdef.full_schema, (), op, opdef.source))
         if op.parsed.is_factory:
-            steps.append(Step(action="route-factory", origin=origin, namespace=op.op.namespace,
-                              op=op.op.qualname, key="BackendSelect",
+            steps.append(Step(action="route-factory", origin=origin, namespace=namespace,
+                              op=qualname, key="BackendSelect",
                               what="by its device argument", subject=op))
     return steps
 
@@ -189,16 +192,39 @@ def _kernel_step(action: Action, op: OpPlan | None, k: KernelPlan, subject: Any)
                 kernel.source)
 
 
-def _kernel_steps(plan: Plan, chains: Mapping[tuple[str, str], Any]) -> list[Step]:
-    """Every active kernel a backend registers, distribution by distribution."""
+def _kernel_steps(plan: Plan, chains: dict[tuple[str, str], Any]) -> list[Step]:
+    """Every active kernel a backend registers, distribution by distribution; ``chains`` is
+    filled with the chains of candidates of each op (:func:`chained`), found on the way.
+
+    One pass over 40,000 kernels at every ``import torch`` of 10,000 ops: what is the
+    same for every kernel of an op (its namespace, its definer) is read once per op.
+    """
     by_dist: dict[str, list[Step]] = defaultdict(list)
     for op in plan.ops:
-        for k in op.kernels:
+        kernels = op.kernels
+        found = None
+        for k in kernels:
+            if k.rank is not None:  # a candidate: the op may have chains
+                found = chained(op)
+                chains.update((pair, (op, members)) for pair, members in found.items())
+                break
+        opdef = op.op
+        namespace = opdef.namespace
+        definers = (opdef.origin.distribution,) if opdef.origin else ()
+        for k in kernels:
             kernel = k.kernel
-            if (k.status == "active" and kernel.origin is not None and kernel.kind.by_backend
-                    and not (chains and (kernel.op, kernel.key) in chains)):
-                by_dist[kernel.origin.distribution].append(
-                    _kernel_step("register", op, k, (op, k)))
+            origin = kernel.origin
+            if k.status != "active" or origin is None:
+                continue
+            payload = kernel.payload
+            kind = payload.kind
+            if not kind.by_backend or (found and (kernel.op, kernel.key) in found):
+                continue
+            ref = getattr(payload, kind.primary)
+            by_dist[origin.distribution].append(Step(
+                "register", origin, namespace, kernel.op, kernel.key, kind.name, k.backend,
+                ref if type(ref) is str else describe_ref(ref) or "", definers,
+                (op, k), kernel.source))
     for k in plan.external_kernels:
         if k.status == "active" and k.kernel.origin is not None and k.kernel.kind.by_backend:
             by_dist[k.kernel.origin.distribution].append(_kernel_step("register", None, k,
@@ -228,11 +254,12 @@ def plan_steps(plan: Plan) -> Steps:
     natively = {(n.namespace, n.origin.distribution) for n in plan.natives if n.kind != "IMPL"}
     definers = {op.op.qualname: op.op.origin.distribution for op in plan.ops
                 if op.op.origin is not None}
-    chains = {pair: (op, members) for op in plan.ops for pair, members in chained(op).items()}
+    chains: dict[tuple[str, str], tuple[OpPlan, tuple[KernelPlan, ...]]] = {}
+    kernel_steps = _kernel_steps(plan, chains)
     steps = [_native_step(n, definers) for n in plan.natives if n.kind != "IMPL"]
     steps += _definition_steps(plan, natively)
     steps += [_native_step(n, definers) for n in plan.natives if n.kind == "IMPL"]
-    steps += _kernel_steps(plan, chains)
+    steps += kernel_steps
     steps += _candidate_steps(chains)
     # what kernel modules must not touch by themselves: the plan's namespaces and
     # those of the torch ops it adds kernels to (guard adds torch's reserved ones)
@@ -240,7 +267,8 @@ def plan_steps(plan: Plan) -> Steps:
         k.kernel.namespace for k in plan.external_kernels)
     sites: dict[tuple[str, str], str] = {}
     for step in steps:
-        if step.source:
-            sites.setdefault((step.distribution, step.namespace), step.source)
+        source = step.source
+        if source:
+            sites.setdefault((step.origin.distribution, step.namespace), source)
     return Steps(steps=tuple(steps), origins=_origins(plan), owned=_owned(plan, natively),
                  watched=watched, definers=definers, sites=sites)

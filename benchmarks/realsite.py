@@ -18,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["REAL_PINS", "PROSE_PINS", "MORE_PROSE_PINS", "HEAVY_PINS", "site_of", "ensure_site"]
+__all__ = ["REAL_PINS", "PROSE_PINS", "MORE_PROSE_PINS", "HEAVY_PINS", "NAMESPACE_PINS", "site_of",
+           "ensure_site"]
 
 #: register ops with torch.library at their own import (bitsandbytes needs numpy and
 #: packaging at import, which the development environment has)
@@ -30,6 +31,9 @@ MORE_PROSE_PINS = ("transformers==4.46.3", "diffusers==0.35.2", "timm==1.0.20", 
                    "accelerate==1.10.1")
 #: register hundreds of ops from Python and C++
 HEAVY_PINS = ("vllm==0.33.0", "sglang==0.5.23", "flashinfer-python==0.7.2.post1")
+#: registers below a namespace package (PEP 420: ``optimum/`` has no ``__init__.py``); its
+#: import needs numpy and packaging, which the development environment has
+NAMESPACE_PINS = ("optimum-quanto==0.2.7",)
 
 
 def site_of(pins: tuple[str, ...]) -> Path:

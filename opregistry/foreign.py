@@ -59,7 +59,7 @@ __all__ = [
 
 #: bumped whenever the records or what the scanner finds change: cached scans of an
 #: older format are ignored
-SCAN_FORMAT = 1
+SCAN_FORMAT = 2
 
 RegistrationKind = Literal["DEF", "FRAGMENT", "IMPL", "library", "op", "kernel", "load_library"]
 #: the kinds that are a library for a namespace (torch's ``Library`` kinds)
@@ -180,6 +180,10 @@ class ForeignDistribution:
     #: why the scan of this distribution failed (a bug of the scanner: its registrations
     #: are unknown, not absent)
     error: str = ""
+    #: the folders of its modules that are no module themselves: namespace packages (PEP
+    #: 420) such as ``optimum`` of optimum-quanto, whose ``import optimum`` imports nothing
+    #: of it (:meth:`import_root`)
+    namespace_packages: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -205,10 +209,22 @@ class ForeignDistribution:
     def unresolved(self) -> tuple[Registration, ...]:
         return tuple(r for r in self.registrations if r.unresolved)
 
+    def import_root(self, module: str) -> str:
+        """The package a user imports to get ``module``'s registrations: its top-level
+        package (``bitsandbytes``), or, below namespace packages, the first regular one
+        (``optimum.quanto``)."""
+        parts = module.split(".")
+        for i in range(1, len(parts)):
+            prefix = ".".join(parts[:i])
+            if prefix not in self.namespace_packages:
+                return prefix
+        return module
+
     def to_dict(self) -> dict[str, Any]:
         return {**self.distribution.to_dict(), "requires_torch": self.requires_torch,
                 "plugin_groups": list(self.plugin_groups), "files": self.files,
                 "digest": self.digest, "error": self.error,
+                "namespace_packages": list(self.namespace_packages),
                 "registrations": [r.to_dict() for r in self.registrations]}
 
     @classmethod
@@ -219,7 +235,8 @@ class ForeignDistribution:
             requires_torch=bool(data["requires_torch"]),
             plugin_groups=tuple(data["plugin_groups"]),
             registrations=tuple(Registration.from_dict(r) for r in data["registrations"]),
-            files=int(data["files"]), digest=data["digest"], error=data.get("error", ""))
+            files=int(data["files"]), digest=data["digest"], error=data.get("error", ""),
+            namespace_packages=tuple(data.get("namespace_packages", ())))
 
 
 @frozen(kw_only=True)

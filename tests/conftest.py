@@ -267,6 +267,13 @@ def prose_packages() -> Path:
     return _installed(realsite.PROSE_PINS)
 
 
+@pytest.fixture(scope="session")
+def namespace_package() -> Path:
+    """:data:`realsite.NAMESPACE_PINS` (a package below a namespace package), installed as
+    :func:`real_packages`."""
+    return _installed(realsite.NAMESPACE_PINS)
+
+
 def _installed(pins: tuple[str, ...]) -> Path:
     try:
         return realsite.ensure_site(pins)

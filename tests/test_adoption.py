@@ -100,6 +100,29 @@ def test_a_namespace_is_adopted_on_its_first_touch(foreign, dists: DistFactory, 
     assert not registry.errors
 
 
+@pytest.mark.parametrize("load_when", ["lazy", "eager"])
+def test_below_a_namespace_package_the_regular_package_is_imported(
+        foreign, dists: DistFactory, ns, load_when) -> None:
+    """optimum-quanto's layout: ``optimum/`` has no ``__init__.py`` (PEP 420), so ``import
+    optimum`` imports nothing of it; the first touch (or the load, eager) imports
+    ``optimum.quanto``, whose own import registers the kernels."""
+    root = f"fp_{ns}_org"
+    name = foreign({f"{root}/quant/{rel.partition('/')[2]}": src
+                    for rel, src in _package(ns).items()})
+    if load_when == "eager":
+        dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"},
+                   modules={f"ad_{ns}": ADAPTER.format(dist=name, ns=ns)})
+    registry = load(dists)
+    adopted = registry.plan.adopted(name)
+    assert adopted.load == load_when and dict(adopted.modules) == {ns: (f"{root}.quant",)}
+    getattr(torch.ops, ns)  # the touch alone: no op looked up
+    assert f"{root}.quant.backends.cpu" in sys.modules
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::scale", "CPU")
+    assert getattr(torch.ops, ns).scale(torch.ones(1), 3.0).item() == 1003.0
+    (row,) = report.list_report(registry.plan, namespaces=[ns])["adopted"]
+    assert row["namespaces"] == {ns: [f"{root}.quant"]}
+
+
 def test_listed_without_torch_and_attributed(foreign, dists: DistFactory, ns) -> None:
     """The plan lists the adopted ops and kernels, with the module and line of each."""
     name = foreign()

@@ -17,7 +17,10 @@ autoload on, as a user's process would:
 * available without an explicit import: a program exported with
   ``torch.export`` reloaded in a fresh process, a spawn DataLoader worker,
   the ranks of ``torchrun``;
-* ``NativeLibrary(module="bitsandbytes")`` is refused, and bitsandbytes works.
+* ``NativeLibrary(module="bitsandbytes")`` is refused, and bitsandbytes works;
+* optimum-quanto 0.2.7, below the namespace package ``optimum`` (no
+  ``__init__.py``): the first touch of ``torch.ops.quanto`` imports
+  ``optimum.quanto``, not ``optimum``, and its CPU kernel runs.
 """
 
 from __future__ import annotations
@@ -343,3 +346,32 @@ def test_native_library_for_bitsandbytes_is_refused_and_it_works(bnb_site: Path,
     # as a redefinition of bitsandbytes' op); bitsandbytes works
     assert found["q"] == [512]
     assert set(found["codes"]) == {"native-library-registers-from-python", "op-held-by-package"}
+
+
+def test_a_package_below_a_namespace_package(namespace_package: Path, tmp_path: Path) -> None:
+    """``import optimum`` imports nothing of optimum-quanto (``optimum/`` is a PEP 420
+    namespace package): the first touch of ``torch.ops.quanto`` imports ``optimum.quanto``,
+    whose own import registers its kernels, before any op is looked up."""
+    cache = tmp_path / "cache"
+    found = last_json(run(namespace_package, cache, """
+        import json
+        from opregistry import plan, report
+        print(json.dumps(report.list_report(plan(), namespaces=["quanto"])["adopted"]))
+    """))
+    (adopted,) = [row for row in found if row["distribution"]["name"] == "optimum-quanto"]
+    assert (adopted["status"], adopted["load"]) == ("adopted", "lazy")
+    assert adopted["namespaces"] == {"quanto": ["optimum.quanto"]}
+    touched = last_json(run(namespace_package, cache, """
+        import json, sys
+        import torch
+        before = "optimum.quanto" in sys.modules
+        torch.ops.quanto  # the touch alone
+        registered = torch._C._dispatch_has_kernel_for_dispatch_key("quanto::qbytes_mm", "CPU")
+        a = torch.randn(2, 4)
+        w = torch.randint(-8, 8, (3, 4), dtype=torch.int8)
+        s = torch.rand(3, 1)
+        out = torch.ops.quanto.qbytes_mm(a, w, s)
+        print(json.dumps({"before": before, "registered": registered,
+                          "close": torch.allclose(out, a @ (s * w.float()).t())}))
+    """))
+    assert touched == {"before": False, "registered": True, "close": True}

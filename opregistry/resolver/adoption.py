@@ -10,9 +10,10 @@ modules imported on the first touch of each (or at load), and which of its
 kernels a switch turns off.
 
 Which modules: a declaration's ``modules``, or else, per namespace, the
-top-level packages of the modules the scan found *defining* something in it
-(a library or an op), at module level outside any condition when there are
-such -- what ``import bitsandbytes`` imports, the package deciding which of
+top-level packages (below a namespace package, the first regular ones) of
+the modules the scan found *defining* something in it (a library or an op),
+at module level outside any condition when there are such -- what ``import
+bitsandbytes`` imports, the package deciding which of
 its modules load (bitsandbytes imports its CUDA kernels only where CUDA is
 available; importing its XPU backend where there is no XPU would fail).
 An op defined in a module the package does not import at its own import
@@ -55,9 +56,10 @@ def _entry_modules(scan: ForeignScan, dist: ForeignDistribution, namespace: str
     """The packages of ``dist`` imported on the first touch of ``namespace``.
 
     The top-level packages of the modules that define something in it (at
-    module level outside any condition, when there are such): importing the
-    package is what its users do, and brings what it registers at its own
-    import.  An op defined in a module the package does not import is
+    module level outside any condition, when there are such), or below a
+    namespace package the first regular one (``optimum.quanto``): importing
+    the package is what its users do, and brings what it registers at its
+    own import.  An op defined in a module the package does not import is
     imported when that op is looked up (:func:`_op_modules`).
     """
     ranked = _defining(dist, namespace)
@@ -65,7 +67,7 @@ def _entry_modules(scan: ForeignScan, dist: ForeignDistribution, namespace: str
         return ()
     best = min(ranked.values())
     order = [module for d, module in scan.importers(namespace) if d.name == dist.name]
-    return tuple(dict.fromkeys(m.split(".")[0] for m in order if ranked.get(m) == best))
+    return tuple(dict.fromkeys(dist.import_root(m) for m in order if ranked.get(m) == best))
 
 
 def _op_modules(dist: ForeignDistribution | None) -> tuple[tuple[str, str], ...]:

@@ -89,6 +89,19 @@ def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]
     return modules, dict(sorted(natives.items()))
 
 
+def _namespace_packages(modules: Iterable[str]) -> tuple[str, ...]:
+    """The folders of ``modules`` (dotted names) that are no module of them: namespace
+    packages (``optimum/`` without ``__init__.py``), or a package another distribution
+    installs the ``__init__.py`` of; either way, not what imports these modules."""
+    names = set(modules)
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        found.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                     if p not in names)
+    return tuple(sorted(found))
+
+
 def _digest(info: DistInfo, paths: Iterable[str], content: bool) -> str:
     """A digest of the files a scan reads: size and mtime of each, or its sha256."""
     h = hashlib.sha256()
@@ -175,7 +188,7 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
     record = ForeignDistribution(
         distribution=info.installed, requires_torch=requires,
         plugin_groups=tuple(g for g in PLUGIN_GROUPS if g in info.groups),
-        files=len(modules) + len(natives))
+        files=len(modules) + len(natives), namespace_packages=_namespace_packages(modules))
     if not (requires or mentions):
         return record, False
     # the parsers are imported here: a scan answered from the cache never needs them

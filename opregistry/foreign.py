@@ -180,9 +180,9 @@ class ForeignDistribution:
     #: why the scan of this distribution failed (a bug of the scanner: its registrations
     #: are unknown, not absent)
     error: str = ""
-    #: the folders of its modules that are no module themselves: namespace packages (PEP
-    #: 420) such as ``optimum`` of optimum-quanto, whose ``import optimum`` imports nothing
-    #: of it (:meth:`import_root`)
+    #: the folders above its modules that are no module themselves: namespace packages
+    #: (PEP 420) such as ``optimum`` of optimum-quanto, whose ``import optimum`` imports
+    #: nothing of it (:meth:`import_root`)
     namespace_packages: tuple[str, ...] = ()
 
     @property

@@ -22,13 +22,15 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def write(site: Path, name: str, files: dict[str, str], *, version: str = "1.0",
+def write(site: Path, name: str, files: dict[str, str | bytes], *, version: str = "1.0",
           requires: tuple[str, ...] = ("torch",), entry_points: str = "") -> str:
-    """Install distribution ``name`` (files: relative path -> source) into ``site``."""
+    """Install distribution ``name`` (files: relative path -> source, or the bytes of a
+    binary file such as a shared library) into ``site``."""
     info = f"{name.replace('-', '_')}-{version}.dist-info"
     written: dict[str, bytes] = {}
     for rel, source in files.items():
-        data = textwrap.dedent(source).lstrip("\n").encode()
+        data = source if isinstance(source, bytes) else \
+            textwrap.dedent(source).lstrip("\n").encode()
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from opregistry import report
 
-from . import adoption_dists
+from . import adoption_dists, foreign_dists
 from .conftest import DistFactory, load, op_dist, plan
 from .test_cli import doc_schemas, schema_errors
 
@@ -311,6 +311,32 @@ def test_a_declared_namespace_is_protected_before_torch(site, dists: DistFactory
     claimant = op_dist(dists, "claimant", ns, "lib.define('neg(Tensor x) -> Tensor')\n")
     [held] = [p for p in plan(dists).errors if p.code == "namespace-held-by-package"]
     assert f"{name}==1.0" in held.message and "declared adoption" not in held.message
+    assert [o.distribution for o in held.culprits] == [claimant]
+
+
+def test_a_stripped_librarys_namespace_is_protected_before_torch(
+        site, dists: DistFactory, native_libraries: dict[str, Path], tmp_path: Path) -> None:
+    """fbgemm-gpu's layout: ``TORCH_LIBRARY(opregistry_native_test)`` in a library stripped of
+    its symbols (its schema strings unqualified), fake kernels for its ops in Python: a DEF of
+    that namespace is refused before torch."""
+    ns = "opregistry_native_test"
+    library = tmp_path / "libfxhinted.so"
+    foreign_dists._strip(native_libraries["test"], library)
+    name = adoption_dists.write(site, "fp-hinted", {"fp_hinted/__init__.py": f"""
+        import os
+
+        import torch
+
+        torch.ops.load_library(os.path.join(os.path.dirname(__file__), "libfxhinted.so"))
+
+
+        @torch.library.register_fake("{ns}::twice")
+        def _(x):
+            return torch.empty_like(x)
+    """, "fp_hinted/libfxhinted.so": library.read_bytes()})
+    claimant = op_dist(dists, "claimant", ns, "lib.define('other(Tensor x) -> Tensor')\n")
+    [held] = [p for p in plan(dists).errors if p.code == "namespace-held-by-package"]
+    assert f"{name}==1.0 (" in held.message and "libfxhinted.so" in held.message
     assert [o.distribution for o in held.culprits] == [claimant]
 
 

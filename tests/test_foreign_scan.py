@@ -29,7 +29,7 @@ from opregistry.scan.native import scan_library
 from opregistry.scan.pysource import scan_modules
 from opregistry.scan.pyvalues import ModuleSource
 
-from . import foreign_dists
+from . import adoption_dists, foreign_dists
 
 NAMES = sorted(foreign_dists.DISTRIBUTIONS)
 
@@ -254,6 +254,64 @@ def test_stripped_library_is_unresolved(scan: ForeignScan) -> None:
     kinds = {(r.kind, r.namespace, r.op) for r in found.registrations if r.kind != "load_library"}
     assert kinds == {("library", None, None), ("op", "fx_single", "fx_single::hidden")}
     assert all(r.unresolved for r in found.registrations if r.kind != "load_library")
+
+
+HINTED = '''
+import os
+
+import torch
+
+torch.ops.load_library(os.path.join(os.path.dirname(__file__), "libfxhinted.so"))
+
+
+@torch.library.register_fake("fx_single::plain")
+def _(x):
+    return torch.empty_like(x)
+
+
+elsewhere = torch.library.Library("fx_elsewhere", "FRAGMENT")
+elsewhere.define("op(Tensor x) -> Tensor")
+'''
+
+TOUCH_HINTED = """
+import json, sys
+import torch
+from opregistry import plan, report
+adopted = report.list_report(plan(), namespaces=["fx_single"])["adopted"]
+out = torch.ops.fx_single.plain(torch.ones(2))
+print(json.dumps({"adopted": [(a["distribution"]["name"], a["namespaces"]) for a in adopted],
+                  "out": out.tolist(), "imported": "fx_hinted" in sys.modules}))
+"""
+
+
+def test_a_stripped_library_holds_the_namespace_its_package_registers_in(
+        native_libraries: dict[str, Path], tmp_path: Path) -> None:
+    """fbgemm-gpu's layout: C++ libraries stripped of their symbols, whose ops the package's
+    Python gives fake kernels.  The namespace its Python names and the library holds as a
+    string (``TORCH_LIBRARY(fx_single, m)`` passes ``"fx_single"`` to torch) is the
+    library's: adopted (the first touch loads it, the op dispatches) and protected; one the
+    library does not hold is not given to it."""
+    library = tmp_path / "libfxhinted.so"
+    foreign_dists._strip(native_libraries["foreign_single"], library)
+    site = tmp_path / "site"
+    adoption_dists.write(site, "fx-hinted", {"fx_hinted/__init__.py": HINTED,
+                                             "fx_hinted/libfxhinted.so": library.read_bytes()})
+    out = subprocess.run([sys.executable, "-c", SCAN, "fx-hinted"], capture_output=True,
+                         text=True, env=_env(site), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (dist,) = ForeignScan.from_dict(json.loads(out.stdout)).distributions
+    assert {(r.kind, r.namespace, r.unresolved) for r in dist.registrations
+            if r.file.endswith(".so")} == {
+        ("library", "fx_single", ""), ("op", "fx_single", "read from the strings of a stripped library")}
+    assert _kernels(dist) == {("fx_single::plain", "Meta")}
+    assert dist.ops() == {"fx_elsewhere::op", "fx_single::hidden"}
+    touched = subprocess.run([sys.executable, "-c", TOUCH_HINTED], capture_output=True,
+                             text=True, env={**_env(site, tmp_path / "cache"),
+                                             "OPREGISTRY_AUTOLOAD": "1"}, timeout=300)
+    assert touched.returncode == 0, touched.stderr[-3000:]
+    assert json.loads(touched.stdout.splitlines()[-1]) == {
+        "adopted": [["fx-hinted", {"fx_single": ["fx_hinted"]}]], "out": [2.0, 2.0],
+        "imported": True}
 
 
 def test_plugins_are_scanned_and_marked(scan: ForeignScan) -> None:

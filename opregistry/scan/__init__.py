@@ -90,15 +90,20 @@ def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]
 
 
 def _namespace_packages(modules: Iterable[str]) -> tuple[str, ...]:
-    """The folders of ``modules`` (dotted names) that are no module of them: namespace
-    packages (``optimum/`` without ``__init__.py``), or a package another distribution
-    installs the ``__init__.py`` of; either way, not what imports these modules."""
+    """The folders of ``modules`` (dotted names) above every module of theirs that are no
+    module of them: namespace packages (``optimum/`` without ``__init__.py``), or a
+    package another distribution installs the ``__init__.py`` of -- either way, not what
+    imports these modules.  A folder below a package is left out: the package is what is
+    imported (:meth:`~opregistry.foreign.ForeignDistribution.import_root`)."""
     names = set(modules)
     found = set()
     for name in names:
         parts = name.split(".")
-        found.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
-                     if p not in names)
+        for i in range(1, len(parts)):
+            prefix = ".".join(parts[:i])
+            if prefix in names:
+                break
+            found.add(prefix)
     return tuple(sorted(found))
 
 
@@ -199,7 +204,8 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
     sources = {name: ModuleSource(name, path, path.endswith("__init__.py"), texts.get(path))
                for name, path in modules.items()}
     found = scan_modules(sources, texts)
-    native = {path: regs for path in natives if (regs := scan_library(path))}
+    named = {r.namespace for r in found if r.namespace}  # what a stripped library may hold
+    native = {path: regs for path in natives if (regs := scan_library(path, named))}
     loaders = _loaders(found, sources, texts, {p: natives[p] for p in native})
     for path, regs in sorted(native.items()):
         module, how = loaders[path]

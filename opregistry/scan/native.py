@@ -17,14 +17,20 @@ FRAGMENTs (a schema elsewhere in the binary says nothing).  An op defined
 without a schema string (``m.def("name", &fn)``) is not seen.  A library
 whose symbols were stripped but that calls torch's ``Library`` (its
 imported symbols say so) is reported with its namespaces ``unresolved``,
-plus the qualified schemas its strings hold.
+plus the qualified schemas its strings hold -- unless its strings hold, as a
+whole string, a namespace the distribution's own Python code registers in
+(``named``): ``TORCH_LIBRARY(fbgemm, m)`` passes ``"fbgemm"`` to torch, and
+fbgemm-gpu's Python registers fake kernels for ``fbgemm::`` ops; that
+namespace is the library's (kind ``library``: which macro is not known).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
 from ..foreign import Registration
+from ..keys import RESERVED_NAMESPACES
 from .elf import open_elf
 
 __all__ = ["scan_library", "is_extension_module"]
@@ -142,8 +148,12 @@ def _schemas(strings: bytes) -> list[tuple[str | None, str, str, str]]:
     return out
 
 
-def scan_library(path: str) -> list[Registration]:
-    """What the library at ``path`` registers when it is loaded (``module`` left for the caller)."""
+def scan_library(path: str, named: Iterable[str] = ()) -> list[Registration]:
+    """What the library at ``path`` registers when it is loaded (``module`` left for the caller).
+
+    ``named``: the namespaces the distribution's Python code registers in, looked for
+    among the strings of a stripped library (see the module's description).
+    """
     idents, registers, strings, stripped = _read(path)
     if not registers:
         return []
@@ -154,6 +164,11 @@ def scan_library(path: str) -> list[Registration]:
                                   line=None))
         if kind in ("DEF", "FRAGMENT"):
             owned.add(ns)
+    if not found and stripped:
+        found = [Registration(kind="library", namespace=ns, api="TORCH_LIBRARY", file=path,
+                              line=None)
+                 for ns in sorted(set(named) - RESERVED_NAMESPACES)
+                 if b"\0" + ns.encode() + b"\0" in strings]
     if not found:
         why = ("the library calls torch's Library but its symbols are stripped: its "
                "TORCH_LIBRARY namespaces cannot be read" if stripped else

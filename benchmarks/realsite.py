@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["REAL_PINS", "PROSE_PINS", "MORE_PROSE_PINS", "HEAVY_PINS", "NAMESPACE_PINS", "site_of",
-           "ensure_site"]
+__all__ = ["REAL_PINS", "PROSE_PINS", "MORE_PROSE_PINS", "HEAVY_PINS", "NAMESPACE_PINS",
+           "STRIPPED_PINS", "site_of", "ensure_site"]
 
 #: register ops with torch.library at their own import (bitsandbytes needs numpy and
 #: packaging at import, which the development environment has)
@@ -34,6 +34,9 @@ HEAVY_PINS = ("vllm==0.33.0", "sglang==0.5.23", "flashinfer-python==0.7.2.post1"
 #: registers below a namespace package (PEP 420: ``optimum/`` has no ``__init__.py``); its
 #: import needs numpy and packaging, which the development environment has
 NAMESPACE_PINS = ("optimum-quanto==0.2.7",)
+#: registers from C++ libraries stripped of their symbols (``TORCH_LIBRARY(fbgemm, m)``), and
+#: adds fake kernels to their ops from Python (6 MB; built for one torch: its import may fail)
+STRIPPED_PINS = ("fbgemm-gpu-cpu==1.9.0",)
 
 
 def site_of(pins: tuple[str, ...]) -> Path:

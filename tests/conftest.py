@@ -274,6 +274,13 @@ def namespace_package() -> Path:
     return _installed(realsite.NAMESPACE_PINS)
 
 
+@pytest.fixture(scope="session")
+def stripped_package() -> Path:
+    """:data:`realsite.STRIPPED_PINS` (C++ libraries stripped of their symbols), installed as
+    :func:`real_packages`."""
+    return _installed(realsite.STRIPPED_PINS)
+
+
 def _installed(pins: tuple[str, ...]) -> Path:
     try:
         return realsite.ensure_site(pins)

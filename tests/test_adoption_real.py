@@ -20,7 +20,9 @@ autoload on, as a user's process would:
 * ``NativeLibrary(module="bitsandbytes")`` is refused, and bitsandbytes works;
 * optimum-quanto 0.2.7, below the namespace package ``optimum`` (no
   ``__init__.py``): the first touch of ``torch.ops.quanto`` imports
-  ``optimum.quanto``, not ``optimum``, and its CPU kernel runs.
+  ``optimum.quanto``, not ``optimum``, and its CPU kernel runs;
+* fbgemm-gpu-cpu 1.9.0, whose C++ libraries are stripped of their symbols:
+  its namespace read from their strings, listed and adopted.
 """
 
 from __future__ import annotations
@@ -375,3 +377,34 @@ def test_a_package_below_a_namespace_package(namespace_package: Path, tmp_path: 
                           "close": torch.allclose(out, a @ (s * w.float()).t())}))
     """))
     assert touched == {"before": False, "registered": True, "close": True}
+
+
+def test_a_package_of_stripped_libraries(stripped_package: Path, tmp_path: Path) -> None:
+    """fbgemm-gpu-cpu's libraries are stripped (``TORCH_LIBRARY(fbgemm, m)`` unreadable from
+    their symbols) and its Python only adds fake kernels to their ops: the namespace is read
+    from the libraries' strings, so it is listed, adopted and its touch imports the package.
+    Built for one torch, the import may fail here: then the lookup says so."""
+    cache = tmp_path / "cache"
+    found = last_json(run(stripped_package, cache, """
+        import json
+        from opregistry import plan, report
+        print(json.dumps(report.list_report(plan(), namespaces=["fbgemm"])["adopted"]))
+    """))
+    (adopted,) = [row for row in found if row["distribution"]["name"] == "fbgemm-gpu-cpu"]
+    assert (adopted["status"], adopted["load"]) == ("adopted", "lazy")
+    assert adopted["namespaces"] == {"fbgemm": ["fbgemm_gpu"]}
+    touched = last_json(run(stripped_package, cache, """
+        import json, sys
+        import torch
+        try:
+            torch.ops.fbgemm.asynchronous_complete_cumsum
+            error = ""
+        except AttributeError as exc:
+            error = str(exc)
+        print(json.dumps({"error": error, "imported": "fbgemm_gpu" in sys.modules}))
+    """))
+    if touched["error"]:  # built for another torch: named, never a bare "no attribute"
+        assert "fbgemm-gpu-cpu==1.9.0, adopted by opregistry for torch.ops.fbgemm, failed to " \
+               "import (importing fbgemm_gpu: " in touched["error"], touched["error"]
+    else:
+        assert touched["imported"]

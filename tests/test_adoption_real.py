@@ -350,19 +350,25 @@ def test_native_library_for_bitsandbytes_is_refused_and_it_works(bnb_site: Path,
     assert set(found["codes"]) == {"native-library-registers-from-python", "op-held-by-package"}
 
 
+def _adopted(site: Path, cache: Path, name: str, namespace: str) -> tuple[str, str, dict]:
+    """``(status, load, namespaces)`` of ``name``'s adoption, as ``opregistry list`` plans it
+    (without torch)."""
+    found = last_json(run(site, cache, f"""
+        import json
+        from opregistry import plan, report
+        print(json.dumps(report.list_report(plan(), namespaces=[{namespace!r}])["adopted"]))
+    """))
+    (row,) = [row for row in found if row["distribution"]["name"] == name]
+    return row["status"], row["load"], row["namespaces"]
+
+
 def test_a_package_below_a_namespace_package(namespace_package: Path, tmp_path: Path) -> None:
     """``import optimum`` imports nothing of optimum-quanto (``optimum/`` is a PEP 420
     namespace package): the first touch of ``torch.ops.quanto`` imports ``optimum.quanto``,
     whose own import registers its kernels, before any op is looked up."""
     cache = tmp_path / "cache"
-    found = last_json(run(namespace_package, cache, """
-        import json
-        from opregistry import plan, report
-        print(json.dumps(report.list_report(plan(), namespaces=["quanto"])["adopted"]))
-    """))
-    (adopted,) = [row for row in found if row["distribution"]["name"] == "optimum-quanto"]
-    assert (adopted["status"], adopted["load"]) == ("adopted", "lazy")
-    assert adopted["namespaces"] == {"quanto": ["optimum.quanto"]}
+    assert _adopted(namespace_package, cache, "optimum-quanto", "quanto") == (
+        "adopted", "lazy", {"quanto": ["optimum.quanto"]})
     touched = last_json(run(namespace_package, cache, """
         import json, sys
         import torch
@@ -385,14 +391,8 @@ def test_a_package_of_stripped_libraries(stripped_package: Path, tmp_path: Path)
     from the libraries' strings, so it is listed, adopted and its touch imports the package.
     Built for one torch, the import may fail here: then the lookup says so."""
     cache = tmp_path / "cache"
-    found = last_json(run(stripped_package, cache, """
-        import json
-        from opregistry import plan, report
-        print(json.dumps(report.list_report(plan(), namespaces=["fbgemm"])["adopted"]))
-    """))
-    (adopted,) = [row for row in found if row["distribution"]["name"] == "fbgemm-gpu-cpu"]
-    assert (adopted["status"], adopted["load"]) == ("adopted", "lazy")
-    assert adopted["namespaces"] == {"fbgemm": ["fbgemm_gpu"]}
+    assert _adopted(stripped_package, cache, "fbgemm-gpu-cpu", "fbgemm") == (
+        "adopted", "lazy", {"fbgemm": ["fbgemm_gpu"]})
     touched = last_json(run(stripped_package, cache, """
         import json, sys
         import torch

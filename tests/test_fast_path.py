@@ -292,6 +292,14 @@ def test_raw_floor_registers_and_counts(tmp_path: Path) -> None:
     assert raw["objects"] > bare["objects"]  # the registrations keep objects alive
 
 
+def test_import_lock_floor_times_both_sides(tmp_path: Path) -> None:
+    """import_lock_floor.py times the floor's registrations after and during torch's import."""
+    data = _script("import_lock_floor.py", "--ops", "20", "--reps", "1", tmp_path=tmp_path)
+    assert data["ops"] == 20
+    assert all(len(v) == 1 and v[0] > 0 for v in data["seconds"].values())
+    assert set(data["seconds"]) == {"after", "initializing"}
+
+
 def test_scaling_plot_data_match_the_tables() -> None:
     """The plot's ratio row is computed from the committed runs as performance.md quotes them."""
     import json

@@ -34,8 +34,8 @@ from attrs import field, frozen
 from .variables import canonical_name
 from .foreign import InstalledDistribution
 
-__all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of", "is_editable",
-           "module_name", "owner_of", "Owners", "owners"]
+__all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of", "walked_folders",
+           "is_editable", "module_name", "owner_of", "Owners", "owners"]
 
 #: shared libraries: what ``TORCH_LIBRARY`` code ships as
 NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
@@ -204,15 +204,35 @@ def _locate(name: str) -> list[tuple[str, str]]:
     return [(loc, os.path.dirname(loc)) for loc in spec.submodule_search_locations or ()]
 
 
+def _folders(path: str) -> Iterable[tuple[str, list[str]]]:
+    """``(folder, its file names)`` of the tree at ``path`` (``__pycache__`` and hidden
+    folders aside), sorted."""
+    for folder, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        yield folder, sorted(names)
+
+
 def _walk(path: str, base: str) -> Iterable[tuple[str, str]]:
     if os.path.isfile(path):
         yield os.path.normpath(path), os.path.relpath(path, base).replace(os.sep, "/")
         return
-    for folder, dirs, names in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-        for name in sorted(names):
+    for folder, names in _folders(path):
+        for name in names:
             full = os.path.join(folder, name)
             yield os.path.normpath(full), os.path.relpath(full, base).replace(os.sep, "/")
+
+
+def walked_folders(info: DistInfo) -> list[str]:
+    """The folders :func:`files_of` walks to list ``info``'s files: those of an editable
+    install or of one without ``RECORD`` (its top-level packages), none for the others.
+    A module added to one is a new file of the distribution that no file's stamp shows:
+    the folder's does."""
+    folder = _folder(info.dist)
+    if folder is None or (_record(info.dist, os.path.dirname(folder))
+                          and not _editable(info.dist)):
+        return []
+    return [os.path.normpath(f) for top in _top_levels(info) for path, _ in _locate(top)
+            if os.path.isdir(path) for f, _ in _folders(path)]
 
 
 def files_of(info: DistInfo) -> list[tuple[str, str]]:

@@ -227,6 +227,49 @@ def test_editable_source_tree_changes_without_its_dist_info(env: Env, tmp_path: 
     _sees(env.probe(), "pcedit::renamed")
 
 
+#: prints the ops in namespace argv[1] of the packages adopted (those that register with
+#: torch by themselves), as ``opregistry list`` and ``import torch`` see them
+ADOPTED_PROBE = r"""
+import json, sys
+import opregistry
+from opregistry.state import process
+
+def ops(plan):
+    return sorted(r.op for a in plan.adoptions for r in a.registrations
+                  if r.kind == "op" and r.namespace == sys.argv[1])
+
+out = {"list": {"ops": ops(opregistry.plan()), "cache": process().plan_cache}}
+if "--torch" in sys.argv:
+    import torch
+    out["torch"] = {"ops": ops(opregistry.get_registry().plan), "cache": process().plan_cache}
+print(json.dumps(out))
+"""
+
+
+def test_a_module_added_to_an_editable_foreign_package(env: Env, tmp_path: Path) -> None:
+    """A package that registers with torch by itself, installed editable: its files are found
+    by walking its source folder, so a module added there (no stamped file changes) counts."""
+    package = tmp_path / "src" / "pcfed"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import torch\ntorch.library.define('pcfed::one', '(Tensor x) -> Tensor')\n")
+    info = env.site / "pc_fed-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pc-fed\nVersion: 1.0\n"
+                                   "Requires-Dist: torch\n")
+    (info / "top_level.txt").write_text("pcfed\n")
+    (info / "direct_url.json").write_text(json.dumps(
+        {"url": package.parent.as_uri(), "dir_info": {"editable": True}}))
+    env.extra.append(package.parent)
+    env.run(ADOPTED_PROBE, "pcfed", "--torch")
+    found = json.loads(env.run(ADOPTED_PROBE, "pcfed", "--torch").strip().splitlines()[-1])
+    assert found["list"] == found["torch"] == {"ops": ["pcfed::one"], "cache": "hit"}
+    (package / "more.py").write_text(
+        "import torch\ntorch.library.define('pcfed::two', '(Tensor x) -> Tensor')\n")
+    found = json.loads(env.run(ADOPTED_PROBE, "pcfed", "--torch").strip().splitlines()[-1])
+    assert found["list"]["ops"] == found["torch"]["ops"] == ["pcfed::one", "pcfed::two"]
+
+
 def test_edit_a_declaration_module_keeping_its_size(env: Env) -> None:
     env.op_dist("pc-one", "pcone", "f1")
     _sees(env.warm(), "pcone::f1")

@@ -42,7 +42,7 @@ import attrs
 from ..config import canonical_name
 from ..diskcache import DiskCache
 from ..distfiles import (NATIVE_SUFFIXES, DistInfo, distributions, files_of, is_editable,
-                         module_name)
+                         module_name, walked_folders)
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
 from ..logs import get_logger
 from ..state import gc_paused
@@ -267,8 +267,10 @@ def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
     digest = _digest(info, paths, content)
 
     def stamped(record: ForeignDistribution | None) -> list[str]:
+        if stamp is None:  # its files are found by walking folders: a new one is a change
+            return [*paths, *walked_folders(info)]
         registers = record is not None and bool(record.registrations or record.error)
-        return paths if registers or stamp is None else []
+        return paths if registers else []
 
     if isinstance(entry, dict) and entry.get("digest") == digest:
         try:
@@ -388,7 +390,8 @@ def scan_inputs(scan: ForeignScan) -> list[str]:
     is scanned again when they change: pip rewrites them on every install),
     and every file scanned of the editable installs and the distributions
     without a ``RECORD`` (whose sources change without them: a hand-made
-    ``dist-info``, a legacy develop install) and of the distributions found
+    ``dist-info``, a legacy develop install) -- with the folders walked to find
+    them, where a new module shows -- and of the distributions found
     registering with torch.  A
     distribution whose sources mention torch but register nothing (numpy,
     sympy: thousands of files) is stamped by its ``METADATA`` and ``RECORD``
@@ -405,6 +408,8 @@ def scan_inputs(scan: ForeignScan) -> list[str]:
         if not location or info.installed.name in NOT_SCANNED:
             continue
         found += [os.path.join(location, n) for n in ("METADATA", "RECORD")]
-        if info.installed.name in users or _metadata_stamp(info) is None:
+        if _metadata_stamp(info) is None:
+            found += [path for path, _ in _scanned_files(info)] + walked_folders(info)
+        elif info.installed.name in users:
             found += [path for path, _ in _scanned_files(info)]
     return found

@@ -48,6 +48,7 @@ from typing import Any, Iterator, Literal, Mapping
 from attrs import field, frozen
 
 __all__ = [
+    "STRIPPED_API",
     "RegistrationKind",
     "LIBRARY_KINDS",
     "Registration",
@@ -60,6 +61,11 @@ __all__ = [
 #: bumped whenever the records or what the scanner finds change: cached scans of an
 #: older format are ignored
 SCAN_FORMAT = 2
+
+#: the ``api`` of a library whose namespace was read from the strings of a C++ library
+#: stripped of its symbols (:mod:`opregistry.scan.native`): a weaker claim than one read from
+#: symbols or source -- which macro (DEF, FRAGMENT, IMPL) is not known
+STRIPPED_API = "TORCH_LIBRARY (a stripped library: the namespace read from its strings)"
 
 RegistrationKind = Literal["DEF", "FRAGMENT", "IMPL", "library", "op", "kernel", "load_library"]
 #: the kinds that are a library for a namespace (torch's ``Library`` kinds)
@@ -116,6 +122,12 @@ class Registration:
         if self.namespace is None or self.name is None:
             return None
         return f"{self.namespace}::{self.name}" + (f".{self.overload}" if self.overload else "")
+
+    @property
+    def inferred(self) -> bool:
+        """Whether the namespace was read from a stripped library's strings (:data:`STRIPPED_API`):
+        it yields to any other distribution's claim read from symbols or source."""
+        return self.api == STRIPPED_API
 
     @property
     def source(self) -> str:
@@ -289,6 +301,13 @@ class ForeignScan:
                 ranked[key] = (*rank, dist)
         order = sorted(ranked.items(), key=lambda item: (item[1][:2], item[0]))
         return [(dist, module) for (_, module), (_, _, dist) in order]
+
+    def held_elsewhere(self, namespace: str, name: str) -> bool:
+        """Whether a distribution other than ``name`` defines ``namespace`` by a registration
+        read from its symbols or source (not :attr:`Registration.inferred`)."""
+        return any(dist.name != name and reg.namespace == namespace and not reg.inferred
+                   and reg.kind in ("DEF", "FRAGMENT", "library", "op")
+                   for dist, reg in self.registrations())
 
     def get(self, name: str) -> ForeignDistribution | None:
         """The scan of distribution ``name`` (canonical), if it was scanned."""

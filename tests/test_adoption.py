@@ -314,15 +314,17 @@ def test_a_declared_namespace_is_protected_before_torch(site, dists: DistFactory
     assert [o.distribution for o in held.culprits] == [claimant]
 
 
-def test_a_stripped_librarys_namespace_is_protected_before_torch(
-        site, dists: DistFactory, native_libraries: dict[str, Path], tmp_path: Path) -> None:
+#: the namespace of tests/native_build.py's ``test`` library, whose schema strings are
+#: unqualified: stripped of its symbols, nothing but its strings names it
+NATIVE_NS = "opregistry_native_test"
+
+
+def _stripped_package(site: Path, native_libraries: dict[str, Path], tmp_path: Path) -> str:
     """fbgemm-gpu's layout: ``TORCH_LIBRARY(opregistry_native_test)`` in a library stripped of
-    its symbols (its schema strings unqualified), fake kernels for its ops in Python: a DEF of
-    that namespace is refused before torch."""
-    ns = "opregistry_native_test"
+    its symbols, fake kernels for its ops in Python; installed, its name returned."""
     library = tmp_path / "libfxhinted.so"
     foreign_dists._strip(native_libraries["test"], library)
-    name = adoption_dists.write(site, "fp-hinted", {"fp_hinted/__init__.py": f"""
+    return adoption_dists.write(site, "fp-hinted", {"fp_hinted/__init__.py": f"""
         import os
 
         import torch
@@ -330,14 +332,38 @@ def test_a_stripped_librarys_namespace_is_protected_before_torch(
         torch.ops.load_library(os.path.join(os.path.dirname(__file__), "libfxhinted.so"))
 
 
-        @torch.library.register_fake("{ns}::twice")
+        @torch.library.register_fake("{NATIVE_NS}::twice")
         def _(x):
             return torch.empty_like(x)
     """, "fp_hinted/libfxhinted.so": library.read_bytes()})
-    claimant = op_dist(dists, "claimant", ns, "lib.define('other(Tensor x) -> Tensor')\n")
+
+
+def test_a_stripped_librarys_namespace_is_protected_before_torch(
+        site, dists: DistFactory, native_libraries: dict[str, Path], tmp_path: Path) -> None:
+    """The namespace read from the stripped library's strings: a DEF of it is refused."""
+    name = _stripped_package(site, native_libraries, tmp_path)
+    claimant = op_dist(dists, "claimant", NATIVE_NS, "lib.define('other(Tensor x) -> Tensor')\n")
     [held] = [p for p in plan(dists).errors if p.code == "namespace-held-by-package"]
     assert f"{name}==1.0 (" in held.message and "libfxhinted.so" in held.message
     assert [o.distribution for o in held.culprits] == [claimant]
+
+
+def test_a_stripped_librarys_namespace_yields_to_a_package_that_defines_it(
+        site, dists: DistFactory, native_libraries: dict[str, Path], tmp_path: Path) -> None:
+    """What a stripped library's strings say is weaker than source: a package whose source
+    defines the namespace is its owner, adopted alone, with no conflict."""
+    hinted = _stripped_package(site, native_libraries, tmp_path)
+    owner = adoption_dists.write(site, "fp-owner", {"fp_owner/__init__.py": f"""
+        import torch
+
+        torch.library.define("{NATIVE_NS}::other", "(Tensor x) -> Tensor")
+    """})
+    op_dist(dists, "claimant", NATIVE_NS, "lib.define('third(Tensor x) -> Tensor')\n")
+    found = plan(dists)
+    [held] = [p for p in found.errors if p.code == "namespace-held-by-package"]
+    assert f"{owner}==1.0 (" in held.message
+    assert found.adopted(owner).status == "adopted" and found.adopted(hinted) is None
+    assert "adoption-conflict" not in {p.code for p in found.problems}
 
 
 def test_eager_self_declared_adoption_imports_at_load(site, dists: DistFactory, ns) -> None:

@@ -41,11 +41,17 @@ __all__ = ["plan_adoptions"]
 _DEFINING = frozenset({"DEF", "FRAGMENT", "library", "op"})
 
 
-def _defining(dist: ForeignDistribution, namespace: str) -> dict[str, int]:
-    """module -> 0 (defines something in ``namespace`` at import, outside any condition) or 1."""
+def _defining(scan: ForeignScan, dist: ForeignDistribution, namespace: str) -> dict[str, int]:
+    """module -> 0 (defines something in ``namespace`` at import, outside any condition) or 1.
+
+    A namespace read from a stripped library's strings counts only where no other
+    distribution defines it by what its symbols or source say.
+    """
     ranked: dict[str, int] = {}
     for reg in dist.registrations:
         if reg.namespace == namespace and reg.kind in _DEFINING and reg.module:
+            if reg.inferred and scan.held_elsewhere(namespace, dist.name):
+                continue
             rank = 0 if reg.at_import and not reg.conditional else 1
             ranked[reg.module] = min(rank, ranked.get(reg.module, rank))
     return ranked
@@ -62,7 +68,7 @@ def _entry_modules(scan: ForeignScan, dist: ForeignDistribution, namespace: str
     own import.  An op defined in a module the package does not import is
     imported when that op is looked up (:func:`_op_modules`).
     """
-    ranked = _defining(dist, namespace)
+    ranked = _defining(scan, dist, namespace)
     if not ranked:
         return ()
     best = min(ranked.values())
@@ -272,7 +278,7 @@ def _claims(dist: ForeignDistribution) -> dict[str, set[str]]:
     is unknown: perhaps a DEF), and each op it defines."""
     out: dict[str, set[str]] = {}
     for reg in dist.registrations:
-        if reg.namespace is None:
+        if reg.namespace is None or reg.inferred:  # which macro is not known: no clash
             continue
         if reg.kind in ("DEF", "library"):
             out.setdefault(reg.namespace, set()).add(reg.kind)

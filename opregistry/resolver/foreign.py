@@ -69,10 +69,12 @@ def foreign_owners(scan: Any, adoptions: Iterable[Any] = ()) -> ForeignOwners:
     namespaces: dict[str, tuple[Any, Any]] = {}
     ops: dict[str, tuple[Any, Any]] = {}
     kernels: dict[tuple[str, str], tuple[Any, Any]] = {}
+    # a namespace read from a stripped library's strings yields to a claim read from symbols
+    # or source: those come first
     found = sorted(((d, r) for d in scan.distributions if not d.is_plugin
                     for r in d.registrations if r.namespace is not None
                     and r.namespace not in RESERVED_NAMESPACES),
-                   key=lambda dr: (dr[0].name, dr[1].file, dr[1].line or 0))
+                   key=lambda dr: (dr[1].inferred, dr[0].name, dr[1].file, dr[1].line or 0))
     for dist, reg in found:
         if reg.kind in _CLAIMS:
             namespaces.setdefault(reg.namespace, (dist, reg))

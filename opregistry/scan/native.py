@@ -21,7 +21,8 @@ plus the qualified schemas its strings hold -- unless its strings hold, as a
 whole string, a namespace the distribution's own Python code registers in
 (``named``): ``TORCH_LIBRARY(fbgemm, m)`` passes ``"fbgemm"`` to torch, and
 fbgemm-gpu's Python registers fake kernels for ``fbgemm::`` ops; that
-namespace is the library's (kind ``library``: which macro is not known).
+namespace is the library's (kind ``library``, api :data:`~opregistry.foreign.STRIPPED_API`:
+which macro is not known, and another distribution's claim read from symbols or source wins).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from ..foreign import Registration
+from ..foreign import STRIPPED_API, Registration
 from ..keys import RESERVED_NAMESPACES
 from .elf import open_elf
 
@@ -165,7 +166,7 @@ def scan_library(path: str, named: Iterable[str] = ()) -> list[Registration]:
         if kind in ("DEF", "FRAGMENT"):
             owned.add(ns)
     if not found and stripped:
-        found = [Registration(kind="library", namespace=ns, api="TORCH_LIBRARY", file=path,
+        found = [Registration(kind="library", namespace=ns, api=STRIPPED_API, file=path,
                               line=None)
                  for ns in sorted(set(named) - RESERVED_NAMESPACES)
                  if b"\0" + ns.encode() + b"\0" in strings]

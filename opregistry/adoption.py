@@ -241,15 +241,22 @@ class Adopted:
         kernels: dict[str, list[dict[str, Any]]] = {}
         for k in self.kernels:
             kernels.setdefault(k.op, []).append(k.to_dict())
+        ops = [{"name": reg.op, "schema": reg.schema, "api": reg.api, "module": reg.module,
+                "where": _where(reg), "source": reg.source, "conditional": reg.conditional,
+                "samples": self.samples.get(reg.op or ""),
+                "kernels": kernels.get(reg.op or "", [])} for reg in self.ops()]
+        # ops of its namespaces it gives kernels to but whose definition the scan did not
+        # read (a stripped C++ library's: fbgemm-gpu's fake kernels): named, schema unknown
+        named, mine = {op["name"] for op in ops}, set(self.namespaces)
+        ops += [{"name": op, "schema": None, "api": "", "module": "", "where": "", "source": "",
+                 "conditional": False, "samples": self.samples.get(op), "kernels": kernels[op]}
+                for op in sorted(kernels) if op not in named and op.split("::")[0] in mine]
         return {
             "distribution": {"name": self.name, "version": self.distribution.version},
             "load": self.load, "status": self.status, "reason": self.reason,
             "declared_by": [o.dist for o in self.declared_by],
             "namespaces": {ns: list(modules) for ns, modules in self.modules},
-            "ops": [{"name": reg.op, "schema": reg.schema, "api": reg.api, "module": reg.module,
-                     "where": _where(reg), "source": reg.source, "conditional": reg.conditional,
-                     "samples": self.samples.get(reg.op or ""),
-                     "kernels": kernels.get(reg.op or "", [])} for reg in self.ops()],
+            "ops": sorted(ops, key=lambda op: op["name"]),
         }
 
 

@@ -350,8 +350,14 @@ def _print_adopted(adopted: list[dict[str, Any]], t: Text) -> None:
     for a in adopted:
         t.line(_adoption_line(a), wrap="      ")
         for op in a["ops"]:
-            schema = op["schema"] or "  (schema from its type hints: custom_op)"
-            t.line(f"    {op['name']}{schema}  [{op['where']}]", wrap="        ")
+            if op["schema"]:
+                t.line(f"    {op['name']}{op['schema']}  [{op['where']}]", wrap="        ")
+            elif op["where"]:
+                t.line(f"    {op['name']}  (schema from its type hints: custom_op)  "
+                       f"[{op['where']}]", wrap="        ")
+            else:
+                t.line(f"    {op['name']}  (defined where the scan cannot read it: a stripped "
+                       f"C++ library, a computed name; schema unknown)", wrap="        ")
             t.table(rows[(a["distribution"]["name"], op["name"])], indent="        ",
                     widths=widths)
 
@@ -549,8 +555,10 @@ def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: T
                      f"{', '.join(row['namespaces'].get(ns, [])) or '(nothing known)'}"
                      if row["load"] == "lazy" else "imported when the registry loads")
             t.table([("adopted:", f"{dist}, {row['status']} ({row['reason']})"),
-                     ("defined at:", f"{op['where']} ({op['api']})"
-                      + ("; under a condition" if op["conditional"] else "")),
+                     ("defined at:", (f"{op['where']} ({op['api']})"
+                                      + ("; under a condition" if op["conditional"] else ""))
+                      if op["where"] else "not read: a stripped C++ library, or a computed "
+                                          "name; its kernels name it"),
                      ("loads:", loads if row["status"] == "adopted" else "not imported"),
                      ("declared:", "no: registered with torch.library by its package; "
                                    "read from its files")])

@@ -350,15 +350,20 @@ def test_native_library_for_bitsandbytes_is_refused_and_it_works(bnb_site: Path,
     assert set(found["codes"]) == {"native-library-registers-from-python", "op-held-by-package"}
 
 
-def _adopted(site: Path, cache: Path, name: str, namespace: str) -> tuple[str, str, dict]:
-    """``(status, load, namespaces)`` of ``name``'s adoption, as ``opregistry list`` plans it
-    (without torch)."""
+def _adopted_row(site: Path, cache: Path, name: str, namespace: str) -> dict:
+    """``name``'s row of ``opregistry list --json``'s adopted packages (no torch imported)."""
     found = last_json(run(site, cache, f"""
         import json
         from opregistry import plan, report
         print(json.dumps(report.list_report(plan(), namespaces=[{namespace!r}])["adopted"]))
     """))
     (row,) = [row for row in found if row["distribution"]["name"] == name]
+    return row
+
+
+def _adopted(site: Path, cache: Path, name: str, namespace: str) -> tuple[str, str, dict]:
+    """``(status, load, namespaces)`` of ``name``'s adoption, as ``opregistry list`` plans it."""
+    row = _adopted_row(site, cache, name, namespace)
     return row["status"], row["load"], row["namespaces"]
 
 
@@ -388,11 +393,20 @@ def test_a_package_below_a_namespace_package(namespace_package: Path, tmp_path: 
 def test_a_package_of_stripped_libraries(stripped_package: Path, tmp_path: Path) -> None:
     """fbgemm-gpu-cpu's libraries are stripped (``TORCH_LIBRARY(fbgemm, m)`` unreadable from
     their symbols) and its Python only adds fake kernels to their ops: the namespace is read
-    from the libraries' strings, so it is listed, adopted and its touch imports the package.
+    from the libraries' strings, so it is listed (its ops named by their fake kernels),
+    adopted, and its touch imports the package.
     Built for one torch, the import may fail here: then the lookup says so."""
     cache = tmp_path / "cache"
-    assert _adopted(stripped_package, cache, "fbgemm-gpu-cpu", "fbgemm") == (
+    row = _adopted_row(stripped_package, cache, "fbgemm-gpu-cpu", "fbgemm")
+    assert (row["status"], row["load"], row["namespaces"]) == (
         "adopted", "lazy", {"fbgemm": ["fbgemm_gpu"]})
+    # its ops are defined in the stripped libraries (no schema read); the fake kernels its
+    # Python registers name them
+    ops = {op["name"]: op for op in row["ops"]}
+    assert len(ops) > 50 and all(op["schema"] is None for op in ops.values())
+    permute = ops["fbgemm::permute_2D_sparse_data"]
+    assert {k["key"] for k in permute["kernels"]} == {"Meta", "Autograd"}
+    assert all(k["where"].startswith("fbgemm_gpu.") for k in permute["kernels"])
     touched = last_json(run(stripped_package, cache, """
         import json, sys
         import torch

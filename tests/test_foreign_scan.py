@@ -280,6 +280,8 @@ from opregistry import plan, report
 adopted = report.list_report(plan(), namespaces=["fx_single"])["adopted"]
 out = torch.ops.fx_single.plain(torch.ones(2))
 print(json.dumps({"adopted": [(a["distribution"]["name"], a["namespaces"]) for a in adopted],
+                  "ops": [(op["name"], op["schema"], [k["key"] for k in op["kernels"]])
+                          for a in adopted for op in a["ops"]],
                   "out": out.tolist(), "imported": "fx_hinted" in sys.modules}))
 """
 
@@ -309,9 +311,17 @@ def test_a_stripped_library_holds_the_namespace_its_package_registers_in(
                              text=True, env={**_env(site, tmp_path / "cache"),
                                              "OPREGISTRY_AUTOLOAD": "1"}, timeout=300)
     assert touched.returncode == 0, touched.stderr[-3000:]
+    # plain: defined in the library (its schema string unqualified, not read), named by the
+    # fake kernel; hidden: the qualified schema string
     assert json.loads(touched.stdout.splitlines()[-1]) == {
         "adopted": [["fx-hinted", {"fx_single": ["fx_hinted"]}]], "out": [2.0, 2.0],
-        "imported": True}
+        "ops": [["fx_single::hidden", "(Tensor x) -> Tensor", []],
+                ["fx_single::plain", None, ["Meta"]]], "imported": True}
+    listed = subprocess.run([sys.executable, "-m", "opregistry", "list", "-n", "fx_single"],
+                            capture_output=True, text=True, env=_env(site, tmp_path / "cache"),
+                            timeout=300)
+    assert "fx_single::plain  (defined where the scan cannot read it" in listed.stdout, \
+        listed.stdout[-2000:]
 
 
 def test_plugins_are_scanned_and_marked(scan: ForeignScan) -> None:

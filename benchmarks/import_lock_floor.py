@@ -16,7 +16,6 @@ difference.  No opregistry code runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from raw_floor import REGISTER  # noqa: E402
+from raw_floor import REGISTER, options  # noqa: E402
 
 CHILD = ("import sys, time\nimport torch\n"
          "torch.__spec__._initializing = sys.argv[2] == '1'\n"
@@ -42,12 +41,7 @@ def run(n_ops: int, initializing: bool) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", type=int, default=10000, help="a multiple of 10")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path)
-    opts = parser.parse_args()
-    n = opts.ops - opts.ops % 10
+    opts, n = options(__doc__.splitlines()[0], reps=5)
     after, during = [], []
     for _ in range(opts.reps):
         after.append(run(n, False))

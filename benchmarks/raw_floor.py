@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 #: the registrations alone (``python -c REGISTER N``): what startup_targets.py times
 REGISTER = r'''
@@ -69,15 +70,20 @@ def run(n_ops: int) -> tuple[float, dict[str, float]]:
     return wall, json.loads(done.stderr.strip().splitlines()[-1])
 
 
-def main() -> int:
+def options(description: str, reps: int) -> tuple[Any, int]:
+    """``--ops N --reps R --json PATH`` parsed, and N rounded down to a multiple of 10."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ops", type=int, default=10000, help="a multiple of 10")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=reps)
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
-    n = opts.ops - opts.ops % 10
+    return opts, opts.ops - opts.ops % 10
+
+
+def main() -> int:
+    opts, n = options(__doc__.splitlines()[0], reps=3)
     cases = {"import torch (bare)": 0, f"import torch + {n} raw ops": n}
     walls: dict[str, list[float]] = {name: [] for name in cases}
     facts: dict[str, list[dict[str, float]]] = {name: [] for name in cases}

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opregistry.foreign import ForeignDistribution, ForeignScan, Registration
+from opregistry.foreign import STRIPPED_API, ForeignDistribution, ForeignScan, Registration
 from opregistry.keys import RESERVED_NAMESPACES
 from opregistry.scan.elf import open_elf
 from opregistry.scan.native import scan_library
@@ -304,7 +304,11 @@ def test_a_stripped_library_holds_the_namespace_its_package_registers_in(
     (dist,) = ForeignScan.from_dict(json.loads(out.stdout)).distributions
     assert {(r.kind, r.namespace, r.unresolved) for r in dist.registrations
             if r.file.endswith(".so")} == {
-        ("library", "fx_single", ""), ("op", "fx_single", "read from the strings of a stripped library")}
+        ("library", "fx_single", ""),
+        ("op", "fx_single", "read from the strings of a stripped library")}
+    # the listing says where the namespace came from, and the claim is the weaker kind
+    assert {(r.api, r.inferred) for r in dist.registrations if r.kind == "library"} == {
+        (STRIPPED_API, True)}
     assert _kernels(dist) == {("fx_single::plain", "Meta")}
     assert dist.ops() == {"fx_elsewhere::op", "fx_single::hidden"}
     touched = subprocess.run([sys.executable, "-c", TOUCH_HINTED], capture_output=True,

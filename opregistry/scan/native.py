@@ -21,8 +21,9 @@ plus the qualified schemas its strings hold -- unless its strings hold, as a
 whole string, a namespace the distribution's own Python code registers in
 (``named``): ``TORCH_LIBRARY(fbgemm, m)`` passes ``"fbgemm"`` to torch, and
 fbgemm-gpu's Python registers fake kernels for ``fbgemm::`` ops; that
-namespace is the library's (kind ``library``, api :data:`~opregistry.foreign.STRIPPED_API`:
-which macro is not known, and another distribution's claim read from symbols or source wins).
+namespace is the library's (kind ``library``, api
+:data:`~opregistry.foreign.STRIPPED_API`: which macro is not known, and
+another distribution's claim read from symbols or source wins).
 """
 
 from __future__ import annotations

@@ -328,6 +328,55 @@ def test_a_stripped_library_holds_the_namespace_its_package_registers_in(
         listed.stdout[-2000:]
 
 
+TWO_LOADS_TOUCH = """
+import json, sys
+import torch
+out = torch.ops.fx_single.plain(torch.ones(2))
+print(json.dumps({"out": out.tolist(), "loaders": sorted(m for m in sys.modules
+                                                        if m.startswith("fx_twoloads."))}))
+"""
+
+
+def test_a_library_loaded_by_a_computed_path_goes_to_the_module_naming_its_file(
+        native_libraries: dict[str, Path], tmp_path: Path) -> None:
+    """executorch 1.5's layout: a command-line script loads a library named by an argument
+    (``load_library(args.so_library)``, in a function), and the module beside the library
+    finds it with ``glob("*fxsingle_aot.*")``.  The library is the globbing module's: the
+    first touch imports it, not the script that comes first in the distribution."""
+    site = tmp_path / "site"
+    adoption_dists.write(site, "fx-twoloads", {
+        "fx_twoloads/__init__.py": "",
+        "fx_twoloads/a_cli.py": textwrap.dedent("""
+            import sys
+            import torch
+            def main():
+                if len(sys.argv) > 1:
+                    torch.ops.load_library(sys.argv[1])
+        """),
+        "fx_twoloads/kernels/__init__.py": textwrap.dedent("""
+            from pathlib import Path
+            import torch
+            for _lib in Path(__file__).parent.glob("*fxsingle_aot.*"):
+                torch.ops.load_library(_lib)
+        """),
+        "fx_twoloads/kernels/libfxsingle_aot.so": native_libraries["foreign_single"].read_bytes()})
+    out = subprocess.run([sys.executable, "-c", SCAN, "fx-twoloads"], capture_output=True,
+                         text=True, env=_env(site), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (dist,) = ForeignScan.from_dict(json.loads(out.stdout)).distributions
+    from_library = {(r.module, r.how) for r in dist.registrations if r.file.endswith(".so")}
+    assert len(from_library) == 1, from_library
+    [(module, how)] = from_library
+    assert module == "fx_twoloads.kernels"
+    assert how.endswith("in a module that names the library's file (fxsingle_aot)"), how
+    touched = subprocess.run([sys.executable, "-c", TWO_LOADS_TOUCH], capture_output=True,
+                             text=True, env={**_env(site, tmp_path / "cache"),
+                                             "OPREGISTRY_AUTOLOAD": "1"}, timeout=300)
+    assert touched.returncode == 0, touched.stderr[-3000:]
+    assert json.loads(touched.stdout.splitlines()[-1]) == {
+        "out": [2.0, 2.0], "loaders": ["fx_twoloads.kernels"]}
+
+
 def test_plugins_are_scanned_and_marked(scan: ForeignScan) -> None:
     """An opregistry op package that also makes a raw ``Library(..., "DEF")`` is seen, marked."""
     found = _dist(scan, "fx-plugin")
@@ -440,6 +489,59 @@ def test_fallback_aliases_and_scoped_library(tmp_path: Path) -> None:
     assert [(r.kind, r.op, r.key, r.conditional) for r in found] == [
         ("FRAGMENT", None, None, False), ("op", "nss::s", None, False),
         ("kernel", "nss::s", "Meta", True)]
+
+
+def test_a_helper_imported_through_a_packages_re_export(tmp_path: Path) -> None:
+    """quack-kernels 0.6.5's layout: ``from quack.dsl import cute_op``, where
+    ``quack/dsl/__init__.py`` re-exports the helper from the module that calls
+    ``custom_op``; and once more through the top package.  Each op is found at the line that
+    calls the helper, not only the one whose module imports the helper's own module."""
+    found = _scan_sources(tmp_path, {
+        "rx/__init__.py": "from .dsl import my_op\nfrom . import a, b, c\n",
+        "rx/dsl/__init__.py": "from rx.dsl.library_op import my_op\n",
+        "rx/dsl/library_op.py": """
+            import torch
+            def my_op(name):
+                def dec(fn):
+                    return torch.library.custom_op(name, fn, mutates_args=())
+                return dec
+        """,
+        "rx/a.py": """
+            import torch
+            from rx.dsl import my_op
+            @my_op("rx::via_package")
+            def via_package(x: torch.Tensor) -> torch.Tensor:
+                return x + 1
+        """,
+        "rx/b.py": """
+            import torch
+            from rx.dsl.library_op import my_op
+            @my_op("rx::via_module")
+            def via_module(x: torch.Tensor) -> torch.Tensor:
+                return x + 2
+        """,
+        "rx/c.py": """
+            import torch
+            from rx import my_op
+            @my_op("rx::via_top")
+            def via_top(x: torch.Tensor) -> torch.Tensor:
+                return x + 3
+        """})
+    ops = {(r.op, r.module, r.line) for r in found if r.kind == "op" and r.op}
+    assert ops == {("rx::via_package", "rx.a", 4), ("rx::via_module", "rx.b", 4),
+                   ("rx::via_top", "rx.c", 4)}
+
+
+def test_a_builtins_value_is_said_to_be_known_at_run_time(tmp_path: Path) -> None:
+    """``list(...)``: a built-in's value, not a name the module forgot to assign."""
+    found = _scan_sources(tmp_path, {"pkg/__init__.py": """
+        import torch
+        from pathlib import Path
+        torch.ops.load_library(list(Path(__file__).parent.glob("*.so"))[0])
+    """})
+    assert [(r.kind, r.unresolved) for r in found] == [
+        ("load_library", "the library's path: the value of the built-in list(...) is known "
+                         "only at run time")]
 
 
 def test_calls_inside_functions_are_not_at_import(tmp_path: Path) -> None:
@@ -668,22 +770,23 @@ def test_elf_reader_agrees_with_nm(native_libraries: dict[str, Path]) -> None:
     assert expected - ours == set()
 
 
-#: the one-pattern form of what :func:`opregistry.scan.native._identifiers` finds
+#: the one-pattern form of what :func:`opregistry.scan.native._identifiers` finds: length
+#: digits, a wrapper macro's prefix (dropped), torch's identifier
 _REFERENCE = re.compile(
-    rb"(\d*)((?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?_(?:static_)?init_\w+)")
+    rb"(\d*)([A-Za-z_]*?)((?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?_(?:static_)?init_\w+)")
 
 
 def _reference_identifiers(blob: bytes) -> set[str]:
     out = set()
     for m in _REFERENCE.finditer(blob):
-        digits, rest = m.group(1), m.group(2)
+        digits, prefix, rest = m.group(1), m.group(2), m.group(2) + m.group(3)
         ident = rest
         while digits:
             if 0 < int(digits) <= len(rest):
                 ident = rest[:int(digits)]
                 break
             digits = digits[1:]
-        out.add(ident.decode("ascii", "replace"))
+        out.add(ident[len(prefix):].decode("ascii", "replace"))
     return out
 
 
@@ -691,11 +794,29 @@ def _reference_identifiers(blob: bytes) -> set[str]:
     b"\0_Z12TORCH_LIBRARY_init_ab\0", b"xSTABLE_TORCH_LIBRARY_IMPL_init_ns_CPU_3\0",
     b"7STABLE_TORCH_LIBRARY_init_a\0", b"TORCH_LIBRARY_init_a2TORCH_LIBRARY_init_b",
     b"99TORCH_LIBRARY_FRAGMENT_init_x_1 0TORCH_LIBRARY_static_init_y",
-    b"_ZN5torch3TORCH_LIBRARY_init_q", b"TORCH_LIBRARY_init_", b"", b"123"])
+    b"_ZN5torch3TORCH_LIBRARY_init_q", b"TORCH_LIBRARY_init_", b"", b"123",
+    b"_ZN12_GLOBAL__N_1L45IPEX_TORCH_LIBRARY_FRAGMENT_init_torch_ipex_2ERN5torch7LibraryE\0",
+    b"\0MY_STABLE_TORCH_LIBRARY_init_w\0", b"_ZL9xTORCH_LIBRARY_init_abRN5torch7LibraryE"])
 def test_macro_identifiers_as_the_one_pattern_reads_them(blob: bytes) -> None:
     from opregistry.scan.native import _identifiers
 
     assert _identifiers(blob) == _reference_identifiers(blob)
+
+
+def test_a_wrapper_macros_prefix_names_the_block_of_torchs_macro() -> None:
+    """IPEX's ``IPEX_TORCH_LIBRARY_FRAGMENT(torch_ipex, m)`` (intel-extension-for-pytorch
+    2.8.0): the identifier's length says where it ends, the prefix is dropped -- not a
+    namespace ``torch_ipex_2ERN5torch7LibraryE`` read to the end of the mangled name."""
+    from opregistry.scan.native import _blocks, _identifiers
+
+    blob = (b"\0_ZN12_GLOBAL__N_1L45IPEX_TORCH_LIBRARY_FRAGMENT_init_torch_ipex_2ERN5torch7LibraryE"
+            b"\0_ZN12_GLOBAL__N_1L46IPEX_TORCH_LIBRARY_FRAGMENT_init_torchvision_3ERN5torch7LibraryE"
+            b"\0")
+    assert _identifiers(blob) == {"TORCH_LIBRARY_FRAGMENT_init_torch_ipex_2",
+                                  "TORCH_LIBRARY_FRAGMENT_init_torchvision_3"}
+    assert _blocks(_identifiers(blob)) == {
+        ("FRAGMENT", "torch_ipex", None, "TORCH_LIBRARY_FRAGMENT"),
+        ("FRAGMENT", "torchvision", None, "TORCH_LIBRARY_FRAGMENT")}
 
 
 def test_macro_identifiers_of_real_libraries(native_libraries: dict[str, Path]) -> None:

@@ -171,14 +171,46 @@ def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
             out[path] = ((by[0], f"imports the extension module {rel_module}")
                          if by else (rel_module, "a Python extension module"))
         elif computed:
-            load = computed[0]
+            load, why = _computed_loader(path, computed, sources, texts)
             out[path] = (load.module, f"the {load.api} call at {load.source}, whose path is "
-                                      f"computed, is the first in the distribution")
+                                      f"computed, {why}")
         else:
             top = rel.split("/")[0]
             out[path] = (top if top.isidentifier() else "",
                          "the top-level package holding the library")
     return out
+
+
+def _computed_loader(path: str, computed: list[Registration], sources: dict[str, ModuleSource],
+                     texts: Mapping[str, bytes]) -> tuple[Registration, str]:
+    """Which of the ``load_library`` calls with a computed path loads the library at ``path``,
+    and why that one.
+
+    The call whose module names the library's file (executorch 1.5:
+    ``glob("**/*custom_ops_aot_lib.*")`` beside ``libcustom_ops_aot_lib.so``);
+    else one in a module of the library's own folder or above it; a call made
+    at import before one inside a function (``load_library(args.so_library)``
+    in a command-line script).  Else the first in the distribution.
+    """
+    name = os.path.basename(path).split(".")[0]  # libfoo_ops.cpython-311-x86_64-linux-gnu.so
+    stem = name.encode()[3:] if name.startswith("lib") else name.encode()
+    folder = os.path.dirname(os.path.normpath(path))
+
+    def rank(load: Registration) -> tuple[int, int, int]:
+        module = sources.get(load.module)
+        text = texts.get(module.file, b"") if module is not None else b""
+        above = module is not None and folder.startswith(
+            os.path.dirname(os.path.normpath(module.file)))
+        return (0 if stem and stem in text else 1, 0 if above else 1, 0 if load.at_import else 1)
+
+    best = min(computed, key=rank)  # min keeps the first of equal ranks
+    named, above, _ = rank(best)
+    if not named:
+        return best, f"in a module that names the library's file ({stem.decode(errors='replace')})"
+    if best is computed[0]:
+        return best, "is the first in the distribution"
+    return best, ("in a module of the library's folder" if not above
+                  else "the first made at import")
 
 
 def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None

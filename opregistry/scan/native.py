@@ -56,19 +56,27 @@ def _registers(blob: bytes) -> bool:
 def _identifiers(blob: bytes) -> set[str]:
     """The macro identifiers in a blob of symbol names (mangled or not).
 
-    Each is found from the literal ``TORCH_LIBRARY``, its ``STABLE_`` and
-    length digits read backwards: one pattern that may start with digits is
-    tried at every byte (1.3 s for vllm 0.33's libraries, 100 times this).
+    Each is found from the literal ``TORCH_LIBRARY``, its ``STABLE_``, a
+    wrapper macro's prefix and the length digits read backwards: one pattern
+    that may start with digits is tried at every byte (1.3 s for vllm 0.33's
+    libraries, 100 times this).  A wrapper macro that pastes a prefix on
+    torch's identifier (IPEX's ``IPEX_TORCH_LIBRARY_FRAGMENT(torch_ipex, m)``
+    defines ``IPEX_TORCH_LIBRARY_FRAGMENT_init_torch_ipex_2``) names the same
+    block: the prefix is dropped, after the length read from the digits
+    before it has said where the identifier ends.
     """
     out = set()
     for m in _MACRO_TAIL.finditer(blob):
         start = m.start()
         if blob[max(start - 7, 0):start] == b"STABLE_":
             start -= 7
-        first = start
+        head = start
+        while head > 0 and blob[head - 1] in _PREFIX_BYTES:  # a wrapper's prefix: IPEX_
+            head -= 1
+        first = head
         while first > 0 and 48 <= blob[first - 1] <= 57:  # the digits before it
             first -= 1
-        digits, rest = blob[first:start], blob[start:m.end()]
+        digits, rest = blob[first:head], blob[head:m.end()]
         ident = rest
         while digits:  # a mangled name: the length prefix says where the identifier ends
             length = int(digits)
@@ -76,8 +84,11 @@ def _identifiers(blob: bytes) -> set[str]:
                 ident = rest[:length]
                 break
             digits = digits[1:]
-        out.add(ident.decode("ascii", "replace"))
+        out.add(ident[start - head:].decode("ascii", "replace"))
     return out
+
+
+_PREFIX_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 
 
 def _blocks(identifiers: set[str]) -> set[tuple[str, str, str | None, str]]:

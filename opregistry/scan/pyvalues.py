@@ -21,6 +21,7 @@ distribution runs.
 from __future__ import annotations
 
 import ast
+import builtins
 import itertools
 import os
 from typing import Callable, Iterable, Iterator, Union
@@ -30,6 +31,9 @@ from attrs import frozen
 __all__ = ["Str", "Num", "Bool", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred",
            "Unknown", "Value", "decide", "Scope", "Index", "ModuleSource", "bindings",
            "bind_arguments", "unroll", "LIBRARY_CTORS"]
+
+#: the names Python gives every module (``list``, ``sorted``): run-time values to the scan
+_BUILTINS = frozenset(dir(builtins))
 
 
 @frozen
@@ -335,6 +339,8 @@ class Scope:
             return Str(self.module.package)
         if name in ("str", "range", "len", "getattr"):  # builtins the evaluator knows, by name
             return Ref(name)
+        if name in _BUILTINS:  # list(...), sorted(...): run-time values, not a missing name
+            return Unknown(f"the value of the built-in {name}(...) is known only at run time")
         return Unknown(f"{name} is not assigned in {self.module.name}")
 
     def _merge(self, name: str, values: list[Value]) -> Value:

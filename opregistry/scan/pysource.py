@@ -800,12 +800,15 @@ def _scan(index: Index, modules: dict[str, ModuleSource], texts: Mapping[str, by
 def _importing(modules: dict[str, ModuleSource], texts: Mapping[str, bytes], chosen: set[str],
                names: tuple[bytes, ...], sources: set[str]) -> list[ModuleSource]:
     """The modules not ``chosen`` whose text names one of ``names`` (aliases, registering
-    functions) and one of the modules that bind them, or of a module that re-exports them.
+    functions) and one of the modules that bind them, or of a package that re-exports them.
 
     ``from quack.dsl import cute_op``: ``quack/dsl/__init__.py`` re-exports
     the helper of ``quack.dsl.torch_library_op``; a module naming the helper
     and ``dsl`` counts too (quack-kernels 0.6.5: 14 of its 16 ``cute_op``
-    ops) -- each module found adds its name, until none is left.
+    ops) -- each package found adds its name, until none is left.  Only a
+    package's ``__init__`` counts as a re-export: a module that only uses a
+    helper adds nothing (executorch 1.5, whose helpers are named ``impl``
+    and ``lib``, would otherwise have most of its 3,000 modules parsed).
     """
     naming = [m for m in modules.values()
               if m.name not in chosen and _names_word(texts.get(m.file, b""), names)]
@@ -816,7 +819,7 @@ def _importing(modules: dict[str, ModuleSource], texts: Mapping[str, bytes], cho
         if not found:
             break
         out += found
-        sources = {m.name.rpartition(".")[2] for m in found} - sources
+        sources = {m.name.rpartition(".")[2] for m in found if m.package == m.name} - sources
         naming = [m for m in naming if m not in found]
     return out
 

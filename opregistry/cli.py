@@ -802,7 +802,7 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
 
 
 def cmd_lock(args: argparse.Namespace, t: Text) -> int:
-    from .lockfile import not_covered, write_lock
+    from .lockfile import not_covered, record_differences, write_lock
 
     resolved = _plan()
     if resolved.errors and not args.force:
@@ -818,6 +818,11 @@ def cmd_lock(args: argparse.Namespace, t: Text) -> int:
         t.line(f"wrote {args.output}: {data['fingerprint']} (torch {data['torch']}, "
                f"{len(data['distributions'])} distributions, {len(data['ops'])} ops)")
     _print_not_covered(not_covered(data), "opregistry lock")
+    differences = record_differences(data)
+    if differences:  # stderr: stdout may be the lockfile
+        sys.stderr.write("opregistry lock: files that differ from their wheel's RECORD (locked as "
+                         "they are on disk; review them: edited after install, or a wrong RECORD "
+                         "in the wheel):\n" + "".join(f"  - {line}\n" for line in differences))
     return EXIT_OK
 
 

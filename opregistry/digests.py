@@ -9,7 +9,9 @@ distribution was installed:
     a ``*.dist-info`` with a ``RECORD`` (pip, uv, installer): every file
     ``RECORD`` lists with a hash -- the package's modules, its data files,
     ``METADATA`` and ``entry_points.txt``.  Files without a hash in ``RECORD``
-    (``RECORD`` itself, ``.pyc`` files some installers add) are left out.
+    (``RECORD`` itself, ``.pyc`` files some installers add) are left out.  A
+    listed file that is not there (a script ``../../bin/x`` that ``pip install
+    --target`` put elsewhere) is recorded as absent (``None``).
 ``editable``
     ``direct_url.json`` says ``dir_info.editable`` (PEP 660): ``RECORD``
     lists only a ``.pth`` file or an import finder, so the source files of
@@ -26,12 +28,19 @@ File names are relative -- to ``site-packages`` as ``RECORD`` writes them,
 or to the folder holding the top-level package -- and use ``/``, so the
 same install on two machines gives the same names and digests.
 
-:func:`contents` with ``trust_record=True`` takes a wheel file's sha256 from
-``RECORD`` without reading the file (what ``opregistry lock`` records: the
-content as installed); with ``trust_record=False`` it hashes every file on
-disk (``opregistry verify`` and the locked mode: ``RECORD`` alone proves
-nothing about a file edited after install).  Nothing here imports a
-plugin's module: a top-level package is located with
+:func:`contents` with ``trust_record=False`` (the default) hashes every file
+on disk: what ``opregistry lock`` records, and what ``opregistry verify`` and
+the locked mode compare with it, so that a lock made on an install verifies
+against that install.  ``RECORD`` is not proof of content: pip copies a
+wheel's ``RECORD`` without checking it, and published wheels with a wrong
+hash in it exist (intel-extension-for-pytorch 2.8.0's ``METADATA``).  Where a
+wheel's file differs from what ``RECORD`` says (edited after install, or a
+wrong ``RECORD``), the record says so in ``differs_from_record`` -- for the
+reviewer of the lock; it is not compared.  ``trust_record=True`` (a
+fingerprint that must be cheap: :func:`opregistry.distributed.verify_consistent`)
+takes a wheel file's sha256 from ``RECORD`` when the file exists at the size
+``RECORD`` gives (a ``stat``, no read), and hashes it otherwise.  Nothing
+here imports a plugin's module: a top-level package is located with
 :func:`importlib.util.find_spec`, which runs no code of the package.
 """
 
@@ -120,11 +129,12 @@ def install_kind(dist: Any, record: str | None = None) -> str:
     return "wheel" if (record if record is not None else _read_text(dist, "RECORD")) else "source"
 
 
-def _record(text: str, decode: bool = True) -> list[tuple[str, str | None]]:
-    """``(relative name, hex sha256 or None)`` of every RECORD entry with a hash.
+def _record(text: str) -> list[tuple[str, str | None, int | None]]:
+    """``(relative name, hex sha256 or None, size or None)`` of every RECORD entry with a hash.
 
     The hex value is ``None`` when RECORD uses another algorithm (sha384,
-    ...): the file is then hashed with sha256 on disk.
+    ...) or a malformed value: the file is then hashed with sha256 on disk,
+    and not compared with RECORD.  The size is ``None`` when RECORD gives none.
     """
     import csv
 
@@ -134,13 +144,25 @@ def _record(text: str, decode: bool = True) -> list[tuple[str, str | None]]:
             continue
         algo, _, b64 = row[1].partition("=")
         hexval = None
-        if decode and algo == "sha256":
+        if algo == "sha256":
             try:
                 hexval = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
             except (ValueError, TypeError):
                 hexval = None
-        out.append((row[0].replace(os.sep, "/"), hexval))
+        size = int(row[2]) if len(row) > 2 and row[2].strip().isdigit() else None
+        out.append((row[0].replace(os.sep, "/"), hexval, size))
     return out
+
+
+def _has_size(path: str, size: int | None) -> bool:
+    """Whether ``path`` is a file of ``size`` bytes (any size when ``None``): one ``stat``."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
 
 
 def _top_levels(dist: Any, entry_points: Any = None) -> list[str]:
@@ -211,7 +233,11 @@ def contents(dist: Any, *, trust_record: bool = False, entry_points: Any = None,
     """The content record of ``dist``: install kind, per-file sha256 and a digest.
 
     ``{"install": kind, "digest": "sha256:...", "files": {name: hex}}``; a file
-    that RECORD lists but that is missing on disk has ``None``.
+    that RECORD lists but that is missing on disk has ``None``.  Every file is
+    hashed on disk unless ``trust_record`` (see the module docstring).  For a
+    wheel, ``"differs_from_record"`` (only present when not empty) maps each
+    file whose content differs from its ``RECORD`` entry -- or that is
+    absent -- to the sha256 ``RECORD`` gives for it.
     ``entry_points``: ``dist.entry_points``, when the caller has read them.
 
     ``references``: the modules the plan may import for ``dist`` (its
@@ -227,13 +253,19 @@ def contents(dist: Any, *, trust_record: bool = False, entry_points: Any = None,
     """
     record = _read_text(dist, "RECORD") or ""
     kind = install_kind(dist, record)
-    trust = trust_record and kind == "wheel"
+    wheel = kind == "wheel"
+    trust = trust_record and wheel
     files: dict[str, str | None] = {}
-    for name, recorded in _record(record, decode=trust):
-        if trust and recorded is not None:
+    # file -> RECORD's sha256, for each wheel file that is not what RECORD says
+    differs: dict[str, str] = {}
+    for name, recorded, size in _record(record):
+        path = _locate_file(dist, name)
+        if trust and recorded is not None and _has_size(path, size):
             files[name] = recorded
-        else:
-            files[name] = _sha256_file(_locate_file(dist, name))
+            continue
+        files[name] = _sha256_file(path)
+        if wheel and recorded is not None and files[name] != recorded:
+            differs[name] = recorded
     if kind != "wheel":
         info = _folder(dist)
         if info is not None:
@@ -248,6 +280,8 @@ def contents(dist: Any, *, trust_record: bool = False, entry_points: Any = None,
     added, not_covered = _reference_files(references, files)
     ordered = dict(sorted(files.items()))
     record_out: dict[str, Any] = {"install": kind, "digest": digest_of(ordered), "files": ordered}
+    if differs:
+        record_out["differs_from_record"] = dict(sorted(differs.items()))
     if added:
         record_out["references"] = added
     if not_covered:

@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TextIO, Union
 
-from .digests import contents, file_differences
+from .digests import contents, file_differences, short
 from .errors import LockMismatchError
 
 if TYPE_CHECKING:
@@ -55,12 +55,15 @@ __all__ = [
     "installed",
     "contents_of",
     "not_covered",
+    "record_differences",
 ]
 
 #: Version of the lock format; bumped when a field is added or changes meaning
 #: (2: the torch version; 3: ``contents``, the sha256 of every installed file;
 #: 4: every kernel's registration ``kind``, which replaces 3's ``triton`` flag, and the
-#: files of every module the plan references, wherever it is installed).
+#: files of every module the plan references, wherever it is installed).  A key that
+#: no comparison reads (``contents``' ``differs_from_record``, for the reviewer) is
+#: no new version: a lock with it and one without read and compare the same.
 LOCK_VERSION = 4
 #: The file ``opregistry lock`` writes and ``opregistry verify`` reads by default.
 DEFAULT_LOCKFILE = "opregistry.lock"
@@ -159,9 +162,11 @@ def contents_of(distributions: Mapping[str, str], *, on_disk: bool,
                 references: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``contents`` of the lock: per installed distribution, its files' sha256 and digest.
 
-    ``on_disk=False`` takes a wheel's hashes from its ``RECORD`` (what ``lock``
-    records: the content as installed); ``on_disk=True`` reads every file
-    (what ``verify`` compares: the content as it is now).  ``references``:
+    ``on_disk=True`` reads every file (what ``lock`` records and ``verify``
+    compares: the content as it is); ``on_disk=False`` takes a wheel file's
+    hash from its ``RECORD`` when the file has the size ``RECORD`` gives (a
+    cheap fingerprint, equal to the lock's wherever ``RECORD`` is right; see
+    :func:`opregistry.digests.contents`).  ``references``:
     per distribution, the modules its plan may run
     (:func:`opregistry.plan_modules.modules_by_distribution`), whose files are
     added where the install's own file list lacks them.
@@ -177,11 +182,35 @@ def not_covered(data: Mapping[str, Any]) -> list[str]:
             if isinstance(record, dict) for what in record.get("not_covered", ())]
 
 
+def record_differences(data: Mapping[str, Any]) -> list[str]:
+    """``dist: file ...`` for every wheel file a lock records otherwise than its ``RECORD`` says.
+
+    The lock records the file as it is on disk (absent, or its own sha256),
+    so that the lock verifies against this install; the line is for the
+    reviewer: the file was edited after install, or the wheel's ``RECORD`` is
+    wrong (a published wheel's can be), and only reading the file tells which.
+    """
+    out = []
+    for name, record in sorted((data.get("contents") or {}).items()):
+        if not isinstance(record, dict):
+            continue
+        files = record.get("files") or {}
+        for file, listed in sorted((record.get("differs_from_record") or {}).items()):
+            if files.get(file) is None:
+                out.append(f"{name}: file {file}: listed in RECORD (sha256 {short(listed)}) "
+                           f"but not installed; locked as absent")
+            else:
+                out.append(f"{name}: file {file}: sha256 {short(files[file])}, RECORD lists "
+                           f"{short(listed)}; locked as it is on disk")
+    return out
+
+
 def lock_data(plan: Plan, *, on_disk: bool = False) -> dict[str, Any]:
     """The lock data of ``plan``: plain, sorted JSON-able data, without the fingerprint.
 
     ``on_disk``: hash every installed file rather than trust a wheel's
-    ``RECORD`` (see :func:`contents_of`).
+    ``RECORD`` where the file's size agrees with it (see :func:`contents_of`);
+    :func:`write_lock` and :func:`verify_plan` hash every file.
     """
     from .plan_modules import modules_by_distribution
 
@@ -258,13 +287,23 @@ def fingerprint_of(data: Mapping[str, Any]) -> str:
 
 
 def fingerprint(plan: Plan) -> str:
-    """The stable fingerprint of ``plan``: ``sha256:<hex>`` of its canonical lock data."""
+    """The stable fingerprint of ``plan``: ``sha256:<hex>`` of its canonical lock data.
+
+    Cheap: a wheel's hashes come from ``RECORD`` (:func:`lock_data`'s default), so
+    it is the fingerprint :func:`write_lock` writes wherever ``RECORD`` is right.
+    """
     return fingerprint_of(lock_data(plan))
 
 
 def write_lock(plan: Plan, path: PathLike | TextIO) -> dict[str, Any]:
-    """Write the lockfile of ``plan`` to ``path`` (or an open text file) and return its data."""
-    data = lock_data(plan)
+    """Write the lockfile of ``plan`` to ``path`` (or an open text file) and return its data.
+
+    Every file is hashed as it is on disk -- what ``verify`` and the locked
+    mode compare -- so that the lock verifies against the install it was
+    made on, whatever a wheel's ``RECORD`` says (:func:`record_differences`
+    names each file that differs from it).
+    """
+    data = lock_data(plan, on_disk=True)
     data = {"fingerprint": fingerprint_of(data), **data}
     text = json.dumps(data, indent=2) + "\n"
     if isinstance(path, (str, os.PathLike)):

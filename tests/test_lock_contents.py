@@ -125,6 +125,14 @@ def installs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     factory.cleanup()
 
 
+@pytest.fixture
+def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Installs two folders below ``tmp_path``: RECORD's ``../../bin`` is ``tmp_path/bin``."""
+    factory = Installs(tmp_path / "target" / "site", tmp_path / "src", monkeypatch)
+    yield factory
+    factory.cleanup()
+
+
 def _lock(installs: Installs, path: Path) -> dict:
     return write_lock(opregistry.plan(plugins=installs.plugins()), path)
 
@@ -240,13 +248,129 @@ def test_verify_names_added_and_removed_files(installs, ns, tmp_path):
     assert any(f"file {package}/kernels.py removed" in d for d in diffs), diffs
 
 
-def test_a_file_edited_before_the_lock_was_written_fails_verify(installs, ns, tmp_path):
-    """The lock records a wheel's RECORD hashes: an edit made after install is never locked in."""
+def test_a_file_edited_before_the_lock_is_locked_as_it_is_and_named(installs, ns, tmp_path):
+    """The lock hashes what is on disk, so it verifies; the edit RECORD does not know is named."""
     package = installs.wheel("cw-early", ns)
-    (installs.site / package / "kernels.py").write_text("import os\n" + KERNELS)
-    _lock(installs, tmp_path / "opregistry.lock")
-    assert any(f"file {package}/kernels.py changed" in d
-               for d in _verify(installs, tmp_path / "opregistry.lock"))
+    kernels = installs.site / package / "kernels.py"
+    kernels.write_text("import os\n" + KERNELS)
+    path = tmp_path / "opregistry.lock"
+    data = _lock(installs, path)
+    entry = data["contents"]["cw-early"]
+    edited = hashlib.sha256(kernels.read_bytes()).hexdigest()
+    assert entry["files"][f"{package}/kernels.py"] == edited
+    plan = opregistry.plan(plugins=installs.plugins())
+    assert verify_lock(path, plan=plan) == data["fingerprint"]
+    listed = hashlib.sha256(KERNELS.encode()).hexdigest()
+    assert entry["differs_from_record"] == {f"{package}/kernels.py": listed}
+    from opregistry.lockfile import record_differences
+
+    assert record_differences(data) == [(
+        f"cw-early: file {package}/kernels.py: sha256 {edited[:12]}..., RECORD lists "
+        f"{listed[:12]}...; locked as it is on disk")]
+
+
+# -- a wheel whose RECORD is wrong (intel-extension-for-pytorch 2.8.0) ---------------------
+
+
+def _wrong_record(installs: Installs, name: str, package: str) -> tuple[str, str]:
+    """Make ``name``'s RECORD wrong the way intel-extension-for-pytorch 2.8.0's is.
+
+    As published, its RECORD gives ``METADATA`` a sha256 and a size (8008)
+    other than the file's (8004), and lists a script ``../../bin/ipexrun``
+    that a ``pip install --target`` install does not have there.  Returns
+    the two names.  Use the ``target`` fixture: ``../../bin`` stays in ``tmp_path``.
+    """
+    info = next(installs.site.glob(f"{name.replace('-', '_')}-*.dist-info"))
+    metadata, script = f"{info.name}/METADATA", f"../../bin/{package}-run"
+    size = (info / "METADATA").stat().st_size
+    lines = [f"{metadata},sha256={_b64(b'not the METADATA installed')},{size + 4}"
+             if line.startswith(f"{metadata},") else line
+             for line in (info / "RECORD").read_text().splitlines()]
+    lines.append(f"{script},sha256={_b64(b'#!python')},8")
+    (info / "RECORD").write_text("\n".join(lines) + "\n")
+    assert not (installs.site / script).exists()
+    return metadata, script
+
+
+def test_a_lock_verifies_against_the_install_it_was_made_on_when_record_is_wrong(
+        target, ns, tmp_path, monkeypatch, capsys):
+    """``lock``, ``verify`` on the untouched install: exit 0; an edit after the lock: caught."""
+    installs = target
+    package = installs.wheel("cw-record", ns)
+    metadata, script = _wrong_record(installs, "cw-record", package)
+    monkeypatch.setenv("OPREGISTRY_PLUGINS", ",".join(installs.plugins()))
+    path = tmp_path / "opregistry.lock"
+    assert cli.main(["lock", "-o", str(path)]) == 0
+    told = capsys.readouterr().err  # the reviewer is told, on stderr
+    assert "files that differ from their wheel's RECORD" in told
+    assert f"file {metadata}: sha256 " in told and f"file {script}: listed in RECORD" in told
+    data = read_lock(path)
+    entry = data["contents"]["cw-record"]
+    on_disk = (installs.site / metadata).read_bytes()
+    assert entry["files"][metadata] == hashlib.sha256(on_disk).hexdigest()  # not RECORD's
+    assert entry["files"][script] is None  # recorded as absent
+    assert set(entry["differs_from_record"]) == {metadata, script}
+    from opregistry.lockfile import record_differences
+
+    assert [line.split(": ")[1] for line in record_differences(data)] == [
+        f"file {script}", f"file {metadata}"]
+    assert "locked as absent" in record_differences(data)[0]
+    capsys.readouterr()
+    assert cli.main(["verify", str(path)]) == 0, capsys.readouterr().err
+    assert "OK" in capsys.readouterr().out
+    # a real change after the lock is still caught, and only it is named
+    (installs.site / package / "kernels.py").write_text(KERNELS + "import os\n")
+    assert cli.main(["verify", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"file {package}/kernels.py changed" in err
+    assert "METADATA" not in err and script not in err
+    # and so is the script appearing where RECORD said it would be
+    (installs.site / package / "kernels.py").write_text(KERNELS)
+    assert cli.main(["verify", str(path)]) == 0
+    capsys.readouterr()
+    appeared = installs.site / script
+    assert appeared.resolve().parent == tmp_path.resolve() / "bin"
+    appeared.parent.mkdir()
+    appeared.write_text("#!python")
+    assert cli.main(["verify", str(path)]) == 1
+    assert f"file {script} changed (sha256 missing in the lockfile" in capsys.readouterr().err
+
+
+def test_locked_mode_imports_a_wheel_whose_record_is_wrong_and_refuses_it_edited(
+        target, ns, tmp_path, monkeypatch):
+    installs = target
+    marker = tmp_path / "imported.txt"
+    package = installs.wheel("cw-record-locked", ns, marker=marker)
+    _wrong_record(installs, "cw-record-locked", package)
+    path = tmp_path / "opregistry.lock"
+    _lock(installs, path)
+    installs.cleanup()
+    marker.unlink()
+    monkeypatch.setenv("OPREGISTRY_LOCK", str(path))
+    registry = opregistry.load(plugins=installs.plugins(), reload=True)
+    assert [p for p in registry.problems if p.code.startswith("lock")] == []
+    assert registry.op(f"{ns}::f") is not None and marker.exists()
+    installs.cleanup()
+    marker.unlink()
+    init = installs.site / package / "__init__.py"
+    init.write_text("import os\n" + init.read_text())
+    registry = opregistry.load(plugins=installs.plugins(), reload=True)
+    (problem,) = [p for p in registry.problems if p.code == "lock-mismatch"]
+    assert f"file {package}/__init__.py changed" in problem.message
+    assert "METADATA" not in problem.message and "bin/" not in problem.message
+    assert registry.op(f"{ns}::f") is None and not marker.exists()
+
+
+def test_the_record_trusting_fingerprint_hashes_a_file_whose_size_record_gets_wrong(
+        target, ns, tmp_path):
+    """``lock_data`` by default (``verify_consistent``) trusts RECORD only at RECORD's size."""
+    installs = target
+    package = installs.wheel("cw-record-cheap", ns)
+    metadata, script = _wrong_record(installs, "cw-record-cheap", package)
+    cheap = lock_data(opregistry.plan(plugins=installs.plugins()))["contents"]["cw-record-cheap"]
+    disk = hashlib.sha256((installs.site / metadata).read_bytes()).hexdigest()
+    assert cheap["files"][metadata] == disk and cheap["files"][script] is None
+    assert cheap == _lock(installs, tmp_path / "opregistry.lock")["contents"]["cw-record-cheap"]
 
 
 def test_cli_verify_prints_each_changed_file(installs, ns, tmp_path, monkeypatch):

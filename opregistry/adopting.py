@@ -73,6 +73,9 @@ class Adopter:
         #: missing (:meth:`why_missing`)
         self.owners: dict[str, list[tuple[Adopted, str]]] = {}
         self.import_errors: dict[tuple[str, str], str] = {}
+        #: (distribution, module) -> the package whose failed import left the module behind
+        #: in ``sys.modules``: the package's import error is the module's
+        self.left_behind: dict[tuple[str, str], str] = {}
         #: (op, key) -> where a switched-off registration was refused
         self.switched: dict[tuple[str, str], str] = {}
         self._mutex = threading.RLock()
@@ -130,7 +133,8 @@ class Adopter:
         """Why ops of ``namespace`` may be missing from torch (:func:`_missing_because`)."""
         with self._mutex:
             owners = list(self.owners.get(namespace, ()))
-        return _missing_because(namespace, owners, self.import_errors, self._verdicts)
+        return _missing_because(namespace, owners, self.import_errors, self._verdicts,
+                                self.left_behind)
 
     # -- importing --------------------------------------------------------------------
 
@@ -143,7 +147,12 @@ class Adopter:
         for module in modules:
             found = sys.modules.get(module)
             if found is not None and not _initializing(found):
-                continue  # imported
+                package = _left_behind(module)
+                if package is None:
+                    continue  # imported
+                if not self._package_imports(adopted, module, package, why):
+                    ok = False
+                continue
             # being imported by this thread (it registers itself as it goes): import_module
             # returns it at once; by another thread: waits for that import to finish
             start = time.perf_counter()
@@ -158,6 +167,32 @@ class Adopter:
                      why=why, ms=round((time.perf_counter() - start) * 1000, 1))
         self._switches_held(adopted)
         return ok
+
+    def _package_imports(self, adopted: Adopted, module: str, package: str, why: str) -> bool:
+        """``module`` is in ``sys.modules`` but ``package``, which holds it, is not: the
+        package's import failed after importing it (Python keeps the submodules of a failed
+        import).  Whether the package imports now; its import error is ``module``'s.
+
+        A failure this adopter recorded (importing the package, or a module in it) is not
+        imported again: its error stands.  One it has not seen (the package's user
+        imported it) is imported, contained, as ``import <module>`` would.
+        """
+        if (adopted.name, module) in self.import_errors:
+            return False
+        seen = [m for d, m in self.import_errors if d == adopted.name
+                and (m == package or m.startswith(f"{package}."))]
+        if seen:
+            self.left_behind[(adopted.name, module)] = min(seen, key=len)
+            return False
+        self.left_behind[(adopted.name, module)] = package
+        with interrupts_watched():
+            _, exc = contain(importlib.import_module, package)
+        if exc is not None:
+            self._failed(adopted, package, why, exc)
+            return False
+        del self.left_behind[(adopted.name, module)]
+        self.outcomes.setdefault(adopted.name, "imported")
+        return True
 
     def _switches_held(self, adopted: Adopted) -> None:
         """Report each switched-off kernel of ``adopted`` torch holds all the same.
@@ -252,6 +287,17 @@ class Adopter:
         return False
 
 
+def _left_behind(module: str) -> str | None:
+    """The outermost package of ``module`` missing from ``sys.modules`` (its import failed
+    after importing ``module``), or ``None`` when every one is there."""
+    parts = module.split(".")
+    for i in range(1, len(parts)):
+        package = ".".join(parts[:i])
+        if package not in sys.modules:
+            return package
+    return None
+
+
 def _real(path: str) -> str:
     return os.path.realpath(path) if path else path
 
@@ -316,13 +362,15 @@ def deactivate(adopter: Adopter | None) -> None:
 
 
 def _missing_because(namespace: str, owners: list[tuple[Adopted, str]],
-                     errors: dict[tuple[str, str], str], verdicts: dict[str, str | None]
-                     ) -> str | None:
+                     errors: dict[tuple[str, str], str], verdicts: dict[str, str | None],
+                     left_behind: dict[tuple[str, str], str]) -> str | None:
     """Why ops of ``namespace`` may be missing: a module of an adopted package that registers
-    in it, or defines one of its ops, failed to import, or the lock refused the package;
-    ``None`` otherwise."""
+    in it, or defines one of its ops, failed to import (or is left behind by its package's
+    failed import: the package's error), or the lock refused the package; ``None``
+    otherwise."""
     why: dict[str, None] = {}  # in order, once each
     for adopted, module in owners:
+        module = left_behind.get((adopted.name, module), module)
         where = f"{adopted.distribution.text}, adopted by opregistry for torch.ops.{namespace}"
         error = errors.get((adopted.name, module))
         if error is not None:

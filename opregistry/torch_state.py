@@ -17,7 +17,7 @@ import functools
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, NoReturn
 
 if TYPE_CHECKING:  # imported by snapshot(): the recorder alone needs no records
     from .environment import TorchState
@@ -720,15 +720,14 @@ def install_ops_hooks() -> bool:
             adopter = process().adopter
             if adopter is None:
                 raise
-            if adopter.op_missing(self.name, op_name):
-                return original_op(self, op_name)
-            # asked again: a waiting adopter has just handed over to the loaded registry's
-            why = getattr(process().adopter, "why_missing", lambda _: None)(self.name)
-            if why is None:
-                raise
-            explained = AttributeError(f"{missing}: {why}")
-            explained.name, explained.obj = missing.name, missing.obj
-            raise explained from missing
+            if not adopter.op_missing(self.name, op_name):
+                _explain(self.name, missing)
+        # what defines the op imported: asked again; still missing (the module defines it
+        # only under a condition, or the package around it failed), it says why all the same
+        try:
+            return original_op(self, op_name)
+        except AttributeError as missing:
+            _explain(self.name, missing)
 
     for wrapper, original in ((namespace_getattr, original_ns), (op_getattr, original_op)):
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
@@ -737,6 +736,19 @@ def install_ops_hooks() -> bool:
     ops_class.__getattr__ = namespace_getattr
     namespace_class.__getattr__ = op_getattr
     return True
+
+
+def _explain(namespace: str, missing: AttributeError) -> NoReturn:
+    """Raise ``missing`` (torch's ``AttributeError`` for an op of ``namespace``), with why
+    the op may be missing where an adopted package says so (its import failed, the lock
+    refused it): an ``AttributeError`` still, so ``hasattr`` stays ``False``."""
+    # asked here: a waiting adopter may have just handed over to the loaded registry's
+    why = getattr(process().adopter, "why_missing", lambda _: None)(namespace)
+    if why is None:
+        raise missing
+    explained = AttributeError(f"{missing}: {why}")
+    explained.name, explained.obj = missing.name, missing.obj
+    raise explained from missing
 
 
 def uninstall_ops_hooks() -> None:

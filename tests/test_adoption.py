@@ -9,8 +9,10 @@ must stop it; a failing import must be named, never raised.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -147,6 +149,10 @@ def test_an_op_outside_the_packages_own_import_is_imported_when_looked_up(
         @torch.library.custom_op("{ns}::twice", mutates_args=())
         def twice(x: torch.Tensor) -> torch.Tensor:
             return x * 2
+
+
+        if torch.ones(1).item() == 2.0:
+            torch.library.define("{ns}::never", "(Tensor x) -> Tensor")
     """}
     foreign(files)
     load(dists)
@@ -155,6 +161,11 @@ def test_an_op_outside_the_packages_own_import_is_imported_when_looked_up(
     with pytest.raises(AttributeError) as missing:  # the package imported: torch's own message
         getattr(torch.ops, ns).thrice
     assert str(missing.value) == f"'_OpNamespace' '{ns}' object has no attribute 'thrice'"
+    # an op the scan knows, its module imported, that the module did not define (a condition
+    # false here): torch's own message as well
+    with pytest.raises(AttributeError) as missing:
+        getattr(torch.ops, ns).never
+    assert str(missing.value) == f"'_OpNamespace' '{ns}' object has no attribute 'never'"
 
 
 def test_an_op_missing_because_its_module_failed_to_import_says_so(
@@ -213,6 +224,135 @@ def test_a_failing_import_is_named_never_raised(foreign, dists: DistFactory, ns)
     (warning,) = [e for e in logs if e["event"] == "adopted package failed to import"]
     assert warning["distribution"] == f"{name}==1.0" and warning["module"] == f"fp_{ns}"
     assert warning["log_level"] == "warning"
+
+
+def _failing_after_its_ops(ns: str, defines_some: bool) -> dict[str, str]:
+    """torchvision 0.29.1 on torch 2.13: ``__init__`` imports the module that defines the
+    ops, then raises; Python keeps that module in ``sys.modules`` without its package.
+    The module defines ``twice`` only under a condition false here, and, ``defines_some``,
+    ``scale`` unconditionally."""
+    scale = f"""
+        torch.library.define("{ns}::scale", "(Tensor x, float f) -> Tensor")
+
+
+        @torch.library.register_kernel("{ns}::scale", "default")
+        def _(x, f):
+            return x * f
+    """ if defines_some else ""
+    return {
+        f"fp_{ns}/__init__.py": """
+            from . import _ops
+
+            raise RuntimeError("this build needs torch>=9.0")
+        """,
+        f"fp_{ns}/_ops.py": textwrap.dedent(f"""
+            import torch
+
+            if torch.ones(1).item() == 2.0:
+                torch.library.define("{ns}::twice", "(Tensor x) -> Tensor")
+        """) + textwrap.dedent(scale),
+    }
+
+
+@pytest.mark.parametrize("defines_some", [False, True], ids=["defines-none", "defines-some"])
+def test_a_package_failing_after_importing_its_ops_module_says_why_at_every_lookup(
+        foreign, dists: DistFactory, ns, defines_some) -> None:
+    """The lookup of an op the package would have defined -- the first and every later one,
+    with ``.default`` after it, and as ``hasattr`` probes it -- says why it is missing, as
+    the lookup of an op the scan does not know does; ``hasattr`` stays ``False``."""
+    name = foreign(_failing_after_its_ops(ns, defines_some))
+    registry = load(dists)
+    because = (f"{name}==1.0, adopted by opregistry for torch.ops.{ns}, failed to import "
+               f"(importing fp_{ns}: RuntimeError: this build needs torch>=9.0); import fp_{ns} "
+               f"yourself to see the whole error")
+    with capture_logs() as logs:
+        namespace = getattr(torch.ops, ns)  # no exception here
+        assert f"fp_{ns}._ops" in sys.modules and f"fp_{ns}" not in sys.modules
+        for _ in range(2):  # the first lookup (the scan knows the op) and a later one
+            with pytest.raises(AttributeError) as missing:
+                namespace.twice.default
+            assert str(missing.value) == (
+                f"'_OpNamespace' '{ns}' object has no attribute 'twice': {because}")
+        with pytest.raises(AttributeError) as missing:  # an op the scan does not know
+            namespace.thrice
+        assert str(missing.value) == (
+            f"'_OpNamespace' '{ns}' object has no attribute 'thrice': {because}")
+        assert not hasattr(namespace, "twice") and not hasattr(namespace, "thrice")
+    if defines_some:  # what the module defined before its package failed is there
+        assert namespace.scale.default(torch.ones(1), 3.0).item() == 3.0
+    # the failure is reported once, at the first touch; the lookups import nothing again
+    (problem,) = [p for p in registry.problems if p.code == "adoption-import-failed"]
+    assert f"importing fp_{ns} (because torch.ops.{ns} was first touched)" in problem.message
+    assert [e["module"] for e in logs if e["event"] == "adopted package failed to import"] \
+        == [f"fp_{ns}"]
+    assert registry.adopter.outcomes[name].startswith(f"failed: importing fp_{ns}: ")
+
+
+def test_a_module_left_behind_by_its_users_failed_import_says_why(
+        foreign, dists: DistFactory, ns) -> None:
+    """The package's user imported a subpackage that failed after importing the module that
+    defines an op: that module is in ``sys.modules``, its subpackage is not.  The lookup of
+    the op imports the subpackage, as ``import`` would, and says why it is missing."""
+    files = {**_package(ns),
+             f"fp_{ns}/gpu/__init__.py": """
+                 from . import kernels
+
+                 raise RuntimeError("no GPU here")
+             """,
+             f"fp_{ns}/gpu/kernels.py": f"""
+                 import torch
+
+                 if torch.cuda.is_available() and torch.ones(1).item() == 2.0:
+                     torch.library.define("{ns}::twice", "(Tensor x) -> Tensor")
+             """}
+    name = foreign(files)
+    registry = load(dists)
+    with pytest.raises(RuntimeError, match="no GPU here"):
+        importlib.import_module(f"fp_{ns}.gpu")  # the user's own import
+    assert f"fp_{ns}.gpu.kernels" in sys.modules and f"fp_{ns}.gpu" not in sys.modules
+    namespace = getattr(torch.ops, ns)
+    assert namespace.scale(torch.ones(1), 2.0).item() == 1002.0  # the package itself imports
+    with pytest.raises(AttributeError) as missing:
+        namespace.twice
+    assert str(missing.value) == (
+        f"'_OpNamespace' '{ns}' object has no attribute 'twice': {name}==1.0, adopted by "
+        f"opregistry for torch.ops.{ns}, failed to import (importing fp_{ns}.gpu: "
+        f"RuntimeError: no GPU here); import fp_{ns}.gpu yourself to see the whole error")
+    assert not hasattr(namespace, "twice")
+    (problem,) = [p for p in registry.problems if p.code == "adoption-import-failed"]
+    assert f"importing fp_{ns}.gpu (because torch.ops.{ns}.twice was looked up)" in \
+        problem.message
+
+
+def test_an_op_its_own_module_does_not_define_says_why_the_package_failed(
+        foreign, dists: DistFactory, ns) -> None:
+    """The namespace's package failed to import; the module the scan says defines the op
+    (another top-level module of the distribution) imports, but does not define it: the
+    lookup says that the package failed all the same."""
+    files = {f"fp_{ns}/__init__.py": f"""
+                 import torch
+
+                 torch.library.define("{ns}::op", "(Tensor x) -> Tensor")
+                 raise RuntimeError("no native library for this machine")
+             """,
+             f"fp_{ns}_extra.py": f"""
+                 import torch
+
+                 if torch.ones(1).item() == 2.0:
+                     torch.library.define("{ns}::twice", "(Tensor x) -> Tensor")
+             """}
+    name = foreign(files)
+    registry = load(dists)
+    assert registry.plan.adopted(name).modules == ((ns, (f"fp_{ns}",)),)
+    namespace = getattr(torch.ops, ns)
+    with pytest.raises(AttributeError) as missing:
+        namespace.twice
+    assert f"fp_{ns}_extra" in sys.modules  # imported by the lookup, and fine
+    assert str(missing.value) == (
+        f"'_OpNamespace' '{ns}' object has no attribute 'twice': {name}==1.0, adopted by "
+        f"opregistry for torch.ops.{ns}, failed to import (importing fp_{ns}: RuntimeError: "
+        f"no native library for this machine); import fp_{ns} yourself to see the whole error")
+    assert not hasattr(namespace, "twice")
 
 
 @pytest.mark.parametrize("how", ["variable", "block", "config"])

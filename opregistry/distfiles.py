@@ -186,6 +186,19 @@ def _top_levels(info: DistInfo) -> list[str]:
     return sorted(n for n in names if _IDENT.match(n))
 
 
+def _top_locations(info: DistInfo, site: str) -> list[tuple[str, str]]:
+    """``(path, base)`` of each top-level module or package of ``info``
+    (:func:`_top_levels`); with none named (no ``top_level.txt`` -- hatchling
+    and flit write none -- and no entry points), the one named after the
+    distribution (``my-ext`` -> ``my_ext``) beside its ``.dist-info`` in ``site``."""
+    names = _top_levels(info)
+    if names:
+        return [found for top in names for found in _locate(top)]
+    guess = re.sub(r"[-.]+", "_", info.installed.name).lower()
+    return [(path, base) for path, base in _locate(guess) if _IDENT.match(guess)
+            and os.path.normcase(os.path.normpath(base)) == os.path.normcase(os.path.normpath(site))]
+
+
 def _locate(name: str) -> list[tuple[str, str]]:
     """``(path, base)`` of top-level module or package ``name``; nothing of it runs."""
     import importlib.util
@@ -231,7 +244,7 @@ def walked_folders(info: DistInfo) -> list[str]:
     if folder is None or (_record(info.dist, os.path.dirname(folder))
                           and not _editable(info.dist)):
         return []
-    return [os.path.normpath(f) for top in _top_levels(info) for path, _ in _locate(top)
+    return [os.path.normpath(f) for path, _ in _top_locations(info, os.path.dirname(folder))
             if os.path.isdir(path) for f, _ in _folders(path)]
 
 
@@ -250,12 +263,11 @@ def files_of(info: DistInfo) -> list[tuple[str, str]]:
     if files and not _editable(info.dist):
         return files
     seen = {path for path, _ in files}
-    for top in _top_levels(info):
-        for path, base in _locate(top):
-            for full, rel in _walk(path, base):
-                if full not in seen:
-                    seen.add(full)
-                    files.append((full, rel))
+    for path, base in _top_locations(info, site):
+        for full, rel in _walk(path, base):
+            if full not in seen:
+                seen.add(full)
+                files.append((full, rel))
     return files
 
 

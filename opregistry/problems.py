@@ -187,7 +187,8 @@ CODES: dict[str, Code] = _codes(
     ("adoption-import-failed", _E, False,
      "importing an adopted package (on first touch, or at load) raised"),
     ("kernel-switch-not-applied", _W, False,
-     "a switch on an adopted kernel torch cannot take back: the kernel stays"),
+     "a switch torch cannot apply (an adopted kernel it cannot take back, a fake kernel or "
+     "a rule): the kernel stays"),
     # -- registration and after -----------------------------------------------------------
     ("materialize-failed", _E, True, "torch refused a registration, or a kernel did not import"),
     ("materialize-dependency-failed", _E, True,

@@ -377,6 +377,35 @@ def test_a_library_loaded_by_a_computed_path_goes_to_the_module_naming_its_file(
         "out": [2.0, 2.0], "loaders": ["fx_twoloads.kernels"]}
 
 
+def test_a_distribution_without_record_nor_top_level_is_found_by_its_name(
+        tmp_path: Path) -> None:
+    """A ``.dist-info`` with neither ``RECORD`` nor ``top_level.txt`` (hatchling and flit
+    write no ``top_level.txt``; a hand-made or vendored install no ``RECORD``): its package
+    is the one named after it, beside its ``.dist-info`` -- not one of that name elsewhere on
+    ``sys.path``."""
+    source = """
+        import torch
+        torch.library.define("fx_noreco::neg", "(Tensor x) -> Tensor")
+    """
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    adoption_dists.write(site, "fx-noreco", {"fx_noreco/__init__.py": source})
+    adoption_dists.write(site, "fx-moved", {"other_name/__init__.py": source.replace(
+        "fx_noreco::", "fx_moved::")})
+    (elsewhere / "fx_moved").mkdir(parents=True)  # a package named after it, not its own
+    (elsewhere / "fx_moved" / "__init__.py").write_text(textwrap.dedent(source).replace(
+        "fx_noreco::", "fx_elsewhere::"))
+    for info in site.glob("*.dist-info"):
+        (info / "RECORD").unlink()
+        (info / "top_level.txt").unlink()
+    env = {**_env(site), "PYTHONPATH": f"{site}{os.pathsep}{elsewhere}"}
+    out = subprocess.run([sys.executable, "-c", SCAN, "fx-noreco", "fx-moved"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = {d.name: d for d in ForeignScan.from_dict(json.loads(out.stdout)).distributions}
+    assert found["fx-noreco"].ops() == {"fx_noreco::neg"}
+    assert found["fx-moved"].ops() == frozenset()
+
+
 def test_plugins_are_scanned_and_marked(scan: ForeignScan) -> None:
     """An opregistry op package that also makes a raw ``Library(..., "DEF")`` is seen, marked."""
     found = _dist(scan, "fx-plugin")
@@ -530,6 +559,38 @@ def test_a_helper_imported_through_a_packages_re_export(tmp_path: Path) -> None:
     ops = {(r.op, r.module, r.line) for r in found if r.kind == "op" and r.op}
     assert ops == {("rx::via_package", "rx.a", 4), ("rx::via_module", "rx.b", 4),
                    ("rx::via_top", "rx.c", 4)}
+
+
+def test_aliases_bound_by_torch_version_in_two_branches(tmp_path: Path) -> None:
+    """bitsandbytes 0.46-0.49: ``register_kernel`` is ``torch.library.register_kernel`` where
+    ``register_fake`` exists, ``torch.library.impl`` before; the backends import it.  Both
+    bind the same call: the kernels are found, named as torch >= 2.8 runs them."""
+    found = _scan_sources(tmp_path, {
+        "pkg/__init__.py": "from . import _ops\nfrom .backends import cpu\n",
+        "pkg/_ops.py": """
+            import torch
+            if hasattr(torch.library, "register_fake"):
+                register_fake = torch.library.register_fake
+                register_kernel = torch.library.register_kernel
+            else:
+                register_fake = torch.library.impl_abstract
+                register_kernel = torch.library.impl
+            torch.library.define("pkg::neg", "(Tensor x) -> Tensor")
+            @register_fake("pkg::neg")
+            def _(x):
+                return torch.empty_like(x)
+        """,
+        "pkg/backends/__init__.py": "",
+        "pkg/backends/cpu.py": """
+            import torch
+            from .._ops import register_kernel
+            @register_kernel("pkg::neg", "cpu")
+            def _(x):
+                return -x
+        """})
+    assert {(r.key, r.api, r.module) for r in found if r.kind == "kernel"} == {
+        ("Meta", "torch.library.register_fake", "pkg._ops"),
+        ("CPU", "torch.library.register_kernel", "pkg.backends.cpu")}
 
 
 def test_a_builtins_value_is_said_to_be_known_at_run_time(tmp_path: Path) -> None:

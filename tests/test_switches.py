@@ -140,6 +140,23 @@ def test_unknown_switch_target_is_an_error_naming_it(two, dists, monkeypatch) ->
     assert not p.excluded  # a typo in a switch leaves nothing out
 
 
+@pytest.mark.parametrize("key", ["Meta", "Autograd"])
+def test_a_switch_of_a_fake_kernel_or_rule_is_said_not_applied(two, dists, monkeypatch,
+                                                               key) -> None:
+    """Switches leave out device kernels, for the next one to serve: a fake kernel or an
+    autograd rule has no next one.  Said, not silently ignored; the kernel stays."""
+    monkeypatch.setenv("OPREGISTRY_KERNELS", f"-{two}::scale:{key}")
+    registry = load(dists)
+    (problem,) = [x for x in registry.problems if x.code == "kernel-switch-not-applied"]
+    assert problem.severity == "warning" and problem.op == f"{two}::scale"
+    assert f"the {key} kernel of {two}::scale is not switched off: it stays" in problem.message
+    assert not registry.plan.excluded and not [x for x in registry.problems
+                                               if x.code == "kernel-switch-unknown"]
+    # the fake kernel serves all the same
+    out = getattr(torch.ops, two).scale(torch.ones(2, device="meta"))
+    assert out.device.type == "meta"
+
+
 def test_list_show_and_lock_name_the_switch(two, dists, monkeypatch, capsys) -> None:
     from opregistry.cli import main
 

@@ -232,6 +232,16 @@ def _check_switches(ctx: Context) -> None:
     for switch in ctx.policy.kernels:
         known = dists if switch.distribution is not None else ops
         name = switch.distribution or switch.op or ""
+        if switch.key and switch.key not in _keys.DEVICE_KEYS \
+                and switch.key not in _keys.COMPOSITE_KEYS:
+            # a fake kernel, an autograd or vmap rule: no next kernel could serve the key
+            ctx.warn("kernel-switch-not-applied",
+                     f"{switch.source} switches {switch.text!r}, but switches apply to device "
+                     f"kernels ({', '.join(sorted(_keys.DEVICE_KEYS))}, and the kernels for every "
+                     f"device); the {switch.key} kernel of {switch.op} is not switched off: it "
+                     f"stays", f"remove {switch.text!r} from {switch.source}",
+                     op=switch.op, key=switch.key)
+            continue
         if name in known:
             continue
         what = "distribution declaring kernels" if switch.distribution else "op"

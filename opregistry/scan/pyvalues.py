@@ -349,7 +349,10 @@ class Scope:
             return first
         known = [v for v in values if not isinstance(v, Unknown)]
         if known and all(_equivalent(v, known[0]) for v in known) and len(known) == len(values):
-            return known[0]
+            # the name torch >= 2.8 has (the branch that runs there): register_fake, not
+            # impl_abstract
+            return next((v for v in known if isinstance(v, Ref)
+                         and v.path.rsplit(".", 1)[-1] in _CURRENT), known[0])
         where = "in " + self.label
         return Unknown(f"{name} is assigned different values {where}")
 
@@ -371,11 +374,24 @@ class Scope:
         return Unknown(f"{what} in {self.label}")
 
 
+#: torch's registration functions that a package binds to one name, one or the other by
+#: torch version (bitsandbytes 0.46-0.49: ``register_kernel = torch.library.register_kernel``
+#: where ``register_fake`` exists, ``torch.library.impl`` before): the same call to the scan
+#: -- the op, then the key or device types
+_SAME_CALL = (frozenset({"register_fake", "impl_abstract"}),
+              frozenset({"register_kernel", "impl"}))
+
+
+#: of each pair, the name of the torch versions opregistry supports
+_CURRENT = frozenset({"register_fake", "register_kernel"})
+
+
 def _equivalent(a: Value, b: Value) -> bool:
-    """``register_fake`` and its older name ``impl_abstract`` do the same thing."""
+    """Whether two of torch's functions bound to one name register alike (:data:`_SAME_CALL`)."""
     if isinstance(a, Ref) and isinstance(b, Ref):
         ends = {a.path.rsplit(".", 1)[-1], b.path.rsplit(".", 1)[-1]}
-        return ends <= {"register_fake", "impl_abstract"}
+        return any(ends <= same for same in _SAME_CALL) and \
+            a.path.rsplit(".", 1)[0] == b.path.rsplit(".", 1)[0]
     return False
 
 

@@ -254,17 +254,18 @@ SCHEMA_TYPES: frozenset[str] = frozenset({
 FAKE_INT_TYPES: frozenset[str] = frozenset({
     "SymInt", "ScalarType", "Layout", "MemoryFormat", "DeviceIndex", "ConstQuantizerPtr"})
 #: schema types that the parser of some supported release refuses ("unknown type
-#: specifier"), with the first release known to accept them.  SymBool: 2.8.0 refuses it,
-#: 2.13.0 and 2.15.0 accept it; 2.9-2.12 are not checked, so the table names the first
-#: release known to work and a release in between is refused (never the other way:
-#: nothing the resolver accepts is refused by torch).
+#: specifier"), with the first release that accepts them.  SymBool: 2.8.0 refuses it,
+#: 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0 and 2.15.0 accept it.  A release not checked
+#: (2.14) counts as the last one checked before it: nothing the resolver accepts is
+#: refused by torch.
 TYPE_SINCE: dict[str, tuple[int, int]] = {
-    "SymBool": (2, 13),
+    "SymBool": (2, 9),
 }
 #: schema types the parser of later releases refuses, with the last release known to take
-#: them: ``Dimname`` (named tensors' dimension names) is in 2.8.0's table, not in 2.13.0's
+#: them: ``Dimname`` (named tensors' dimension names) is in the tables of 2.8.0 to 2.12.1,
+#: not in 2.13.0's nor 2.15.0's
 TYPE_UNTIL: dict[str, tuple[int, int]] = {
-    "Dimname": (2, 8),
+    "Dimname": (2, 12),
 }
 
 #: what a ``Device`` default may name (``c10::Device``'s parser, 2.8 to 2.15 alike)
@@ -303,10 +304,11 @@ TORCH_CLASSES: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
         "quantized.LinearPackedParamsBase", "rnn.CellParamsBase", "sparse.LinearPackedParamsBase",
         "cuda.Event", "cuda.Stream",
     ), ((2, 8), None)),
-    **dict.fromkeys(("aten.OpaqueObject", "c10d.SymmetricMemory"), ((2, 13), None)),
-    # XNNPACK's op contexts: in 2.8's wheels, gone from 2.13's
+    "aten.OpaqueObject": ((2, 10), None),
+    "c10d.SymmetricMemory": ((2, 11), None),
+    # XNNPACK's op contexts: in the wheels of 2.8 to 2.12.1, gone from 2.13's
     **dict.fromkeys(("xnnpack.Conv2dOpContext", "xnnpack.LinearOpContext",
-                     "xnnpack.TransposeConv2dOpContext"), ((2, 8), (2, 8))),
+                     "xnnpack.TransposeConv2dOpContext"), ((2, 8), (2, 12))),
 }
 CUDA_CLASSES: frozenset[str] = frozenset({"cuda.Event", "cuda.Stream"})
 CLASS_PREFIX = "__torch__.torch.classes."
@@ -535,10 +537,12 @@ PYTHON_DUNDERS: frozenset[str] = frozenset({
 OP_NAMESPACE_ATTRIBUTES: frozenset[str] = frozenset({"_dir", "name"})
 #: Names ``torch.ops.<ns>.<op>.<name>`` cannot reach as an overload: attributes of an
 #: op packet (``torch._ops.OpOverloadPacket``; ``op_overloads`` from 2.13), and
-#: ``default``, which torch refuses as an overload name.
+#: ``default``, which torch refuses as an overload name.  ``_is_protocol`` is
+#: ``typing.Generic``'s, the packet's base, on Python < 3.12 only.
 OP_PACKET_ATTRIBUTES: frozenset[str] = frozenset({
-    "_dir", "_has_torchbind_op_overload", "_is_protocol", "_op", "_overload_names",
-    "_qualified_op_name", "_schemas", "default", "op", "op_overloads", "overloads"})
+    "_dir", "_has_torchbind_op_overload", "_op", "_overload_names",
+    "_qualified_op_name", "_schemas", "default", "op", "op_overloads", "overloads",
+    *(("_is_protocol",) if sys.version_info < (3, 12) else ())})
 
 
 def unreachable_name(name: str, kind: str) -> str | None:

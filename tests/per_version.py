@@ -112,8 +112,8 @@ def block_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @functools.lru_cache(maxsize=None)
 def records_registration_sites() -> bool:
-    """Whether this torch records which file registered a kernel from Python (2.13 does;
-    2.8 writes ``/dev/null:LINE`` for all): what ``Registry.drift`` needs to attribute a
+    """Whether this torch records which file registered a kernel from Python (2.9 and later
+    do; 2.8 writes ``/dev/null:LINE`` for all): what ``Registry.drift`` needs to attribute a
     replaced kernel.  Probed with a throw-away ``Library``."""
     import uuid
 

@@ -134,17 +134,18 @@ def test_other_torch_is_a_difference(dists, ns, tmp_path):
     data = write_lock(plan(dists), path)
     assert data["torch"] == installed
     # the lock of a node with an older torch, re-fingerprinted as `opregistry lock` would
-    data["torch"] = "2.11.0"
+    other = "2.11.0" if installed != "2.11.0" else "2.12.0"
+    data["torch"] = other
     data["fingerprint"] = fingerprint_of(data)
     path.write_text(json.dumps(data))
     assert data["fingerprint"] != fingerprint(plan(dists))
     with pytest.raises(LockMismatchError) as info:
         verify_lock(path, plan=plan(dists))
     assert list(info.value.differences) == [
-        f"torch: other version: the lockfile has 2.11.0, this environment has {installed}"]
+        f"torch: other version: the lockfile has {other}, this environment has {installed}"]
     # verify_consistent shares diff_lock: the same sentence, with ranks
     assert diff_lock(data, lock_data(plan(dists)), old_label="rank 0", new_label="rank 1") == [
-        f"torch: other version: rank 0 has 2.11.0, rank 1 has {installed}"]
+        f"torch: other version: rank 0 has {other}, rank 1 has {installed}"]
 
 
 def test_torch_build_label_is_not_locked(dists, ns, tmp_path, monkeypatch):

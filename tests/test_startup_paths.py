@@ -215,15 +215,26 @@ def test_remembered_non_hooks_answer_as_pluggy_does() -> None:
     pm = make_plugin_manager()
     stock = pluggy.PluginManager(hookspecs.PROJECT)
     stock_finds_property = stock.parse_hookimpl_opts(Propertied(), "helper") is not None
+    # Python >= 3.12's inspect.getattr_static (pluggy reads hook attributes with it) hashes
+    # the class: stock pluggy cannot register an instance of an unhashable class there
+    try:
+        stock.parse_hookimpl_opts(Unhashable(), "helper")
+        stock_takes_unhashable = True
+    except TypeError:
+        stock_takes_unhashable = False
     for i, plugin in enumerate(plugins):
         pm.parsed = []
+        if isinstance(plugin, Unhashable) and not stock_takes_unhashable:
+            with pytest.raises(TypeError):  # as pluggy itself does
+                pm.register(plugin, name=f"p{i}")
+            continue
         pm.register(plugin, name=f"p{i}")
         want = [name for name in dir(plugin)
                 if stock.parse_hookimpl_opts(plugin, name) is not None]
         assert sorted(pm.parsed) == sorted("opregistry_ops" for _ in want), (i, want)
     assert [bool(pm.get_hookcallers(p)) for p in plugins] == [
         False, False, True, False, True, False, False, True, False, True, True,
-        *[stock_finds_property] * 2, True, True, False]
+        *[stock_finds_property] * 2, *[stock_takes_unhashable] * 2, False]
 
 
 def test_kernel_sort_key_orders_as_the_general_one() -> None:

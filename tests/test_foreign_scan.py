@@ -593,6 +593,24 @@ def test_aliases_bound_by_torch_version_in_two_branches(tmp_path: Path) -> None:
         ("CPU", "torch.library.register_kernel", "pkg.backends.cpu")}
 
 
+def test_string_methods_on_known_strings_are_evaluated(tmp_path: Path) -> None:
+    """torch-harmonics 0.9.3: ``f"Autocast{device_type.upper()}"`` in a helper called with
+    ``"cuda"`` and ``"cpu"``."""
+    found = _scan_sources(tmp_path, {"pkg/__init__.py": """
+        import torch
+        torch.library.define("nsu::f", "(Tensor x) -> Tensor")
+        def _make(device_type):
+            @torch.library.impl("nsu::f", f"Autocast{device_type.upper()}")
+            def _(x):
+                return x
+            return _
+        _make("cuda")
+        _make(" cpu ".strip())
+    """})
+    assert {(r.key, r.unresolved) for r in found if r.kind == "kernel"} == {
+        ("AutocastCUDA", ""), ("AutocastCPU", "")}
+
+
 def test_a_builtins_value_is_said_to_be_known_at_run_time(tmp_path: Path) -> None:
     """``list(...)``: a built-in's value, not a name the module forgot to assign."""
     found = _scan_sources(tmp_path, {"pkg/__init__.py": """

@@ -684,6 +684,11 @@ def _call(index: Index, node: ast.Call, scope: Scope) -> Value:
         base = index.evaluate(func.value, scope)
         if isinstance(base, Str):
             return _str_format(index, base, node, scope)
+    if isinstance(func, ast.Attribute) and func.attr in _STR_METHODS and not node.args \
+            and not node.keywords:  # f"Autocast{device_type.upper()}" (torch-harmonics)
+        base = index.evaluate(func.value, scope)
+        if isinstance(base, Str):
+            return Str(getattr(base.text, func.attr)())
     callee = index.evaluate(func, scope)
     if isinstance(callee, Func):
         return index.call(callee, node, scope)
@@ -699,6 +704,11 @@ def _call(index: Index, node: ast.Call, scope: Scope) -> Value:
         if callee.path in _OS_PATH:
             return _path_call(index, callee.path, node, scope)
     return _unknown(callee, node, call=True)
+
+
+#: ``str`` methods without arguments the evaluator runs on a known string
+_STR_METHODS = frozenset({"upper", "lower", "strip", "lstrip", "rstrip", "capitalize",
+                          "title", "casefold"})
 
 
 def _range(index: Index, node: ast.Call, scope: Scope) -> Value:

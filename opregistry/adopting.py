@@ -165,7 +165,7 @@ class Adopter:
             self.outcomes.setdefault(adopted.name, "imported")
             log.info("adopted", distribution=adopted.distribution.text, module=module,
                      why=why, ms=round((time.perf_counter() - start) * 1000, 1))
-        self._switches_held(adopted)
+        _report_switches_held(self, adopted)
         return ok
 
     def _package_imports(self, adopted: Adopted, module: str, package: str, why: str) -> bool:
@@ -193,35 +193,6 @@ class Adopter:
         del self.left_behind[(adopted.name, module)]
         self.outcomes.setdefault(adopted.name, "imported")
         return True
-
-    def _switches_held(self, adopted: Adopted) -> None:
-        """Report each switched-off kernel of ``adopted`` torch holds all the same.
-
-        The Recorder leaves a switched-off ``Library.impl`` out as the package
-        makes it; one made before the registry loaded (the package imported
-        with ``OPREGISTRY_AUTOLOAD=0``, before ``opregistry.load()``) is in torch.
-        """
-        from . import torch_state
-
-        if adopted.name in self._held_checked:
-            return
-        self._held_checked.add(adopted.name)
-        files = {_real(r.file) for r in (*adopted.registrations,
-                                         *(k.registration for k in adopted.kernels)) if r.file}
-        for k in adopted.kernels:
-            if not k.disabled_by or (k.op, _SLOTS.get(k.key, k.key)) in self.switched:
-                continue
-            where = torch_state.kernel_registrations(k.op).get(k.key)
-            if where is None or _real(where.rpartition(":")[0]) not in files:
-                continue
-            self.report(Problem(
-                code="kernel-switch-not-applied", severity="warning",
-                message=f"{k.disabled_by} switches off the {k.key} kernel of {k.op}, but "
-                        f"{adopted.distribution.text} registered it (at {where}) before the "
-                        f"registry loaded, when nothing could leave it out; it stays",
-                hint=f"let import torch load the registry before {adopted.name} is imported "
-                     f"(do not set OPREGISTRY_AUTOLOAD=0), or restart the process",
-                op=k.op, key=k.key, source=where))
 
     def _failed(self, adopted: Adopted, module: str, why: str, exc: BaseException) -> None:
         text = describe(exc)
@@ -285,6 +256,36 @@ class Adopter:
                          site=registration.site)
                 return True
         return False
+
+
+def _report_switches_held(adopter: Adopter, adopted: Adopted) -> None:
+    """Report each switched-off kernel of ``adopted`` torch holds all the same.
+
+    The Recorder leaves a switched-off ``Library.impl`` out as the package
+    makes it; one made before the registry loaded (the package imported
+    with ``OPREGISTRY_AUTOLOAD=0``, before ``opregistry.load()``) is in torch.
+    """
+    from . import torch_state
+
+    if adopted.name in adopter._held_checked:
+        return
+    adopter._held_checked.add(adopted.name)
+    files = {_real(r.file) for r in (*adopted.registrations,
+                                     *(k.registration for k in adopted.kernels)) if r.file}
+    for k in adopted.kernels:
+        if not k.disabled_by or (k.op, _SLOTS.get(k.key, k.key)) in adopter.switched:
+            continue
+        where = torch_state.kernel_registrations(k.op).get(k.key)
+        if where is None or _real(where.rpartition(":")[0]) not in files:
+            continue
+        adopter.report(Problem(
+            code="kernel-switch-not-applied", severity="warning",
+            message=f"{k.disabled_by} switches off the {k.key} kernel of {k.op}, but "
+                    f"{adopted.distribution.text} registered it (at {where}) before the "
+                    f"registry loaded, when nothing could leave it out; it stays",
+            hint=f"let import torch load the registry before {adopted.name} is imported "
+                 f"(do not set OPREGISTRY_AUTOLOAD=0), or restart the process",
+            op=k.op, key=k.key, source=where))
 
 
 def _left_behind(module: str) -> str | None:

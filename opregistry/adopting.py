@@ -29,12 +29,13 @@ module, never an exception at the user's ``torch.ops.<ns>``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from .adoption import Adopted
 from .containment import contain, describe, interrupts_watched
@@ -44,7 +45,7 @@ from .model import Origin, Problem
 from .plans import Plan
 from .state import process
 
-__all__ = ["Adopter", "activate", "deactivate"]
+__all__ = ["Adopter", "NamespaceHolds", "activate", "deactivate"]
 
 log = get_logger()
 
@@ -54,6 +55,53 @@ _SLOTS = {"Meta": "Fake"}
 
 def _origin(adopted: Adopted) -> Origin:
     return Origin(distribution=adopted.name, version=adopted.distribution.version)
+
+
+class NamespaceHolds:
+    """The ``torch.ops.<namespace>`` objects made while the first touch of the namespace
+    imports its package, held out of ``torch.ops`` until that import finished.
+
+    torch caches the object in ``torch.ops`` on its first lookup.  A package touches its own
+    namespace as it registers (bitsandbytes); cached then, another thread would reach the
+    package's ops without passing the touch hook, and call them before their kernels are
+    registered (its ops defined, its CPU kernels not yet: ``NotImplementedError``).  Uncached,
+    that thread's touch imports the package too, and Python's module lock makes it wait for
+    the first thread's import (:func:`opregistry.torch_state.install_ops_hooks`).
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._held: dict[str, Any] = {}
+        self._mutex = threading.Lock()
+
+    @contextlib.contextmanager
+    def touching(self, namespace: str) -> Iterator[None]:
+        """This thread imports what the first touch of ``namespace`` imports, meanwhile."""
+        touching = self._local.__dict__.setdefault("namespaces", set())
+        outer = namespace not in touching
+        touching.add(namespace)
+        try:
+            yield
+        finally:
+            if outer:
+                touching.discard(namespace)
+
+    def importing_here(self, namespace: str) -> bool:
+        """Whether this thread is inside the import the first touch of ``namespace`` started."""
+        return namespace in self._local.__dict__.get("namespaces", ())
+
+    def hold(self, namespace: str, make: Callable[[], Any]) -> Any:
+        """The object for ``namespace``: made once (``make``, which leaves it uncached)."""
+        with self._mutex:
+            found = self._held.get(namespace)
+            if found is None:
+                found = self._held[namespace] = make()
+            return found
+
+    def release(self, namespace: str) -> Any:
+        """The object :meth:`hold` kept for ``namespace``, once (``None``: none kept)."""
+        with self._mutex:
+            return self._held.pop(namespace, None)
 
 
 class Adopter:
@@ -79,6 +127,8 @@ class Adopter:
         #: (op, key) -> where a switched-off registration was refused
         self.switched: dict[tuple[str, str], str] = {}
         self._mutex = threading.RLock()
+        #: the ``torch.ops.<namespace>`` objects made while their first touch imports
+        self.holds = NamespaceHolds()
         self._verdicts: dict[str, str | None] = {}
         self._held_checked: set[str] = set()
         self._vetoes: dict[tuple[str, str], list[tuple[Adopted, frozenset[str], str]]] = {}
@@ -112,8 +162,9 @@ class Adopter:
         """The first touch of ``torch.ops.<namespace>``: import what registers it."""
         with self._mutex:
             entries = list(self.namespaces.get(namespace, ()))
-        for adopted, modules in entries:
-            self.adopt(adopted, modules, f"torch.ops.{namespace} was first touched")
+        with self.holds.touching(namespace):
+            for adopted, modules in entries:
+                self.adopt(adopted, modules, f"torch.ops.{namespace} was first touched")
         with self._mutex:
             self.namespaces.pop(namespace, None)
 

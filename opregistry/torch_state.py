@@ -707,10 +707,23 @@ def install_ops_hooks() -> bool:
     def namespace_getattr(self: Any, name: str) -> Any:
         adopter = process().adopter
         if adopter is not None and name in adopter.namespaces:
-            adopter.namespace_touched(name)
-            found = vars(self).get(name)  # the package touched it while being imported
+            holds = adopter.holds
+            if holds.importing_here(name):
+                # the package touches its own namespace while this thread imports it: made
+                # once, not cached in torch.ops until the import is done (NamespaceHolds)
+                def make() -> Any:
+                    made = original_ns(self, name)
+                    vars(self).pop(name, None)
+                    return made
+                return holds.hold(name, make)
+            adopter.namespace_touched(name)  # imports, or waits for another thread's import
+            found = vars(self).get(name)
             if found is not None:
                 return found
+            held = holds.release(name)
+            if held is not None:  # made while the package was imported: cached now
+                setattr(self, name, held)
+                return held
         return original_ns(self, name)
 
     def op_getattr(self: Any, op_name: str) -> Any:

@@ -685,6 +685,59 @@ def test_touches_from_two_threads_in_the_middle_of_imports_do_not_deadlock(
     assert json.loads(out.stdout.splitlines()[-1]) == [True, True, True, True]
 
 
+RACE_PROBE = """
+import json, os, threading, time
+import torch
+
+signal, out = os.environ["RACE_SIGNAL"], []
+first = threading.Thread(target=lambda: out.append(torch.ops.NS_r.f(torch.zeros(1)).item()))
+first.start()
+while not os.path.exists(signal):  # the package is being imported, its kernel not yet there
+    time.sleep(0.01)
+
+
+def later():
+    try:
+        out.append(torch.ops.NS_r.f(torch.zeros(1)).item())
+    except Exception as exc:
+        out.append(type(exc).__name__)
+
+
+others = [threading.Thread(target=later) for _ in range(3)]
+[t.start() for t in others]
+[t.join(60) for t in [first, *others]]
+print(json.dumps(out))
+"""
+
+
+def test_touches_from_other_threads_wait_for_the_packages_import(foreign, ns, site,
+                                                                 tmp_path) -> None:
+    """bitsandbytes touches torch.ops.bitsandbytes while its import (the first touch, in one
+    thread) registers: torch caches the namespace then, and other threads used to reach its ops
+    through it -- defined, their CPU kernels not yet registered: NotImplementedError.  The
+    namespace stays out of torch.ops until the import is done, and their touches wait for it."""
+    import os
+    import subprocess
+
+    foreign({f"rc_{ns}/__init__.py": f"""
+        import os
+        import time
+        import torch
+        lib = torch.library.Library("{ns}_r", "DEF")
+        lib.define("f(Tensor x) -> Tensor")
+        torch.ops.{ns}_r.f   # the package uses its own op while it registers
+        open(os.environ["RACE_SIGNAL"], "w").close()
+        time.sleep(1.0)
+        lib.impl("f", lambda x: x + 1, "CPU")
+    """}, name=f"rc-{ns}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path]),
+           "RACE_SIGNAL": str(tmp_path / "importing")}
+    out = subprocess.run([sys.executable, "-c", RACE_PROBE.replace("NS", ns)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == [1.0, 1.0, 1.0, 1.0]
+
+
 def test_a_registry_unloaded_adopts_nothing_more(foreign, dists: DistFactory, ns) -> None:
     foreign()
     registry = load(dists)

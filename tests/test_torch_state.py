@@ -515,10 +515,13 @@ def test_ops_lookup_hooks_have_the_shape_lazy_adoption_wraps(ns, monkeypatch):
 
     seen: list[tuple[str, ...]] = []
 
+    from opregistry.adopting import NamespaceHolds
+
     class Adopter:
         def __init__(self):
             self.namespaces = {ns: ()}
             self.lib = None
+            self.holds = NamespaceHolds()
 
         def namespace_touched(self, name):
             # as opregistry.adopting.Adopter: taken off the table first (define touches it)

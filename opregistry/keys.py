@@ -247,7 +247,7 @@ SCHEMA_TYPES: frozenset[str] = frozenset({
     "int", "SymInt", "float", "complex", "bool", "SymBool", "str", "Scalar", "ScalarType",
     "Layout", "MemoryFormat", "Device", "DeviceIndex", "Generator", "Storage", "Stream",
     "QScheme", "Quantizer", "ConstQuantizerPtr", "Dimname", "None", "NoneType", "Capsule", "Any",
-    "AnyClassType", "AnyEnumType",
+    "AnyClassType", "AnyEnumType", "PyObject",
 })
 #: the types torch's schema parser reads as an ``int`` where it needs a value (defaults,
 #: Union members): its "fake" type of them
@@ -260,12 +260,14 @@ FAKE_INT_TYPES: frozenset[str] = frozenset({
 #: refused by torch.
 TYPE_SINCE: dict[str, tuple[int, int]] = {
     "SymBool": (2, 9),
+    "PyObject": (2, 12),  # 2.12.1 only: 2.11.0 and 2.13.0 refuse it (and TYPE_UNTIL)
 }
 #: schema types the parser of later releases refuses, with the last release known to take
 #: them: ``Dimname`` (named tensors' dimension names) is in the tables of 2.8.0 to 2.12.1,
 #: not in 2.13.0's nor 2.15.0's
 TYPE_UNTIL: dict[str, tuple[int, int]] = {
     "Dimname": (2, 12),
+    "PyObject": (2, 12),
 }
 
 #: what a ``Device`` default may name (``c10::Device``'s parser, 2.8 to 2.15 alike)
@@ -286,7 +288,7 @@ _DTYPES_2_8: frozenset[str] = frozenset({
 })
 #: ... and those added since, with the first release known to have them (none removed)
 DTYPE_SINCE: dict[str, tuple[int, int]] = {
-    "bcomplex32": (2, 15),
+    "bcomplex32": (2, 14),
 }
 
 #: The custom classes torch itself registers at ``import torch`` (the schema type
@@ -383,12 +385,12 @@ def _dotted(release: tuple[int, int] | None) -> str | None:
 
 
 def type_since(base: str) -> str | None:
-    """``"2.13"`` for ``"SymBool"``; ``None`` for types every supported release parses."""
+    """``"2.9"`` for ``"SymBool"``; ``None`` for types every supported release parses."""
     return _dotted(TYPE_SINCE.get(base))
 
 
 def type_until(base: str) -> str | None:
-    """``"2.8"`` for ``"Dimname"`` (the last release known to parse it); ``None`` for types
+    """``"2.12"`` for ``"Dimname"`` (the last release known to parse it); ``None`` for types
     no supported release has dropped."""
     return _dotted(TYPE_UNTIL.get(base))
 

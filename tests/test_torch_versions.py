@@ -87,6 +87,28 @@ def test_symbool_in_a_schema_per_installed_torch(dists: DistFactory, ns: str) ->
         assert torch.equal(op(x, True), -x) and torch.equal(op(x, False), x)
 
 
+def test_a_type_of_one_release_only_per_installed_torch(dists: DistFactory, ns: str) -> None:
+    """``PyObject``: torch 2.12's parser takes it, 2.11's and 2.13's do not.  Before 2.12 the
+    op needs a newer torch; after, the type is gone -- each said as such, before torch."""
+    from opregistry.keys import type_until
+
+    name = op_dist(dists, "pyobject", ns, "lib.define('keep(Tensor x, PyObject o) -> Tensor')\n")
+    release = _facts().release
+    problems = plan(dists, plugins=["opregistry-cpu", name]).errors
+    if release == (2, 12):
+        assert problems == ()
+        return
+    [problem] = problems
+    if release < (2, 12):
+        assert problem.code == "schema-type-needs-newer-torch"
+        assert f"PyObject from torch {type_since('PyObject')}" in problem.message
+    else:
+        assert problem.code == "schema-type-gone-from-torch"
+        assert f"PyObject up to torch {type_until('PyObject')}" in problem.message
+    with pytest.raises(RuntimeError, match="PyObject"):
+        torch._C.parse_schema(f"{ns}::keep(Tensor x, PyObject o) -> Tensor")
+
+
 def test_out_tag_per_installed_torch(dists: DistFactory, ns: str) -> None:
     """``tags=['out']``: a real out= variant where torch.Tag.out exists, refused before torch
     (naming torch 2.13) where it does not -- the verdict of ``import torch`` and ``doctor``."""

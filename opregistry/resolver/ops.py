@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import DOCS_URL, SchemaError
-from ..keys import (CLASS_PREFIX, DTYPE_SINCE, KNOWN_TAGS, class_known, dtypes_lacking,
-                    installed_torch_build, shadowed_op_name, tag_since, type_since, type_until,
-                    types_lacking, unreachable_name)
+from ..keys import (CLASS_PREFIX, DTYPE_SINCE, KNOWN_TAGS, TYPE_SINCE, class_known,
+                    dtypes_lacking, installed_torch_build, shadowed_op_name, tag_since, type_since,
+                    type_until, types_lacking, unreachable_name)
 from ..model import OpDef, is_identifier
 from ..plans import NamespacePlan, OpPlan
 from ..schema import (SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, overload_refusal,
@@ -148,7 +148,8 @@ def _release_takes(ctx: Context, op: OpDef, schema: Schema) -> bool:
     if facts is None:
         return True  # no torch installed: no release to check against (the tags rule does the same)
     lacking = types_lacking(words, facts.release)
-    newer = [t for t in lacking if type_since(t)]
+    # not yet rather than no more (PyObject has both: 2.12 only)
+    newer = [t for t in lacking if facts.release < TYPE_SINCE.get(t, (0, 0))]
     if newer:
         since = ", ".join(f"{t} from torch {type_since(t)}" for t in newer)
         _refuse_needs_newer(ctx, op, "schema-type-needs-newer-torch",

@@ -707,8 +707,8 @@ def install_ops_hooks() -> bool:
     def namespace_getattr(self: Any, name: str) -> Any:
         adopter = process().adopter
         if adopter is not None and name in adopter.namespaces:
-            holds = adopter.holds
-            if holds.importing_here(name):
+            holds = getattr(adopter, "holds", None)  # a waiting adopter (autoload) holds none
+            if holds is not None and holds.importing_here(name):
                 # the package touches its own namespace while this thread imports it: made
                 # once, not cached in torch.ops until the import is done (NamespaceHolds)
                 def make() -> Any:
@@ -720,7 +720,10 @@ def install_ops_hooks() -> bool:
             found = vars(self).get(name)
             if found is not None:
                 return found
-            held = holds.release(name)
+            # the adopter that imported: this one, or the loaded registry's that a waiting
+            # adopter handed over to
+            holds = getattr(process().adopter, "holds", None)
+            held = holds.release(name) if holds is not None else None
             if held is not None:  # made while the package was imported: cached now
                 setattr(self, name, held)
                 return held

@@ -126,7 +126,9 @@ class Adoption:
         ones the scan found (per namespace, those that define its ops at
         import, before those that only add kernels).
     :param namespaces: namespaces its modules register that the scan cannot
-        read (a name computed at run time); each maps to ``modules``.
+        read (a name computed at run time); each maps to ``modules``, or, when
+        that is empty, to the package: the modules of the namespaces the scan
+        finds of it, else the top-level packages of its registering modules.
     :param load: ``"lazy"`` -- imported on the first touch of
         ``torch.ops.<namespace>`` -- or ``"eager"``, imported when the
         registry loads (``import torch``).

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .registry import Registry
     from .plans import OpPlan
 
-__all__ = ["OPCHECK_UTILS", "GRADCHECK", "CheckResult", "select_ops", "devices_for", "samples_of", "run_checks"]
+__all__ = ["OPCHECK_UTILS", "GRADCHECK", "CheckResult", "select_ops", "devices_for", "samples_of",
+           "adopted_names", "names_adopted", "run_checks"]
 
 #: torch.library.opcheck's default test utilities, in the order it runs them.
 OPCHECK_UTILS: tuple[str, ...] = (
@@ -279,35 +280,78 @@ def _check_sample(overload: Any, args: Any, kwargs: Any, has_autograd: bool,
     return found
 
 
-def _adopted(registry: Registry, targets: Iterable[str]) -> list[tuple[Any, str, str]]:
-    """``(adopted, op, samples)`` of each adopted op with sample inputs (an adapter's
-    ``Adoption(samples=...)``) that ``targets`` name (all: none given)."""
+def adopted_names(adopted: Any) -> list[str]:
+    """Every op of ``adopted`` its files name (kernel-only ops of its namespaces included), and
+    every op its adapter declares samples for."""
+    mine = set(adopted.namespaces)
+    names = {reg.op for reg in adopted.ops()}
+    names |= {k.op for k in adopted.kernels if k.op and k.op.split("::")[0] in mine}
+    return sorted(names | set(adopted.samples))
+
+
+def names_adopted(target: str, op: str) -> bool:
+    """Whether ``target`` (a namespace, ``ns::op`` or ``ns::op.overload``) names ``op``."""
+    return target in (op, op.split(".")[0], op.split("::")[0])
+
+
+def _adopted(registry: Registry, targets: Iterable[str]) -> list[tuple[Any, str, str | None]]:
+    """``(adopted, op, samples or None)`` of each adopted op that ``targets`` name; with no
+    targets, those of every adopted distribution and those with samples of the others."""
     wanted = list(targets)
     found = []
     for adopted in registry.plan.adoptions:
-        for op, ref in sorted(adopted.samples.items()):
-            if not wanted or any(t in (op, op.split(".")[0], op.split("::")[0]) for t in wanted):
+        for op in adopted_names(adopted):
+            ref = adopted.samples.get(op)
+            if (any(names_adopted(t, op) for t in wanted) if wanted
+                    else adopted.active or ref is not None):
                 found.append((adopted, op, ref))
     return found
 
 
-def _check_adopted(adopted: Any, op: str, ref: str, machine: dict[str, str],
+def _adapter(adopted: Any) -> Origin | None:
+    """Who declared the samples of ``adopted``: its adapter (``Adoption(samples=...)``)."""
+    return adopted.declared_by[0] if adopted.declared_by else None
+
+
+def _check_adopted(adopted: Any, op: str, ref: str | None, machine: dict[str, str],
                    say: Callable[[str], None], prefix: str) -> list[CheckResult]:
     """opcheck of an adopted op over its adapter's sample inputs, on CPU and the machine's
-    accelerator (its kernels are the package's: none is known to be absent)."""
+    accelerator (its kernels are the package's: none is known to be absent).
+
+    An op without samples is skipped (nothing of the package is imported for it); a failure
+    of the samples -- the function, or an op the package does not register -- is the
+    adapter's that declared them.
+    """
     record = partial(CheckResult, op=op, distribution=adopted.distribution.text)
-    origin = Origin(distribution=adopted.name, version=adopted.distribution.version)
+    adapter = _adapter(adopted)
+    if ref is None:
+        say(f"{prefix}: skipped (adopted, no samples)")
+        why = (f"no sample inputs: declare them in an adapter, Adoption(samples={{{op!r}: "
+               f"'module:function'}}) (docs: ecosystem, 'Declared by an adapter')"
+               if adopted.active else f"not adopted ({adopted.reason}), no sample inputs")
+        return [record(device="-", check="samples", status="skip",
+                       message=f"adopted from {adopted.distribution.text}; {why}")]
+    declared = (f"samples declared by {adapter}" if adapter
+                else "samples declared by an adapter")
+    origin = adapter or Origin(distribution=adopted.name, version=adopted.distribution.version)
     overload, exc = contain(_overload, op)  # its first touch: adoption imports the package
     if exc is not None:
         say(f"{prefix}: FAIL (not in torch)")
-        return [record(device="-", check="registered", status="fail",
-                       message=f"{adopted.distribution.text} did not register it: "
+        known = op in {reg.op for reg in adopted.ops()} | {k.op for k in adopted.kernels}
+        if known or adapter is None:  # the package's own op: its import did not register it
+            return [record(device="-", check="registered", status="fail",
+                           message=f"{adopted.distribution.text} did not register it: "
+                                   f"{_first_line(exc)}")]
+        return [record(device="-", check="registered", status="fail", distribution=str(adapter),
+                       message=f"not an op of {adopted.distribution.text} ({declared}: "
+                               f"name one of its ops in Adoption(samples=...)): "
                                f"{_first_line(exc)}")]
     outcome = guard.run(_samples, ref, op, origin=origin, what="producing sample inputs")
     if outcome.error is not None:
         say(f"{prefix}: FAIL (sample inputs)")
         return [record(device="-", check="samples", status="fail",
-                       message=f"{ref}: {_first_line(outcome.error)}")]
+                       distribution=str(adapter) if adapter else adopted.distribution.text,
+                       message=f"{ref} ({declared}): {_first_line(outcome.error)}")]
     results: list[CheckResult] = []
     for device, torch_device in machine.items():
         for i, (args, kwargs) in enumerate(outcome.result):

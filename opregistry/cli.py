@@ -324,10 +324,13 @@ def _print_list(data: dict[str, Any], t: Text) -> None:
     if data.get("switches"):
         t.line("\nKernel switches (in order; the last that matches a kernel decides)")
         t.table([(s["switch"], s["source"]) for s in data["switches"]])
-    if data.get("external_kernels"):
+    # kernels for an adopted package's op are listed under it, in the Adopted section
+    shown = {op["name"] for a in data.get("adopted", []) for op in a["ops"]}
+    external = [k for k in data.get("external_kernels", []) if k["op"] not in shown]
+    if external:
         t.line("\nKernels for torch's own ops (allowed by policy)")
         t.table([(k["op"], k["key"], k["status"], k["kernel"], _dist(k["distribution"]))
-                 for k in data["external_kernels"]])
+                 for k in external])
     _print_problems(data["problems"], t)
 
 
@@ -340,12 +343,25 @@ def _adoption_line(a: dict[str, Any]) -> str:
             + (f"  {imports}" if imports and a["status"] == "adopted" else ""))
 
 
+def _overridden_note(kernel: dict[str, Any]) -> str:
+    """An adopted kernel's NOTE: why its status, and the op package whose kernel serves instead."""
+    by = kernel.get("overridden_by")
+    notes = [kernel["reason"]] + ([f"overridden by {_dist(by)} (allowed by policy)"] if by else [])
+    return "; ".join(n for n in notes if n)
+
+
+def _adopted_kernel_rows(op: dict[str, Any]) -> list[tuple[str, ...]]:
+    """An adopted op's kernels (key, status, where, note), then those op packages add to it."""
+    return [(k["key"], k["status"], k["where"], _overridden_note(k)) for k in op["kernels"]] + [
+        (k["key"], k["status"], f"{k['kernel']} ({_dist(k['distribution'])})", _kernel_note(k))
+        for k in op.get("kernels_added", [])]
+
+
 def _print_adopted(adopted: list[dict[str, Any]], t: Text) -> None:
     t.line("\nAdopted (packages that register with torch.library by themselves; "
            "read from their files)")
-    rows = {(a["distribution"]["name"], op["name"]): [
-        (k["key"], k["status"], k["where"], k["reason"]) for k in op["kernels"]]
-        for a in adopted for op in a["ops"]}
+    rows = {(a["distribution"]["name"], op["name"]): _adopted_kernel_rows(op)
+            for a in adopted for op in a["ops"]}
     widths = t.widths([r for op_rows in rows.values() for r in op_rows])
     for a in adopted:
         t.line(_adoption_line(a), wrap="      ")
@@ -388,7 +404,8 @@ def _live_note(row: dict[str, Any]) -> str:
     return "; ".join(notes) or "matches"
 
 
-def _print_live(live: dict[str, list[dict[str, Any]]], t: Text) -> None:
+def _print_live(live: dict[str, list[dict[str, Any]]], t: Text,
+                not_imported: dict[str, list[str]] | None = None) -> None:
     t.line("\nLive dispatcher (torch) vs declared (opregistry)")
     header = ("OP", "DEFINED BY", "DECLARED KEYS", "DISPATCHER KEYS", "NOTE")
     rows = {ns: [(r["op"], _owner_text(r["defined_by"]) if r["in_dispatcher"] else "-",
@@ -398,6 +415,10 @@ def _print_live(live: dict[str, list[dict[str, Any]]], t: Text) -> None:
     widths = t.widths([r for rs in rows.values() for r in rs], header)
     for namespace, ns_rows in rows.items():
         t.line(f"  namespace {namespace}")
+        if not_imported and namespace in not_imported and not ns_rows:
+            t.line(f"      (no ops in the dispatcher: "
+                   f"{_not_imported_note(namespace, not_imported[namespace])})")
+            continue
         t.table(ns_rows, indent="      ", header=header, widths=widths,
                 empty="(no ops in the dispatcher, none declared)")
 
@@ -444,13 +465,15 @@ def cmd_list(args: argparse.Namespace, t: Text) -> int:
         attributor = Attributor(resolved)
         data["live"] = {ns: report.live_namespace(ns, resolved, attributor)
                         for ns in report.live_namespaces(resolved, args.namespace or ())}
+        # adopted lazily and not imported here: the dispatcher has none of their ops yet
+        data["live_not_imported"] = report.not_imported(resolved, data["live"])
     if args.json:
         _dump(data, t.out)
         _keep_listing(args, t, data, bool(resolved.errors))
     else:
         _print_list(data, t)
         if args.live:
-            _print_live(data["live"], t)
+            _print_live(data["live"], t, data["live_not_imported"])
     return EXIT_PROBLEMS if resolved.errors else EXIT_OK
 
 
@@ -534,11 +557,24 @@ def _show_live_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text
     return EXIT_OK
 
 
-def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text) -> int:
-    """``show`` of an adopted package's op: where it is defined, how it loads, its kernels."""
+def _not_imported_note(namespace: str, modules: list[str]) -> str:
+    """What ``--live`` says of a namespace adopted lazily that this process did not import."""
+    return (f"adopted lazily, not imported in this process: pass --import {modules[0]} "
+            f"(or touch torch.ops.{namespace})")
+
+
+def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text,
+                      not_imported: dict[str, list[str]] | None = None) -> int:
+    """``show`` of an adopted package's op: where it is defined, how it loads, its kernels
+    (and those op packages add to it); ``not_imported``: with ``--live``, its namespaces the
+    process did not import, so that the dispatcher holds none of their ops."""
     if args.json:
-        _dump({"format_version": report.FORMAT_VERSION, "ops": [], "external_kernels": [],
-               "adopted": rows}, t.out)
+        data = {"format_version": report.FORMAT_VERSION, "ops": [],
+                "external_kernels": [k for row in rows for op in row["ops"]
+                                     for k in op["kernels_added"]], "adopted": rows}
+        if not_imported is not None:
+            data["live_not_imported"] = not_imported
+        _dump(data, t.out)
         return EXIT_OK
     first = True
     for row in rows:
@@ -563,9 +599,17 @@ def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: T
                      ("declared:", "no: registered with torch.library by its package; "
                                    "read from its files")])
             t.line("\nKernels (read from the package's files)")
-            t.table([(k["key"], k["status"], k["where"], k["api"] + (
-                f"; {k['reason']}" if k["reason"] else "")) for k in op["kernels"]],
+            t.table([(k["key"], k["status"], k["where"], "; ".join(
+                filter(None, (k["api"], _overridden_note(k))))) for k in op["kernels"]],
                 header=("KEY", "STATUS", "REGISTERED AT", "HOW"), empty="(none)")
+            if op["kernels_added"]:
+                t.line("\nKernels op packages add (allowed by OPREGISTRY_ALLOW_OVERRIDE)")
+                t.table([(k["key"], k["status"], k["kernel"], _dist(k["distribution"]),
+                          _kernel_note(k)) for k in op["kernels_added"]],
+                        header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE"))
+            if not_imported and ns in not_imported:
+                t.line("\nLive dispatcher (torch)")
+                t.line(f"  none of its ops: {_not_imported_note(ns, not_imported[ns])}")
     return EXIT_OK
 
 
@@ -576,10 +620,15 @@ def cmd_show(args: argparse.Namespace, t: Text) -> int:
         found = report.live_ops(resolved, args.op)
         if found:  # registered with torch.library directly, by a package opregistry sees
             return _show_live_ops(found, args, t)
-    if match.kind == "unknown":
-        adopted = report.adopted_op_rows(resolved, args.op)
-        if adopted:  # registered by an adopted package at its import: what its files say
-            return _show_adopted_ops(adopted, args, t)
+    if match.kind in ("unknown", "external"):
+        # registered by an adopted package at its import (op packages may add kernels to
+        # it, under policy): what its files say
+        adopted = report.adopted_op_rows(resolved, match.name if match.kind == "external"
+                                         else args.op)
+        if adopted:
+            waiting = report.not_imported(resolved, {op["name"].split("::")[0]
+                                                     for row in adopted for op in row["ops"]})
+            return _show_adopted_ops(adopted, args, t, waiting if args.live else None)
     if match.kind not in ("ops", "external"):
         return _explain_match("show", match)
     data = report.show_report(resolved, args.op, steps=args.steps)
@@ -755,6 +804,19 @@ class _Progress:
             self.stream.flush()
 
 
+def _adopted_target(plan: Plan, text: str) -> str | None:
+    """``text`` as a ``check`` target naming adopted ops (a namespace, ``ns::op[.overload]``,
+    or as Python spells it, ``torch.ops.ns.op``), or ``None`` when it names none."""
+    from .checking import adopted_names, names_adopted
+
+    forms = [text] + [f"{ns}::{name}" + (f".{overload}" if overload else "")
+                      for ns, name, overload in report._spellings(text) if ns]
+    for form in forms:
+        if any(names_adopted(form, op) for a in plan.adoptions for op in adopted_names(a)):
+            return form
+    return None
+
+
 def cmd_check(args: argparse.Namespace, t: Text) -> int:
     from .checking import run_checks
 
@@ -762,13 +824,13 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
     targets = []
     for target in args.targets:
         match = report.find_target(registry.plan, target)
+        adopted = _adopted_target(registry.plan, target)
         if match.kind == "namespace":
             targets.append(target)
         elif match.kind == "ops":
             targets += [op.op.qualname for op in match.ops]
-        elif any(target in (op, op.split(".")[0], op.split("::")[0])
-                 for a in registry.plan.adoptions for op in a.samples):
-            targets.append(target)  # an adopted op with sample inputs (Adoption(samples=...))
+        elif adopted is not None:
+            targets.append(adopted)  # an adopted op or namespace: skipped without samples
         else:
             return _explain_match("check", match)
     progress = _Progress(sys.stderr, args.quiet)
@@ -788,8 +850,10 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
     else:
         _print_check(results, t)
         failed = {r.op for r in results if r.status == "fail"}
+        skipped = {r.op for r in results} - {r.op for r in results if r.status != "skip"}
         t.line(f"\n{len({r.op for r in results})} op(s) checked: "
-               + (f"{len(failed)} {t.paint('FAILED')}" if failed else "all passed"))
+               + (f"{len(failed)} {t.paint('FAILED')}" if failed else "all passed")
+               + (f" ({len(skipped)} skipped, see the table)" if skipped else ""))
     if data["excluded"] and not args.targets:
         names = ", ".join(f"{e['distribution']['name']} [{', '.join(e['problems'])}]"
                           for e in data["excluded"])
@@ -901,16 +965,22 @@ def cmd_completion(args: argparse.Namespace, t: Text) -> int:
 
 
 def cmd_cache(args: argparse.Namespace, t: Text) -> int:
-    from .plancache import clear
+    from .plancache import clear, clear_scan
 
     if args.action == "clear":
         folder, removed = clear()
+        scan_folder, scan_removed = clear_scan()
         if args.json:
             _dump({"format_version": report.FORMAT_VERSION, "directory": folder,
-                   "removed": removed}, t.out)
+                   "removed": removed,
+                   "scan": {"directory": scan_folder, "removed": scan_removed}}, t.out)
         else:
             t.line(f"removed {removed} plan cache entr{'y' if removed == 1 else 'ies'}"
                    + (f" from {folder}" if folder else " (the cache is off)"))
+            if scan_folder:
+                t.line(f"removed {scan_removed} scan cache entr"
+                       f"{'y' if scan_removed == 1 else 'ies'} from {scan_folder} (the next "
+                       f"start scans the installed distributions again)")
         return EXIT_OK
     data = report.cache_report()
     if args.json:
@@ -929,6 +999,14 @@ def cmd_cache(args: argparse.Namespace, t: Text) -> int:
                   "uncacheable": lambda s: f"not cached: {s['reason']}"}.get(
             status["status"], lambda s: s["status"])(status)
         t.line(f"  {what}: {detail}", wrap="    ")
+    scan = data.get("scan")
+    if scan is not None and scan["directory"]:
+        t.line(f"scan cache (what the installed distributions register, read from their "
+               f"files): {scan['directory']}", wrap="  ")
+        t.line(f"  entries: {scan['entries']} ({scan['bytes']:,} bytes; one per folder of "
+               f"distributions)")
+        check = "content" if scan["check"] == "content" else "size and time"
+        t.line(f"  files checked by: {check}")
     return EXIT_OK
 
 
@@ -1078,8 +1156,9 @@ def _add_cache(add: _Add) -> None:
             "the op and backend packages' files, OPREGISTRY_* variables, the configuration "
             "file, Python). 'info' shows the directory (OPREGISTRY_CACHE_DIR, else the "
             "platform's cache directory), its entries, and whether this environment's are "
-            "valid; 'clear' removes every entry. OPREGISTRY_CACHE=0 turns it off. Does not "
-            "import torch.")
+            "valid, and the cache of the static scan of the installed distributions (what "
+            "the packages that register with torch by themselves register); 'clear' removes "
+            "every entry of both. OPREGISTRY_CACHE=0 turns them off. Does not import torch.")
     p.add_argument("action", choices=("info", "clear"), metavar="ACTION",
                    help="info or clear")
 

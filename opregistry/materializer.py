@@ -193,7 +193,8 @@ def _counting() -> bool:
 _MISSING = object()
 
 
-def _imported_in_full(module: str) -> bool:
+def imported_in_full(module: str) -> bool:
+    """Whether ``module`` is imported and done initializing."""
     loaded = sys.modules.get(module)
     return loaded is not None and not guard.initializing(loaded)
 
@@ -378,7 +379,7 @@ class Executor:
 
     def _register(self, step: Step) -> Problem | None:
         op, planned = step.subject
-        if planned.after and not _imported_in_full(planned.after):
+        if planned.after and not imported_in_full(planned.after):
             # a kernel for a package's op: once the package registered its own, or it wins
             self._defer(step, planned)
             return None

@@ -137,4 +137,27 @@ def check_references(plan: Plan) -> list[Problem]:
                 hint=f"fix the reference in the declaration (a 'module:attribute' string naming "
                      f"{'a class' if want == 'class' else 'a function'} of an importable module)",
                 culprits=(kernel.origin,), op=kernel.op, key=kernel.key, source=kernel.source))
+    return problems + _adoption_sample_refs(plan)
+
+
+def _adoption_sample_refs(plan: Plan) -> list[Problem]:
+    """``adoption-samples-ref-invalid``: an adapter's ``Adoption(samples=...)`` reference that
+    cannot be imported, checked as a kernel's is; only ``opregistry check`` imports it, so
+    nobody is left out."""
+    problems = []
+    for adopted in plan.adoptions:
+        adapter = adopted.declared_by[0] if adopted.declared_by else None
+        for op, ref in sorted(adopted.samples.items()):
+            module, attribute = split_ref(ref)
+            status, why = attribute_status(locate_module(module), attribute, "callable")  # type: ignore[arg-type]
+            if status in ("defined", "unknown"):
+                continue
+            problems.append(Problem(
+                code="adoption-samples-ref-invalid", severity="warning",
+                message=f"{adapter or adopted.name}: the sample inputs of {op} (adopted "
+                        f"{adopted.distribution.text}) name {ref!r}, which cannot be imported: "
+                        f"{why}; opregistry check fails it",
+                hint="fix the reference in Adoption(samples=...) (a 'module:function' string "
+                     "naming a function of an importable module)",
+                culprits=(adapter,) if adapter else (), op=op))
     return problems

@@ -56,7 +56,7 @@ from .plans import Plan
 
 __all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backend_part",
            "backends_to_load", "compare", "reuse", "cached_plan", "listing", "store_listing",
-           "info", "clear", "drift"]
+           "info", "clear", "clear_scan", "scan_cache", "drift"]
 
 log = get_logger()
 
@@ -412,6 +412,27 @@ def info(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[s
     env = os.environ if environ is None else environ
     without = PlanCache(settings, torch_imported=False, environ=env)
     folder = without.disk.folder
+    entries, size = _files(folder)
+    scan = scan_cache(env).folder
+    scan_entries, scan_size = _files(scan)
+    return {
+        "directory": folder,
+        "enabled": folder is not None,
+        "check": "content" if without.content else "stat",
+        "entries": entries,
+        "bytes": size,
+        "this_environment": {"opregistry list": _status(without),
+                             "import torch": _status(PlanCache(settings, torch_imported=True,
+                                                               environ=env))},
+        # the static scan of the installed distributions (opregistry.scan): one entry per
+        # folder of distributions (a site-packages, a PYTHONPATH entry)
+        "scan": {"directory": scan, "entries": scan_entries, "bytes": scan_size,
+                 "check": "content" if without.content else "stat"},
+    }
+
+
+def _files(folder: str | None) -> tuple[int, int]:
+    """How many entries ``folder`` holds, and their bytes."""
     files = []
     if folder is not None and os.path.isdir(folder):
         files = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
@@ -419,22 +440,28 @@ def info(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[s
     for path in files:
         with contextlib.suppress(OSError):
             size += os.path.getsize(path)
-    return {
-        "directory": folder,
-        "enabled": folder is not None,
-        "check": "content" if without.content else "stat",
-        "entries": len(files),
-        "bytes": size,
-        "this_environment": {"opregistry list": _status(without),
-                             "import torch": _status(PlanCache(settings, torch_imported=True,
-                                                               environ=env))},
-    }
+    return len(files), size
+
+
+def scan_cache(environ: Mapping[str, str] | None = None) -> DiskCache:
+    """The cache of the static scan of the installed distributions (:mod:`opregistry.scan`)."""
+    from .scan import CACHE_NAME
+
+    return DiskCache.open(CACHE_NAME, stamp="", environ=environ)
 
 
 def clear(environ: Mapping[str, str] | None = None) -> tuple[str | None, int]:
-    """Remove every plan cache entry (and the listings made of them): the folder, how many."""
+    """Remove every plan cache entry (and the listings made of them): the folder, how many.
+    :func:`clear_scan` removes the scan's."""
     disk = plan_cache(environ)
     DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}", environ=environ).clear()
+    return disk.folder, disk.clear()
+
+
+def clear_scan(environ: Mapping[str, str] | None = None) -> tuple[str | None, int]:
+    """Remove every entry of the scan's cache: the folder, how many (the next start scans the
+    installed distributions again)."""
+    disk = scan_cache(environ)
     return disk.folder, disk.clear()
 
 

@@ -456,6 +456,9 @@ class Registry:
         holds was registered; ``opregistry doctor --live`` reports the result.
         On a torch that does not record the file of a kernel registered from
         Python (2.8: ``/dev/null:LINE``), only unregistered kernels are found.
+        A kernel for an adopted package's op that waits for the package's import
+        (:meth:`~opregistry.materializer.Executor._defer`) is not drift: it is
+        registered right after the package registers its own.
         """
         from . import materializer, torch_state
 
@@ -471,6 +474,8 @@ class Registry:
         for op, kernels in sorted(active.items()):
             found = torch_state.kernel_registrations(op)
             for k in kernels:
+                if k.after and not materializer.imported_in_full(k.after):
+                    continue  # deferred until the adopted package registers its own: not drift
                 where = found.get(k.kernel.key)
                 if where is not None and (where in sites or where.startswith(ours)):
                     continue

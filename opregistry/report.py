@@ -22,6 +22,7 @@ which reads torch's dispatcher.
 from __future__ import annotations
 
 import difflib
+import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 
@@ -215,9 +216,19 @@ def adopted_rows(plan: Plan, namespaces: Iterable[str] = ()) -> list[dict[str, A
     Read from the scan of their installed files: torch is not imported.
     """
     wanted = set(namespaces)
+    added: dict[str, list[KernelPlan]] = {}  # kernels op packages add to its ops, under policy
+    for k in plan.external_kernels:
+        added.setdefault(k.kernel.op, []).append(k)
     rows = []
     for adopted in plan.adoptions:
         row = adopted.to_dict()
+        for op in row["ops"]:
+            op["kernels_added"] = [_kernel(plan, k) for k in added.get(op["name"], [])]
+            for kernel in op["kernels"]:
+                kernel["overridden_by"] = next(
+                    (distribution(k.kernel.origin) for k in added.get(op["name"], [])
+                     if k.kernel.key == kernel["key"] and k.status == "active"
+                     and k.overrides == f"{adopted.name}=={adopted.distribution.version}"), None)
         if wanted:
             row["ops"] = [op for op in row["ops"] if op["name"].split("::")[0] in wanted]
             row["namespaces"] = {ns: m for ns, m in row["namespaces"].items() if ns in wanted}
@@ -239,6 +250,21 @@ def adopted_op_rows(plan: Plan, name: str) -> list[dict[str, Any]]:
         if ops:
             rows.append({**row, "ops": ops})
     return rows
+
+
+def not_imported(plan: Plan, namespaces: Iterable[str]) -> dict[str, list[str]]:
+    """The namespaces of ``namespaces`` adopted lazily whose modules this process has not
+    imported (torch's dispatcher holds none of their ops yet), each with those modules."""
+    found: dict[str, list[str]] = {}
+    wanted = set(namespaces)
+    for adopted in plan.adoptions:
+        if adopted.status != "adopted" or adopted.load != "lazy":
+            continue
+        for ns, modules in adopted.modules:
+            missing = [m for m in modules if ns in wanted and m not in sys.modules]
+            if missing:
+                found[ns] = list(dict.fromkeys(found.get(ns, []) + missing))
+    return found
 
 
 def live_namespaces(plan: Plan, namespaces: Iterable[str] = ()) -> list[str]:
@@ -608,12 +634,13 @@ def check_report(plan: Plan, results: Sequence[CheckResult], *,
     hide them.
     """
     rows = []
-    adopted = {op: a for a in plan.adoptions for op in a.samples}
+    # an adopted op's result: its package's, or the adapter's that declared its samples
+    owners = {str(o): distribution(o) for a in plan.adoptions for o in a.declared_by}
+    owners.update({a.distribution.text: {"name": a.name, "version": a.distribution.version}
+                   for a in plan.adoptions})
     for r in results:
         op = plan.op(r.op)
-        owner = distribution(op.op.origin) if op else None
-        if op is None and r.op in adopted:  # an adopted op: its package's distribution
-            owner = {"name": adopted[r.op].name, "version": adopted[r.op].distribution.version}
+        owner = distribution(op.op.origin) if op else owners.get(r.distribution or "")
         rows.append({**r.to_dict(), "distribution": owner})
     codes: dict[str, list[str]] = {}
     for p in plan.errors:

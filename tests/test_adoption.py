@@ -387,6 +387,22 @@ def test_an_unknown_name_in_the_block_list_is_reported(foreign, dists, monkeypat
     assert problem.severity == "error" and f"did you mean {name!r}" in problem.message
 
 
+def test_a_plugin_in_the_block_list_is_reported(foreign, dists, monkeypatch, ns) -> None:
+    """An opregistry plugin is no candidate for adoption: OPREGISTRY_ADOPT_BLOCK naming one
+    is an error naming the variable and OPREGISTRY_BLOCK (before: silently accepted)."""
+    foreign()
+    plugin = dists.make(f"ab-plugin-{ns}", ops={"ops": f"ab_plugin_{ns}:lib"},
+                        modules={f"ab_plugin_{ns}": "from opregistry import OpLibrary\n"
+                                                    f"lib = OpLibrary('abp_{ns}', 'DEF')\n"},
+                        requires=("opregistry",))
+    monkeypatch.setenv("OPREGISTRY_ADOPT_BLOCK", plugin)
+    (problem,) = [p for p in plan(dists).problems if p.code == "config-unknown-distribution"]
+    assert problem.severity == "error"
+    assert f"OPREGISTRY_ADOPT_BLOCK names {plugin!r}, which is an opregistry plugin" \
+        in problem.message
+    assert "OPREGISTRY_BLOCK" in problem.hint
+
+
 def test_show_of_an_adopted_op_without_torch_imported_by_show(foreign, dists: DistFactory, ns,
                                                                 capsys) -> None:
     """``show ns::op``: the package, where the op is defined, what the touch imports, kernels."""
@@ -432,6 +448,48 @@ def test_a_package_declares_its_own_adoption(site, dists: DistFactory, ns, monke
     assert adopted.declared_by[0].group == "opregistry.adopt"
     assert dict(adopted.modules) == {ns: (f"fp_{ns}",)}
     assert getattr(torch.ops, ns).neg(torch.ones(1)).item() == -1.0
+
+
+ADAPTER_NAMESPACES = """
+from opregistry import Adoption
+
+
+def opregistry_adoptions():
+    return [Adoption(distribution={dist!r}, namespaces={namespaces!r})]
+"""
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_an_adapters_namespace_without_modules_imports_the_package(
+        site, dists: DistFactory, ns, monkeypatch, known) -> None:
+    """``Adoption(namespaces=[...])`` without ``modules``: a namespace the scan cannot read
+    imports the package -- what the scan's namespaces of it import (``known``), else the
+    import root of its registering modules (before: nothing, and the touch found no op)."""
+    extra = f"{ns}_env"
+    monkeypatch.setenv(f"FP_NS_{ns}", extra)
+    files = _package(ns) if known else {}
+    files[f"fp_{ns}/__init__.py"] = ("from . import _ops\nfrom .backends import cpu\n"
+                                     if known else "") + "from . import dyn\n"
+    files[f"fp_{ns}/dyn.py"] = f"""
+        import os
+
+        import torch
+
+        lib = torch.library.Library(os.environ["FP_NS_{ns}"], "FRAGMENT")
+        lib.define("neg(Tensor x) -> Tensor")
+        lib.impl("neg", lambda x: -x, "CompositeExplicitAutograd")
+    """
+    name = adoption_dists.write(site, f"fp-{ns}", files)
+    dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"},
+               modules={f"ad_{ns}": ADAPTER_NAMESPACES.format(dist=name, namespaces=[extra])})
+    registry = load(dists)
+    adopted = registry.plan.adopted(name)
+    assert adopted.status == "adopted", adopted.reason
+    assert dict(adopted.modules) == ({ns: (f"fp_{ns}",), extra: (f"fp_{ns}",)} if known
+                                     else {extra: (f"fp_{ns}",)})
+    assert f"fp_{ns}" not in sys.modules
+    assert getattr(torch.ops, extra).neg(torch.ones(1)).item() == -1.0
+    assert not registry.errors
 
 
 def test_a_declared_namespace_is_protected_before_torch(site, dists: DistFactory, ns,
@@ -773,3 +831,200 @@ def test_an_adopted_op_is_checked_over_its_adapters_samples(foreign, dists: Dist
     assert ("test_schema", "ok") in checks and ("test_faketensor", "ok") in checks
     assert all(r.status != "fail" for r in results), results
     assert {r.distribution for r in results} == {f"{name}==1.0"}
+
+
+def _overrider(dists: DistFactory, ns: str) -> str:
+    """An op package adding, with override=True, a CPU kernel to the adopted ``ns::scale``."""
+    return dists.make(f"ovr-{ns}", ops={"ops": f"ovr_{ns}:lib"}, modules={f"ovr_{ns}": f"""
+        from opregistry import OpLibrary
+        lib = OpLibrary({ns!r}, "IMPL")
+        lib.impl("scale", "cpu", "ovr_{ns}:scale", override=True)
+        def scale(x, f):
+            return x * f + 7
+    """})
+
+
+def test_an_allowed_override_waiting_for_its_package_is_not_drift(
+        foreign, dists: DistFactory, ns, monkeypatch) -> None:
+    """Before the package is imported, the override waits for it (registered right after the
+    package's own): drift() -- doctor --live -- must not call it unregistered."""
+    foreign()
+    _overrider(dists, ns)
+    monkeypatch.setenv("OPREGISTRY_ALLOW_OVERRIDE", ns)
+    registry = load(dists)
+    assert f"fp_{ns}" not in sys.modules
+    assert registry.drift() == ()
+    assert getattr(torch.ops, ns).scale(torch.ones(1), 3.0).item() == 10.0  # the override
+    assert registry.drift() == ()
+
+
+def test_list_and_show_of_an_adopted_op_name_the_kernel_that_overrides_it(
+        foreign, dists: DistFactory, ns, monkeypatch, scoped, capsys) -> None:
+    """An op package's allowed override of an adopted op: the op stays the package's, with
+    its kernels; the override is listed under it, and the kernel it replaces says by whom."""
+    from opregistry.cli import main
+
+    name = foreign()
+    over = _overrider(dists, ns)
+    monkeypatch.setenv("OPREGISTRY_ALLOW_OVERRIDE", ns)
+    scoped()
+    assert main(["show", f"{ns}::scale"]) == 0
+    text = capsys.readouterr().out
+    assert "defined by torch" not in text
+    assert f"{name}==1.0, adopted" in text and f"fp_{ns}.backends.cpu:4" in text
+    assert f"overridden by {over}==1.0 (allowed by policy)" in text
+    assert f"ovr_{ns}:scale" in text and f"overrides {name}==1.0" in text
+    assert main(["show", f"{ns}::scale", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    schemas = doc_schemas()
+    assert not schema_errors(data, schemas["show"], schemas["types"])
+    [op] = data["adopted"][0]["ops"]
+    [added] = op["kernels_added"]
+    assert (added["key"], added["distribution"]["name"], added["overrides"]["name"]) == (
+        "CPU", over, name)
+    assert {k["key"]: k["overridden_by"] for k in op["kernels"]}["CPU"] == {
+        "name": over, "version": "1.0"}
+    assert data["external_kernels"] == [added]
+
+    assert main(["list", "-n", ns]) == 0
+    text = capsys.readouterr().out
+    assert "Kernels for torch's own ops" not in text
+    adopted = text[text.index("Adopted ("):]
+    assert f"ovr_{ns}:scale ({over}==1.0)" in adopted
+    assert f"overridden by {over}==1.0" in adopted
+
+
+def test_live_views_of_a_namespace_adopted_lazily_and_not_imported_say_so(
+        foreign, dists: DistFactory, ns, scoped, capsys) -> None:
+    """list --live / show --live import no adopted package: they say how to see its ops."""
+    from opregistry.cli import main
+
+    foreign()
+    scoped()
+    note = (f"adopted lazily, not imported in this process: pass --import fp_{ns} "
+            f"(or touch torch.ops.{ns})")
+    assert main(["list", "--live", "-n", ns]) == 0
+    text = capsys.readouterr().out
+    assert note in text and "none declared" not in text
+    assert main(["list", "--live", "-n", ns, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    schemas = doc_schemas()
+    assert not schema_errors(data, schemas["list"], schemas["types"])
+    assert data["live_not_imported"] == {ns: [f"fp_{ns}"]}
+    assert main(["show", "--live", f"{ns}::scale"]) == 0
+    assert note in capsys.readouterr().out
+    assert f"fp_{ns}" not in sys.modules
+    assert main(["show", "--live", "--import", f"fp_{ns}", f"{ns}::scale"]) == 0
+    text = capsys.readouterr().out
+    assert "not imported in this process" not in text and "registered by:" in text
+
+
+def _two_ops(ns: str) -> dict[str, str]:
+    """A package defining ``ns::scale`` and ``ns::shift`` at its import."""
+    return {f"fp_{ns}/__init__.py": f"""
+        import torch
+
+        torch.library.define("{ns}::scale", "(Tensor x, float f) -> Tensor")
+        torch.library.define("{ns}::shift", "(Tensor x, float f) -> Tensor")
+
+
+        @torch.library.register_kernel("{ns}::scale", "cpu")
+        def _(x, f):
+            return x * f
+
+
+        @torch.library.register_fake("{ns}::scale")
+        def _(x, f):
+            return torch.empty_like(x)
+
+
+        @torch.library.register_kernel("{ns}::shift", "cpu")
+        def _(x, f):
+            return x + f
+    """}
+
+
+def test_check_of_an_adopted_namespace_lists_its_ops_skipped_without_samples(
+        foreign, dists: DistFactory, ns, scoped, capsys) -> None:
+    """``check ns`` / ``check ns::op`` of an adopted package without samples: its ops are
+    listed as skipped (how to declare samples said), exit 0 -- not "no op or namespace"."""
+    from opregistry.cli import main
+
+    name = foreign(_two_ops(ns))
+    scoped()
+    for target in (ns, f"{ns}::shift", f"torch.ops.{ns}.shift"):
+        assert main(["check", target, "--json", "-q"]) == 0, target
+        data = json.loads(capsys.readouterr().out)
+        assert not schema_errors(data, doc_schemas()["check"], doc_schemas()["types"])
+        wanted = {f"{ns}::scale", f"{ns}::shift"} if target == ns else {f"{ns}::shift"}
+        assert {r["op"] for r in data["results"]} == wanted
+        for r in data["results"]:
+            assert (r["check"], r["status"]) == ("samples", "skip")
+            assert "Adoption(samples=" in r["message"] and f"{name}==1.0" in r["message"]
+            assert r["distribution"] == {"name": name, "version": "1.0"}
+    assert f"fp_{ns}" not in sys.modules  # nothing to check: nothing imported
+    assert main(["check", ns, "-q"]) == 0
+    assert "2 op(s) checked: all passed (2 skipped, see the table)" in capsys.readouterr().out
+
+
+SAMPLES_ADAPTER = """
+from opregistry import Adoption
+
+
+def opregistry_adoptions():
+    return [Adoption(distribution={dist!r}, samples={samples!r})]
+
+
+def samples():
+    import torch
+    return [((torch.ones(2), 2.0), {{}})]
+"""
+
+
+def test_the_adopted_ops_an_adapter_gives_no_samples_are_listed_skipped(
+        foreign, dists: DistFactory, ns) -> None:
+    from opregistry.checking import run_checks
+
+    name = foreign(_two_ops(ns))
+    dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"}, modules={f"ad_{ns}": SAMPLES_ADAPTER.format(
+        dist=name, samples={f"{ns}::scale": f"ad_{ns}:samples"})})
+    results, unknown = run_checks(load(dists), [ns])
+    assert not unknown
+    by_op: dict[str, set[tuple[str, str]]] = {}
+    for r in results:
+        by_op.setdefault(r.op, set()).add((r.check, r.status))
+    assert ("test_schema", "ok") in by_op[f"{ns}::scale"]
+    assert by_op[f"{ns}::shift"] == {("samples", "skip")}
+
+
+def test_bad_adapter_samples_are_problems_of_the_adapter_and_check_blames_it(
+        foreign, dists: DistFactory, ns) -> None:
+    """Samples for an op the package does not define, a reference that does not resolve:
+    reported before torch (the adapter, its entry point, "did you mean"), and a failure of
+    ``check`` attributed to the adapter, not to the adopted package."""
+    from opregistry.checking import run_checks
+
+    name = foreign(_two_ops(ns))
+    adapter = dists.make(f"ad-{ns}", ops={"adopt": f"ad_{ns}"}, modules={
+        f"ad_{ns}": SAMPLES_ADAPTER.format(dist=name, samples={
+            f"{ns}::scal": f"ad_{ns}:samples", f"{ns}::shift": f"ad_{ns}:missing"})})
+    [unknown_op] = [p for p in plan(dists).problems if p.code == "adoption-samples-unknown-op"]
+    assert [o.distribution for o in unknown_op.culprits] == [adapter]
+    assert f"entry point 'adopt = ad_{ns}'" in unknown_op.message
+    assert f"for {ns}::scal, which is not an op of {name}==1.0" in unknown_op.message
+    assert f"did you mean '{ns}::scale'?" in unknown_op.message
+    assert unknown_op.source and unknown_op.source.endswith(f"ad_{ns}.py:6")
+    resolved = plan(dists, references=True)
+    [ref] = [p for p in resolved.problems if p.code == "adoption-samples-ref-invalid"]
+    assert [o.distribution for o in ref.culprits] == [adapter] and ref.op == f"{ns}::shift"
+    assert f"'ad_{ns}:missing'" in ref.message and "has no attribute 'missing'" in ref.message
+    assert not resolved.excluded  # only check imports samples: nobody is left out
+
+    registry = load(dists)
+    results, _ = run_checks(registry, [ns])
+    failed = {r.op: r for r in results if r.status == "fail"}
+    assert set(failed) == {f"{ns}::scal", f"{ns}::shift"}
+    for r in failed.values():
+        assert r.distribution.startswith(f"{adapter}==1.0 (entry point"), r
+    rows = report.check_report(registry.plan, results)["results"]
+    assert {r["distribution"]["name"] for r in rows if r["status"] == "fail"} == {adapter}

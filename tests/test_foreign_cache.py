@@ -104,6 +104,43 @@ def test_content_digests_see_an_edit_that_keeps_size_and_mtime(site: Site) -> No
     assert found.cached == 1 and found.distributions[0].digest.startswith("sha256:")
 
 
+def test_cache_check_content_reaches_the_scan(site: Site) -> None:
+    """``OPREGISTRY_CACHE_CHECK=content`` checks the scan's cache by content too, as the plan
+    cache's: an edit that keeps size and mtime is seen (before: the stale scan was reused)."""
+    site.scan()
+    site.rewrite(SOURCE.replace("fx_aa", "fx_zz"), keep_mtime=True)
+    found = site.scan(environ={"OPREGISTRY_CACHE_CHECK": "content"})
+    assert found.cached == 0 and found.distributions[0].namespaces() == {"fx_zz"}
+    assert found.distributions[0].digest.startswith("sha256:")
+    again = site.scan(environ={"OPREGISTRY_CACHE_CHECK": "Content"})
+    assert again.cached == 1 and again.distributions[0].namespaces() == {"fx_zz"}
+
+
+def test_cache_clear_removes_the_scan_cache(site: Site) -> None:
+    """``opregistry cache clear`` removes the scan's entries (before: only the plan cache's,
+    so an edit that kept size and mtime stayed unseen), and ``cache info`` shows them."""
+    site.scan()
+    site.rewrite(SOURCE.replace("fx_aa", "fx_zz"), keep_mtime=True)
+    env = {**os.environ, "OPREGISTRY_CACHE_DIR": str(site.cache),
+           "PYTHONPATH": os.pathsep.join([str(site.root), *sys.path])}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "opregistry", "cache", *args],
+                              capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    info = json.loads(cli("info", "--json"))["scan"]
+    assert info["directory"] == str(site.cache / CACHE_NAME)
+    assert info["entries"] == 1 and info["bytes"] > 0 and info["check"] == "stat"
+    assert "scan cache (what the installed distributions register" in cli("info")
+    cleared = json.loads(cli("clear", "--json"))["scan"]
+    assert cleared == {"directory": str(site.cache / CACHE_NAME), "removed": 1}
+    assert not list((site.cache / CACHE_NAME).glob("*.json"))
+    assert site.namespaces() == ({"fx_zz"}, 0)
+    assert "removed 1 scan cache entry from" in cli("clear")
+
+
 def test_upgrade_is_seen(site: Site) -> None:
     site.scan()
     site.rewrite(SOURCE.replace("fx_aa", "fx_up"), bump=False)

@@ -17,7 +17,10 @@ bitsandbytes`` imports, the package deciding which of
 its modules load (bitsandbytes imports its CUDA kernels only where CUDA is
 available; importing its XPU backend where there is no XPU would fail).
 An op defined in a module the package does not import at its own import
-(a torchao prototype) is imported when that op is looked up.
+(a torchao prototype) is imported when that op is looked up.  A namespace
+a declaration names that the scan does not find for the package, without
+``modules``, imports the package: the modules of its other namespaces, else
+the import roots of its registering modules.
 """
 
 from __future__ import annotations
@@ -135,11 +138,26 @@ def _namespaces(scan: ForeignScan | None, dist: ForeignDistribution | None,
             if modules:
                 out[ns] = modules
     if declared is not None:
+        # a declared namespace the scan does not know imports the declared modules, or else
+        # the package: what the scan's namespaces import, or the import roots of the modules
+        # that register anything (``import bitsandbytes``), as its users would
+        package = declared.modules or _package_modules(dist, out)
         for ns in declared.namespaces:
-            out.setdefault(ns, declared.modules)
+            out.setdefault(ns, package)
         if declared.modules:
             out = {ns: declared.modules for ns in out}
-    return tuple(sorted(out.items()))
+    return tuple(sorted((ns, modules) for ns, modules in out.items() if modules))
+
+
+def _package_modules(dist: ForeignDistribution | None,
+                     found: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """What a namespace of ``dist`` that the scan cannot read imports: the modules of the
+    namespaces it can (in order), else the import roots of those registering anything."""
+    modules = tuple(dict.fromkeys(m for ns in sorted(found) for m in found[ns]))
+    if modules or dist is None:
+        return modules
+    return tuple(dict.fromkeys(dist.import_root(r.module) for r in dist.registrations
+                               if r.module))
 
 
 #: what custom_op / triton_op register: one kernel of their own Library for every device,
@@ -236,6 +254,39 @@ def _declaration_refused(ctx: Context, name: str, declared: Adoption) -> bool:
     return refused
 
 
+def _unreadable(dist: ForeignDistribution, namespace: str) -> bool:
+    """Whether the scan may miss ops of ``namespace`` in ``dist``: a name it could not read, a
+    C++ block (its ops are not in the symbols), a library loaded from a computed path."""
+    return any(reg.namespace in (namespace, None) and (
+        reg.op is None and reg.kind in ("op", "DEF", "FRAGMENT", "IMPL", "library",
+                                        "load_library") or bool(reg.unresolved))
+        for reg in dist.registrations)
+
+
+def _check_samples(ctx: Context, dist: ForeignDistribution, declared: Adoption) -> None:
+    """``adoption-samples-unknown-op``: an adapter's ``samples`` for an op ``dist`` does not
+    define, as far as its files say (a namespace or op the scan cannot read is taken as fine)."""
+    known = sorted({reg.op for reg in dist.registrations if reg.op})
+    for op in sorted(declared.samples):
+        namespace = op.split("::")[0]
+        if (op in known or op.removesuffix(".default") in known
+                or namespace in declared.namespaces or _unreadable(dist, namespace)):
+            continue
+        close = difflib.get_close_matches(op, known, n=1, cutoff=0.6)
+        why = (f"which is not an op of {dist.distribution.text}" if namespace in
+               dist.namespaces() else f"but {dist.distribution.text} registers no namespace "
+               f"{namespace!r}")
+        ctx.warn("adoption-samples-unknown-op",
+                 f"{declared.origin} declares sample inputs ({declared.samples[op]}) for {op}, "
+                 f"{why} (its files, as scanned)"
+                 + (f"; did you mean {close[0]!r}?" if close else "")
+                 + "; opregistry check fails it",
+                 f"name an op of {dist.name} (opregistry list -n {namespace}) in "
+                 f"Adoption(samples=...), declared at {declared.source}",
+                 culprits=(declared.origin,) if declared.origin else (), op=op,
+                 source=declared.source)
+
+
 def _one(ctx: Context, name: str, dist: ForeignDistribution | None,
          declared: Adoption | None, scan: ForeignScan | None) -> Adopted | None:
     if dist is not None and dist.is_plugin:
@@ -246,6 +297,8 @@ def _one(ctx: Context, name: str, dist: ForeignDistribution | None,
                        "remove the Adoption", (declared.origin,), source=declared.source)
         return None
     modules = _namespaces(scan, dist, declared)
+    if declared is not None and dist is not None and declared.samples:
+        _check_samples(ctx, dist, declared)
     if declared is None and not modules:
         return None  # nothing it defines can be reached through torch.ops: nothing to adopt
     installed = dist.distribution if dist is not None else InstalledDistribution(
@@ -354,9 +407,22 @@ def plan_adoptions(ctx: Context, adoptions: Iterable[Adoption]) -> tuple[Adopted
         if adopted is not None:
             out.append(adopted)
     out = _refuse_clashes(ctx, out, by_name)
-    for name in sorted(ctx.policy.adopt_block - set(by_name) - set(declared)):
-        close = difflib.get_close_matches(name, sorted(by_name), n=1)
+    # the candidates: what registers with torch by itself (an opregistry plugin is not one:
+    # it is switched off by OPREGISTRY_BLOCK), and what a declaration adopts
+    candidates = {n for n, d in by_name.items() if not d.is_plugin} | set(declared)
+    for name in sorted(ctx.policy.adopt_block - candidates):
         where = ctx.policy.adopt_sources.get("adopt_block", "OPREGISTRY_ADOPT_BLOCK")
+        plugin = by_name.get(name)
+        if plugin is not None:
+            ctx.warn("config-unknown-distribution",
+                     f"{where} names {name!r}, which is an opregistry plugin "
+                     f"({plugin.distribution.text}), not a distribution that registers with "
+                     f"torch by itself: nothing of it is adopted, so the block-list leaves it "
+                     f"loaded", f"remove {name!r} from {where}; to leave the plugin out, "
+                     f"name it in OPREGISTRY_BLOCK (block in the configuration file)",
+                     severity="error")
+            continue
+        close = difflib.get_close_matches(name, sorted(candidates), n=1)
         ctx.warn("config-unknown-distribution",
                  f"{where} names {name!r}, which is not an installed distribution that "
                  f"registers with torch by itself" + (f"; did you mean {close[0]!r}?"

@@ -43,9 +43,11 @@ from ..config import canonical_name
 from ..diskcache import DiskCache
 from ..distfiles import (NATIVE_SUFFIXES, DistInfo, distributions, files_of, is_editable,
                          module_name, walked_folders)
+from ..errors import ConfigError
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
 from ..logs import get_logger
 from ..state import gc_paused
+from ..variables import check_mode
 
 if TYPE_CHECKING:
     from .pyvalues import ModuleSource
@@ -276,6 +278,18 @@ def _metadata_stamp(info: DistInfo) -> str | None:
     return "; ".join(out)
 
 
+def _content_check(env: Mapping[str, Any]) -> bool:
+    """Whether cached scans are checked by content: locked mode, or
+    ``OPREGISTRY_CACHE_CHECK=content`` (a value not a mode counts as content: the
+    stronger check; the settings report it)."""
+    if (env.get("OPREGISTRY_LOCK") or "").strip():
+        return True
+    try:
+        return check_mode(env) == "content"
+    except ConfigError:
+        return True
+
+
 def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
         ForeignDistribution | None, bool, bool, dict[str, Any] | None, list[str]]:
     """``(record or None, uses torch, from the cache, entry to store or None, files to stamp)``
@@ -374,13 +388,13 @@ def scan_installed(*, only: Iterable[str] | None = None, cache: bool = True,
     no other; ``cache=False`` scans every distribution again (and stores nothing);
     ``content_digests``: check cached scans against the sha256 of every file
     read, not their size and mtime (default: in locked mode, when
-    ``OPREGISTRY_LOCK`` is set).  ``environ`` (default ``os.environ``) is
-    where ``OPREGISTRY_CACHE`` / ``OPREGISTRY_CACHE_DIR`` / ``OPREGISTRY_LOCK``
-    are read.
+    ``OPREGISTRY_LOCK`` is set, or with ``OPREGISTRY_CACHE_CHECK=content``, as
+    the plan cache does).  ``environ`` (default ``os.environ``) is where
+    ``OPREGISTRY_CACHE`` / ``OPREGISTRY_CACHE_DIR`` / ``OPREGISTRY_LOCK`` /
+    ``OPREGISTRY_CACHE_CHECK`` are read.
     """
     env: Mapping[str, Any] = os.environ if environ is None else environ
-    content = bool((env.get("OPREGISTRY_LOCK") or "").strip()) if content_digests is None \
-        else content_digests
+    content = _content_check(env) if content_digests is None else content_digests
     infos = distributions()
     wanted = None if only is None else {canonical_name(n) for n in only}
     store = _Folders(DiskCache.open(CACHE_NAME, stamp=_stamp(infos), environ=env) if cache

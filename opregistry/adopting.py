@@ -29,13 +29,12 @@ module, never an exception at the user's ``torch.ops.<ns>``.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 from .adoption import Adopted
 from .containment import contain, describe, interrupts_watched
@@ -58,37 +57,21 @@ def _origin(adopted: Adopted) -> Origin:
 
 
 class NamespaceHolds:
-    """The ``torch.ops.<namespace>`` objects made while the first touch of the namespace
-    imports its package, held out of ``torch.ops`` until that import finished.
+    """The ``torch.ops.<namespace>`` objects made while this thread imports the package that
+    registers the namespace, held out of ``torch.ops`` until that import finished.
 
     torch caches the object in ``torch.ops`` on its first lookup.  A package touches its own
     namespace as it registers (bitsandbytes); cached then, another thread would reach the
     package's ops without passing the touch hook, and call them before their kernels are
-    registered (its ops defined, its CPU kernels not yet: ``NotImplementedError``).  Uncached,
-    that thread's touch imports the package too, and Python's module lock makes it wait for
-    the first thread's import (:func:`opregistry.torch_state.install_ops_hooks`).
+    registered (its ops defined, its CPU kernels not yet: ``NotImplementedError``) -- whether
+    the import is opregistry's (the first touch) or the user's own (``import bitsandbytes``
+    in a worker thread).  Uncached, that thread's touch imports the package too, and Python's
+    module lock makes it wait for the import (:func:`opregistry.torch_state.install_ops_hooks`).
     """
 
     def __init__(self) -> None:
-        self._local = threading.local()
         self._held: dict[str, Any] = {}
         self._mutex = threading.Lock()
-
-    @contextlib.contextmanager
-    def touching(self, namespace: str) -> Iterator[None]:
-        """This thread imports what the first touch of ``namespace`` imports, meanwhile."""
-        touching = self._local.__dict__.setdefault("namespaces", set())
-        outer = namespace not in touching
-        touching.add(namespace)
-        try:
-            yield
-        finally:
-            if outer:
-                touching.discard(namespace)
-
-    def importing_here(self, namespace: str) -> bool:
-        """Whether this thread is inside the import the first touch of ``namespace`` started."""
-        return namespace in self._local.__dict__.get("namespaces", ())
 
     def hold(self, namespace: str, make: Callable[[], Any]) -> Any:
         """The object for ``namespace``: made once (``make``, which leaves it uncached)."""
@@ -162,11 +145,21 @@ class Adopter:
         """The first touch of ``torch.ops.<namespace>``: import what registers it."""
         with self._mutex:
             entries = list(self.namespaces.get(namespace, ()))
-        with self.holds.touching(namespace):
-            for adopted, modules in entries:
-                self.adopt(adopted, modules, f"torch.ops.{namespace} was first touched")
+        for adopted, modules in entries:
+            self.adopt(adopted, modules, f"torch.ops.{namespace} was first touched")
+        if self.importing(namespace):
+            return  # this thread is inside the package's import: the first touch comes after
         with self._mutex:
             self.namespaces.pop(namespace, None)
+
+    def importing(self, namespace: str) -> bool:
+        """Whether a module the first touch of ``namespace`` imports is still being imported,
+        after :meth:`namespace_touched` -- by this thread, then: another thread's import, it
+        waits for (the package touches its own namespace as it registers)."""
+        with self._mutex:
+            entries = list(self.namespaces.get(namespace, ()))
+        return any(_initializing(found) for _, modules in entries for m in modules
+                   if (found := sys.modules.get(m)) is not None)
 
     def op_missing(self, namespace: str, name: str) -> bool:
         """``torch.ops.<namespace>.<name>`` is not in torch: import what defines it, if known."""
@@ -201,7 +194,7 @@ class Adopter:
                 package = _left_behind(module)
                 if package is None:
                     continue  # imported
-                if not self._package_imports(adopted, module, package, why):
+                if not _package_imports(self, adopted, module, package, why):
                     ok = False
                 continue
             # being imported by this thread (it registers itself as it goes): import_module
@@ -218,32 +211,6 @@ class Adopter:
                      why=why, ms=round((time.perf_counter() - start) * 1000, 1))
         _report_switches_held(self, adopted)
         return ok
-
-    def _package_imports(self, adopted: Adopted, module: str, package: str, why: str) -> bool:
-        """``module`` is in ``sys.modules`` but ``package``, which holds it, is not: the
-        package's import failed after importing it (Python keeps the submodules of a failed
-        import).  Whether the package imports now; its import error is ``module``'s.
-
-        A failure this adopter recorded (importing the package, or a module in it) is not
-        imported again: its error stands.  One it has not seen (the package's user
-        imported it) is imported, contained, as ``import <module>`` would.
-        """
-        if (adopted.name, module) in self.import_errors:
-            return False
-        seen = [m for d, m in self.import_errors if d == adopted.name
-                and (m == package or m.startswith(f"{package}."))]
-        if seen:
-            self.left_behind[(adopted.name, module)] = min(seen, key=len)
-            return False
-        self.left_behind[(adopted.name, module)] = package
-        with interrupts_watched():
-            _, exc = contain(importlib.import_module, package)
-        if exc is not None:
-            self._failed(adopted, package, why, exc)
-            return False
-        del self.left_behind[(adopted.name, module)]
-        self.outcomes.setdefault(adopted.name, "imported")
-        return True
 
     def _failed(self, adopted: Adopted, module: str, why: str, exc: BaseException) -> None:
         text = describe(exc)
@@ -307,6 +274,34 @@ class Adopter:
                          site=registration.site)
                 return True
         return False
+
+
+def _package_imports(adopter: Adopter, adopted: Adopted, module: str, package: str,
+                     why: str) -> bool:
+    """``module`` is in ``sys.modules`` but ``package``, which holds it, is not: the
+    package's import failed after importing it (Python keeps the submodules of a failed
+    import).  Whether the package imports now; its import error is ``module``'s.
+
+    A failure this adopter recorded (importing the package, or a module in it) is not
+    imported again: its error stands.  One it has not seen (the package's user
+    imported it) is imported, contained, as ``import <module>`` would.
+    """
+    if (adopted.name, module) in adopter.import_errors:
+        return False
+    seen = [m for d, m in adopter.import_errors if d == adopted.name
+            and (m == package or m.startswith(f"{package}."))]
+    if seen:
+        adopter.left_behind[(adopted.name, module)] = min(seen, key=len)
+        return False
+    adopter.left_behind[(adopted.name, module)] = package
+    with interrupts_watched():
+        _, exc = contain(importlib.import_module, package)
+    if exc is not None:
+        adopter._failed(adopted, package, why, exc)
+        return False
+    del adopter.left_behind[(adopted.name, module)]
+    adopter.outcomes.setdefault(adopted.name, "imported")
+    return True
 
 
 def _report_switches_held(adopter: Adopter, adopted: Adopted) -> None:

@@ -707,22 +707,23 @@ def install_ops_hooks() -> bool:
     def namespace_getattr(self: Any, name: str) -> Any:
         adopter = process().adopter
         if adopter is not None and name in adopter.namespaces:
-            holds = getattr(adopter, "holds", None)  # a waiting adopter (autoload) holds none
-            if holds is not None and holds.importing_here(name):
-                # the package touches its own namespace while this thread imports it: made
-                # once, not cached in torch.ops until the import is done (NamespaceHolds)
+            adopter.namespace_touched(name)  # imports, or waits for another thread's import
+            # the adopter that imported: this one, or the loaded registry's that a waiting
+            # adopter (opregistry.autoload) handed over to
+            current = process().adopter
+            holds = getattr(current, "holds", None)
+            if holds is not None and current.importing(name):
+                # this thread is inside the package's import (opregistry's or its user's), and
+                # the package touches its own namespace: made once, not cached in torch.ops
+                # until the import is done (NamespaceHolds)
                 def make() -> Any:
                     made = original_ns(self, name)
                     vars(self).pop(name, None)
                     return made
                 return holds.hold(name, make)
-            adopter.namespace_touched(name)  # imports, or waits for another thread's import
             found = vars(self).get(name)
             if found is not None:
                 return found
-            # the adopter that imported: this one, or the loaded registry's that a waiting
-            # adopter handed over to
-            holds = getattr(process().adopter, "holds", None)
             held = holds.release(name) if holds is not None else None
             if held is not None:  # made while the package was imported: cached now
                 setattr(self, name, held)

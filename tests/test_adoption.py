@@ -748,7 +748,10 @@ import json, os, threading, time
 import torch
 
 signal, out = os.environ["RACE_SIGNAL"], []
-first = threading.Thread(target=lambda: out.append(torch.ops.NS_r.f(torch.zeros(1)).item()))
+if os.environ["RACE_FIRST"] == "touch":  # opregistry's import, on the first touch
+    first = threading.Thread(target=lambda: out.append(torch.ops.NS_r.f(torch.zeros(1)).item()))
+else:  # the user's own import, in a worker thread
+    first = threading.Thread(target=lambda: out.append(float(bool(__import__("rc_NS")))))
 first.start()
 while not os.path.exists(signal):  # the package is being imported, its kernel not yet there
     time.sleep(0.01)
@@ -768,12 +771,14 @@ print(json.dumps(out))
 """
 
 
-def test_touches_from_other_threads_wait_for_the_packages_import(foreign, ns, site,
-                                                                 tmp_path) -> None:
-    """bitsandbytes touches torch.ops.bitsandbytes while its import (the first touch, in one
-    thread) registers: torch caches the namespace then, and other threads used to reach its ops
-    through it -- defined, their CPU kernels not yet registered: NotImplementedError.  The
-    namespace stays out of torch.ops until the import is done, and their touches wait for it."""
+@pytest.mark.parametrize("first", ["touch", "import"])
+def test_touches_from_other_threads_wait_for_the_packages_import(foreign, ns, site, tmp_path,
+                                                                 first) -> None:
+    """bitsandbytes touches torch.ops.bitsandbytes while its import (the first touch, or its
+    user's ``import bitsandbytes``, in one thread) registers: torch caches the namespace then,
+    and other threads used to reach its ops through it -- defined, their CPU kernels not yet
+    registered: NotImplementedError.  The namespace stays out of torch.ops until the import is
+    done, and their touches wait for it."""
     import os
     import subprocess
 
@@ -789,7 +794,7 @@ def test_touches_from_other_threads_wait_for_the_packages_import(foreign, ns, si
         lib.impl("f", lambda x: x + 1, "CPU")
     """}, name=f"rc-{ns}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path]),
-           "RACE_SIGNAL": str(tmp_path / "importing")}
+           "RACE_SIGNAL": str(tmp_path / "importing"), "RACE_FIRST": first}
     out = subprocess.run([sys.executable, "-c", RACE_PROBE.replace("NS", ns)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -968,11 +968,16 @@ def cmd_cache(args: argparse.Namespace, t: Text) -> int:
     from .plancache import clear, clear_scan
 
     if args.action == "clear":
-        folder, removed = clear()
-        scan_folder, scan_removed = clear_scan()
+        failed: list[str] = []
+        folder, removed = clear(failed=failed)
+        scan_folder, scan_removed = clear_scan(failed=failed)
+        if failed:  # stderr, whether or not --json: the cache is still there
+            sys.stderr.write("opregistry cache clear: could not remove (the cache stays as it "
+                             "was; check the folder's permissions, or OPREGISTRY_CACHE_DIR):\n"
+                             + "".join(f"  - {line}\n" for line in failed))
         if args.json:
             _dump({"format_version": report.FORMAT_VERSION, "directory": folder,
-                   "removed": removed,
+                   "removed": removed, "failed": failed,
                    "scan": {"directory": scan_folder, "removed": scan_removed}}, t.out)
         else:
             t.line(f"removed {removed} plan cache entr{'y' if removed == 1 else 'ies'}"
@@ -981,7 +986,7 @@ def cmd_cache(args: argparse.Namespace, t: Text) -> int:
                 t.line(f"removed {scan_removed} scan cache entr"
                        f"{'y' if scan_removed == 1 else 'ies'} from {scan_folder} (the next "
                        f"start scans the installed distributions again)")
-        return EXIT_OK
+        return EXIT_PROBLEMS if failed else EXIT_OK
     data = report.cache_report()
     if args.json:
         _dump(data, t.out)

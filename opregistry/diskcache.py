@@ -242,22 +242,32 @@ class DiskCache:
                 removed += 1
         return removed
 
-    def clear(self) -> int:
-        """Remove every entry of this cache (and what interrupted writes left); how many."""
+    def clear(self, failed: list[str] | None = None) -> int:
+        """Remove every entry of this cache (and what interrupted writes left); how many.
+
+        ``failed`` gets a line for each entry that could not be removed (a read-only folder)
+        and for a folder that cannot be listed (not a folder, no permission); a folder that
+        does not exist holds nothing to remove.
+        """
         if self.folder is None:
             return 0
         removed = 0
         try:
             names = os.listdir(self.folder)
-        except OSError:
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            if failed is not None:
+                failed.append(f"{self.folder}: {exc.strerror or exc}")
             return 0
         for name in names:
             if _ENTRY.fullmatch(name) or _TEMPORARY.fullmatch(name):
                 try:
                     os.unlink(os.path.join(self.folder, name))
                     removed += 1
-                except OSError:
-                    pass
+                except OSError as exc:
+                    if failed is not None:
+                        failed.append(f"{os.path.join(self.folder, name)}: {exc.strerror or exc}")
         return removed
 
 

@@ -450,19 +450,21 @@ def scan_cache(environ: Mapping[str, str] | None = None) -> DiskCache:
     return DiskCache.open(CACHE_NAME, stamp="", environ=environ)
 
 
-def clear(environ: Mapping[str, str] | None = None) -> tuple[str | None, int]:
-    """Remove every plan cache entry (and the listings made of them): the folder, how many.
-    :func:`clear_scan` removes the scan's."""
+def clear(environ: Mapping[str, str] | None = None,
+          failed: list[str] | None = None) -> tuple[str | None, int]:
+    """Remove every plan cache entry (and the listings made of them): the folder, how many;
+    ``failed`` gets what could not be removed.  :func:`clear_scan` removes the scan's."""
     disk = plan_cache(environ)
-    DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}", environ=environ).clear()
-    return disk.folder, disk.clear()
+    DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}", environ=environ).clear(failed)
+    return disk.folder, disk.clear(failed)
 
 
-def clear_scan(environ: Mapping[str, str] | None = None) -> tuple[str | None, int]:
+def clear_scan(environ: Mapping[str, str] | None = None,
+               failed: list[str] | None = None) -> tuple[str | None, int]:
     """Remove every entry of the scan's cache: the folder, how many (the next start scans the
-    installed distributions again)."""
+    installed distributions again); ``failed`` gets what could not be removed."""
     disk = scan_cache(environ)
-    return disk.folder, disk.clear()
+    return disk.folder, disk.clear(failed)
 
 
 def _by_distribution(decl: Declarations) -> dict[str, str]:

@@ -769,6 +769,18 @@ def test_cache_command_info_and_clear(env: Env) -> None:
     assert json.loads(cli("info", "--json"))["entries"] == 0
 
 
+def test_cache_clear_says_what_it_could_not_remove(tmp_path: Path) -> None:
+    """An OPREGISTRY_CACHE_DIR that is not a folder: named on stderr, exit 1 -- not "removed
+    0 entries" and success, with the cache (or the mistake) left as it was."""
+    not_a_folder = tmp_path / "cache-file"
+    not_a_folder.write_text("")
+    done = subprocess.run([sys.executable, "-m", "opregistry", "cache", "clear"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OPREGISTRY_CACHE_DIR": str(not_a_folder)})
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "could not remove" in done.stderr and str(not_a_folder) in done.stderr
+
+
 # -- the codec -----------------------------------------------------------------------------
 
 

@@ -550,11 +550,16 @@ def _show_live_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text
                                                           if owner and owner["site"] else "")),
                  ("declared:", "no: registered with torch.library outside opregistry")])
         t.line("\nKernels (live dispatcher)")
-        t.table([(key, _owner_text(row["kernels_by"].get(key)),
-                  (row["kernels_by"].get(key) or {}).get("site") or where)
-                 for key, where in sorted(row["dispatcher_keys"].items())],
-                header=("KEY", "REGISTERED BY", "REGISTERED AT"), empty="(none)")
+        _live_kernels(row, t)
     return EXIT_OK
+
+
+def _live_kernels(row: dict[str, Any], t: Text) -> None:
+    """The dispatcher's kernels of a live op (:func:`report.live_ops`), with who registered each."""
+    t.table([(key, _owner_text(row["kernels_by"].get(key)),
+              (row["kernels_by"].get(key) or {}).get("site") or where)
+             for key, where in sorted(row["dispatcher_keys"].items())],
+            header=("KEY", "REGISTERED BY", "REGISTERED AT"), empty="(none)")
 
 
 def _not_imported_note(namespace: str, modules: list[str]) -> str:
@@ -564,18 +569,23 @@ def _not_imported_note(namespace: str, modules: list[str]) -> str:
 
 
 def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text,
-                      not_imported: dict[str, list[str]] | None = None) -> int:
+                      not_imported: dict[str, list[str]] | None = None,
+                      live: list[dict[str, Any]] | None = None) -> int:
     """``show`` of an adopted package's op: where it is defined, how it loads, its kernels
     (and those op packages add to it); ``not_imported``: with ``--live``, its namespaces the
-    process did not import, so that the dispatcher holds none of their ops."""
+    process did not import, so that the dispatcher holds none of their ops; ``live``: with
+    ``--live``, the dispatcher's view of those it did (:func:`report.live_ops`)."""
     if args.json:
         data = {"format_version": report.FORMAT_VERSION, "ops": [],
                 "external_kernels": [k for row in rows for op in row["ops"]
                                      for k in op["kernels_added"]], "adopted": rows}
         if not_imported is not None:
             data["live_not_imported"] = not_imported
+        if live:
+            data["live_ops"] = live
         _dump(data, t.out)
         return EXIT_OK
+    live_by_op = {row["op"].split(".")[0]: row for row in live or ()}
     first = True
     for row in rows:
         dist = f"{row['distribution']['name']}=={row['distribution']['version']}"
@@ -610,25 +620,29 @@ def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: T
             if not_imported and ns in not_imported:
                 t.line("\nLive dispatcher (torch)")
                 t.line(f"  none of its ops: {_not_imported_note(ns, not_imported[ns])}")
+            elif op["name"].split(".")[0] in live_by_op:
+                t.line("\nLive dispatcher (torch)")
+                _live_kernels(live_by_op[op["name"].split(".")[0]], t)
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace, t: Text) -> int:
     resolved = _live_registry(args.imports).plan if args.live else _plan()
     match = report.find_ops(resolved, args.op)
-    if match.kind in ("unknown", "left-out") and args.live:
-        found = report.live_ops(resolved, args.op)
-        if found:  # registered with torch.library directly, by a package opregistry sees
-            return _show_live_ops(found, args, t)
+    # registered with torch.library directly, by a package opregistry sees
+    found = report.live_ops(resolved, args.op) \
+        if match.kind in ("unknown", "left-out") and args.live else []
     if match.kind in ("unknown", "external"):
         # registered by an adopted package at its import (op packages may add kernels to
-        # it, under policy): what its files say
+        # it, under policy): what its files say, and with --live what the dispatcher holds
         adopted = report.adopted_op_rows(resolved, match.name if match.kind == "external"
                                          else args.op)
         if adopted:
             waiting = report.not_imported(resolved, {op["name"].split("::")[0]
                                                      for row in adopted for op in row["ops"]})
-            return _show_adopted_ops(adopted, args, t, waiting if args.live else None)
+            return _show_adopted_ops(adopted, args, t, waiting if args.live else None, found)
+    if found:
+        return _show_live_ops(found, args, t)
     if match.kind not in ("ops", "external"):
         return _explain_match("show", match)
     data = report.show_report(resolved, args.op, steps=args.steps)
@@ -851,9 +865,13 @@ def cmd_check(args: argparse.Namespace, t: Text) -> int:
         _print_check(results, t)
         failed = {r.op for r in results if r.status == "fail"}
         skipped = {r.op for r in results} - {r.op for r in results if r.status != "skip"}
-        t.line(f"\n{len({r.op for r in results})} op(s) checked: "
-               + (f"{len(failed)} {t.paint('FAILED')}" if failed else "all passed")
-               + (f" ({len(skipped)} skipped, see the table)" if skipped else ""))
+        ops = {r.op for r in results}
+        if skipped == ops:  # none had anything to run: nothing passed
+            t.line(f"\nnothing checked: {len(ops)} op(s) skipped, see the table")
+        else:
+            t.line(f"\n{len(ops)} op(s) checked: "
+                   + (f"{len(failed)} {t.paint('FAILED')}" if failed else "all passed")
+                   + (f" ({len(skipped)} skipped, see the table)" if skipped else ""))
     if data["excluded"] and not args.targets:
         names = ", ".join(f"{e['distribution']['name']} [{', '.join(e['problems'])}]"
                           for e in data["excluded"])

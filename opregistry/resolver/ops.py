@@ -156,14 +156,16 @@ def _release_takes(ctx: Context, op: OpDef, schema: Schema) -> bool:
                             f"uses type(s) {newer} in its schema, which the schema parser of the "
                             f"installed torch ({facts.version}) lacks: {since}",
                             [type_since(t) for t in newer],
-                            f"declare the op without {newer} (e.g. bool)")
+                            f"declare the op without {newer}"
+                            + (" (SymBool: bool)" if "SymBool" in newer else ""))
         return False
     if lacking:
         until = ", ".join(f"{t} up to torch {type_until(t)}" for t in lacking)
         ctx.refuse("schema-type-gone-from-torch",
                    f"{op.origin}: {op.qualname} uses type(s) {lacking} in its schema, which the "
                    f"schema parser of the installed torch ({facts.version}) no longer takes: "
-                   f"{until}", f"declare the op without {lacking} (Dimname: str)", (op.origin,),
+                   f"{until}", f"declare the op without {lacking}"
+                   + (" (Dimname: str)" if "Dimname" in lacking else ""), (op.origin,),
                    op=op.qualname, source=op.source)
         return False
     dtypes = dtypes_lacking(words, facts.release)

@@ -621,8 +621,12 @@ def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: T
                 t.line("\nLive dispatcher (torch)")
                 t.line(f"  none of its ops: {_not_imported_note(ns, not_imported[ns])}")
             elif op["name"].split(".")[0] in live_by_op:
+                row = live_by_op[op["name"].split(".")[0]]
+                owner = row["defined_by"]
                 t.line("\nLive dispatcher (torch)")
-                _live_kernels(live_by_op[op["name"].split(".")[0]], t)
+                t.table([("registered by:", _owner_text(owner) + (
+                    f" (at {owner['site']})" if owner and owner["site"] else ""))])
+                _live_kernels(row, t)
     return EXIT_OK
 
 

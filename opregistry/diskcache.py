@@ -23,6 +23,14 @@ processes writing the same entry at once each leave a whole file.  A
 missing or read-only directory means no cache: :meth:`DiskCache.store`
 returns ``False``, nothing raises.  JSON, not pickle: an entry is data, and
 loading one never runs code.
+
+An entry may keep parts of its value as *sections*, parsed only when first
+read (:class:`Entry`): the plan cache's declarations and plan are megabytes
+of JSON a warm ``import torch`` does not need.  Such a file is the JSON
+header (stamp, key, the value's other parts, and each section's name,
+length and CRC-32), a newline, then the sections' JSON one after another;
+a file whose sections are not all there, or do not match their CRC, is
+ignored as a truncated one is.
 """
 
 from __future__ import annotations
@@ -35,12 +43,13 @@ import re
 import sys
 import tempfile
 import time
+import zlib
 from typing import Any, Iterator, Mapping
 
 from .logs import get_logger
 from .variables import parse_flag
 
-__all__ = ["CACHE_VAR", "CACHE_DIR_VAR", "DiskCache", "cache_root"]
+__all__ = ["CACHE_VAR", "CACHE_DIR_VAR", "DiskCache", "Entry", "cache_root"]
 
 #: ``OPREGISTRY_CACHE=0`` turns every on-disk cache off
 CACHE_VAR = "OPREGISTRY_CACHE"
@@ -83,6 +92,48 @@ def cache_root(environ: Mapping[str, str] | None = None, platform: str | None = 
     if not home or home == "~":
         return None
     return os.path.join(home, ".cache", "opregistry")
+
+
+class Entry(dict):  # type: ignore[type-arg]
+    """An entry's value whose sections are parsed from JSON when first read (``entry[name]``).
+
+    ``in``, ``get`` and iteration see the sections already read and the
+    header's parts; :attr:`sections` names all of them.
+    """
+
+    __slots__ = ("_raw", "sections")
+
+    def __init__(self, value: Mapping[str, Any], raw: dict[str, bytes]) -> None:
+        super().__init__(value)
+        self._raw = raw
+        self.sections = frozenset(raw)
+
+    def __missing__(self, name: str) -> Any:
+        raw = self._raw.pop(name, None)
+        if raw is None:
+            raise KeyError(name)
+        value = self[name] = json.loads(raw)
+        return value
+
+
+def _sections(data: bytes, header: Any, path: str) -> dict[str, bytes] | None:
+    """The sections after ``header`` (``data``: what follows its newline), checked; ``None``
+    when they are not what the header says (truncated, or bytes changed)."""
+    found, at = {}, 0
+    try:
+        for name, length, crc in header:
+            raw = data[at:at + length]
+            at += length
+            if len(raw) != length or zlib.crc32(raw) != crc:
+                break
+            found[name] = raw
+        else:
+            if at == len(data):
+                return found
+    except (TypeError, ValueError):
+        pass
+    log.debug("cache entry's sections corrupt, ignored", path=path)
+    return None
 
 
 class DiskCache:
@@ -148,9 +199,11 @@ class DiskCache:
         return None if entry is None else (entry, data)
 
     def parse(self, data: bytes, key: str, path: str = "") -> Any | None:
-        """The value of an entry's bytes (read from ``path``), when they are ``key``'s entry."""
+        """The value of an entry's bytes (read from ``path``), when they are ``key``'s entry:
+        an :class:`Entry` when it was stored with sections."""
+        end = data.find(b"\n")
         try:
-            entry = json.loads(data)
+            entry = json.loads(data if end < 0 else data[:end])
         except ValueError as exc:  # truncated, or not JSON at all
             log.debug("cache entry corrupt, ignored", path=path, error=str(exc))
             return None
@@ -161,15 +214,29 @@ class DiskCache:
         if entry.get("key") != key:
             log.debug("cache entry of another key, ignored", path=path)
             return None
-        return entry.get("value")
+        value = entry.get("value")
+        if end < 0 and "sections" not in entry:
+            return value
+        raw = _sections(data[end + 1:] if end >= 0 else b"", entry.get("sections"), path)
+        if raw is None or not isinstance(value, dict):
+            return None
+        return Entry(value, raw)
 
-    def store(self, key: str, value: Any) -> bool:
-        """Write ``value`` (JSON data) under ``key``; ``False`` when it could not be written."""
+    def store(self, key: str, value: Any, sections: Mapping[str, Any] | None = None) -> bool:
+        """Write ``value`` (JSON data) under ``key``; ``False`` when it could not be written.
+
+        ``sections``: more parts of ``value`` (a dict), each written as its own
+        JSON document after the header and parsed only when read (:class:`Entry`).
+        """
         path = self.path(key)
         if path is None:
             return False
-        body = json.dumps({"stamp": self.stamp, "key": key, "value": value},
-                          separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        header: dict[str, Any] = {"stamp": self.stamp, "key": key, "value": value}
+        blobs = [(name, _dumps(part)) for name, part in (sections or {}).items()]
+        if blobs:
+            header["sections"] = [[name, len(b), zlib.crc32(b)] for name, b in blobs]
+        body = b"\n".join([_dumps(header), b"".join(b for _, b in blobs)]) if blobs \
+            else _dumps(header)
         folder = os.path.dirname(path)
         tmp = None
         try:
@@ -269,6 +336,11 @@ class DiskCache:
                     if failed is not None:
                         failed.append(f"{os.path.join(self.folder, name)}: {exc.strerror or exc}")
         return removed
+
+
+def _dumps(value: Any) -> bytes:
+    # one line: JSON's own output has no newline but the escaped ones
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def _try_lock(fd: int) -> bool:

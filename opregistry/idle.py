@@ -45,7 +45,7 @@ __all__ = ["FORMAT", "NAME", "CHECK_VAR", "plan_cache", "content_check", "marker
 log = get_logger()
 
 #: the plan cache entries' encoding version: an entry of another format is ignored
-FORMAT = 4
+FORMAT = 5
 #: the folder of the cache directory that holds the plans
 NAME = "plans"
 

@@ -28,7 +28,7 @@ from .containment import contain
 from .imports import after_import
 from .logs import get_logger
 from .kinds import DeviceKernel
-from .model import Origin, Problem, describe_ref, evolve_unchecked
+from .model import OpDef, Origin, Problem, describe_ref, evolve_unchecked
 from .native_load import load_failure, load_native
 from .plans import OpPlan, Plan
 from .selection import Step as Link
@@ -38,7 +38,7 @@ from .steps import Step, Steps, plan_steps
 from .torch_state import (destroy_library, device_keyset, forget_destroyed_kernels, lookup_op,
                           new_library, recorder, registering)
 
-__all__ = ["Materialized", "materialize", "gc_paused", "defined_ops"]
+__all__ = ["Materialized", "materialize", "gc_paused", "defined_ops", "Replay", "counting"]
 
 log = get_logger()
 
@@ -122,10 +122,13 @@ class _DistLibraries:
 
 
 def _define(lib: Any, plan: OpPlan) -> None:
+    _define_op(lib, plan.op)
+
+
+def _define_op(lib: Any, op: OpDef) -> None:
     # torch is imported (the recorder is installed first): read, not imported, 10,000 times
     # at ``import torch``, where an import statement of torch waits on its module lock
     torch = sys.modules["torch"]
-    op = plan.op
     missing = [t for t in op.tags if not hasattr(torch.Tag, t)]
     if missing:  # the resolver refuses these first (op-tag-needs-newer-torch)
         raise MaterializationError(f"torch {torch.__version__} has no torch.Tag {missing}")
@@ -159,13 +162,15 @@ def _route_factory(lib: Any, plan: OpPlan) -> None:
 
 
 def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., Any]],
-                policy: Policy | None = None) -> Materialized:
+                policy: Policy | None = None, after: Replay | None = None) -> Materialized:
     """Register ``plan`` with torch; a failing distribution is rolled back whole.
 
     Kernel modules are imported here, each the first time under
     :func:`opregistry.guard.run`: what one raises, or registers with torch by
     itself outside the plan (undone unless ``policy`` allows it), fails its
-    distribution.
+    distribution.  ``after``: the replay of the plan's program that could not
+    register it whole (:class:`Replay`): what it imported, and the problems
+    it met, are not imported again.
     """
     # the hook of the backend the resolver chose for each key: materializers are
     # keyed by (distribution, backend name), and a left-out distribution may reuse a name
@@ -175,19 +180,30 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
     with gc_paused():
         steps = plan_steps(plan)
         recorder()  # from now on, every registration through torch.library is attributed
-        return Executor(steps, chosen, policy or Policy(), _counting()).run()
+        return Executor(steps, chosen, policy or Policy(), _counting(),
+                        after.importer if after is not None else None).run()
 
 
 def _counting() -> bool:
     """Whether kernels are registered counting (``OPREGISTRY_KERNEL_COUNTS``, ``kernel_counts()``)."""
+    if _counts_asked():
+        print_counts_at_exit()
+        return True
+    return counting_forced()
+
+
+def _counts_asked() -> bool:
     import os
 
     from .config import COUNTS_VAR, parse_flag
 
-    if parse_flag(os.environ.get(COUNTS_VAR), False, COUNTS_VAR):
-        print_counts_at_exit()
-        return True
-    return counting_forced()
+    return parse_flag(os.environ.get(COUNTS_VAR), False, COUNTS_VAR)
+
+
+def counting() -> bool:
+    """Whether a load now would register kernels counting: a program is then not replayed
+    (its kernels are registered as they are)."""
+    return _counts_asked() or counting_forced()
 
 
 _MISSING = object()
@@ -236,6 +252,10 @@ class _Importer:
         #: (reference, must be callable) -> what it names, once read from a module imported in
         #: full (one fake kernel or backward often serves many ops)
         self.read: dict[tuple[str, bool], Any] = {}
+        #: (reference, must be callable, distribution) -> what importing it gave, when that
+        #: was a problem: the executor that takes over from a failed :func:`replay` meets
+        #: the same problem, without importing the module again
+        self.failed: dict[tuple[Any, bool, str | None], tuple[Any, Any]] = {}
 
     def payload(self, kernel: Any) -> tuple[Any, Problem | None]:
         """``kernel.payload`` with every reference its kind lists imported, or the problem."""
@@ -261,10 +281,30 @@ class _Importer:
 
     def reference(self, ref: Any, kernel: Any, must_call: bool) -> tuple[Any, Problem | None]:
         """What ``ref`` names, imported contained; or the problem that fails its distribution."""
-        found = _read(ref, must_call)
-        if found is not _MISSING:
-            self.read[(ref, must_call)] = found
-            return found, None
+        key = (ref, must_call, kernel.origin.distribution if kernel.origin else None) \
+            if isinstance(ref, str) else None
+        failed = self.failed.get(key) if key is not None else None
+        if failed is not None:
+            outcome, error = failed
+        else:
+            found = _read(ref, must_call)
+            if found is not _MISSING:
+                self.read[(ref, must_call)] = found
+                return found, None
+            outcome, error = self._import(ref, kernel, must_call)
+            if key is not None and (outcome.error is not None or error is not None):
+                self.failed[key] = outcome, error
+        if outcome.error is not None:
+            # the line that raised in the kernel module, else the kernel's declaration
+            return None, load_failure(kernel.origin,
+                                      f"importing {describe_ref(ref)} for {kernel.op}",
+                                      outcome.error, kernel.op, kernel.key,
+                                      guard.raised_at(outcome.error) or kernel.source)
+        return outcome.result, error
+
+    def _import(self, ref: Any, kernel: Any, must_call: bool) -> tuple[Any, Problem | None]:
+        """Import what ``ref`` names under :func:`opregistry.guard.run`: its outcome, and the
+        first error it reports (its warnings go to ``warnings``)."""
         module = ref.partition(":")[0] if isinstance(ref, str) else None
         loaded = sys.modules.get(module) if module else None
         # a module imported already runs no code of its own: contained, but not watched
@@ -279,13 +319,7 @@ class _Importer:
                 self.warnings.append(p)
             elif error is None:
                 error = p
-        if outcome.error is not None:
-            # the line that raised in the kernel module, else the kernel's declaration
-            return None, load_failure(kernel.origin,
-                                      f"importing {describe_ref(ref)} for {kernel.op}",
-                                      outcome.error, kernel.op, kernel.key,
-                                      guard.raised_at(outcome.error) or kernel.source)
-        return outcome.result, error
+        return outcome, error
 
 
 def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, what: str | None,
@@ -324,7 +358,7 @@ class Executor:
     """
 
     def __init__(self, steps: Steps, materializers: dict[str, Callable[..., Any]],
-                 policy: Policy, count: bool) -> None:
+                 policy: Policy, count: bool, importer: _Importer | None = None) -> None:
         self.steps = steps
         self.materializers = materializers
         self.policy = policy
@@ -333,7 +367,12 @@ class Executor:
                      for d, o in sorted(steps.origins.items())}
         self.result = Materialized()
         self.failed: dict[str, Problem] = {}
-        self.importer = _Importer(steps.watched, policy, self.result.problems)
+        if importer is None:
+            importer = _Importer(steps.watched, policy, self.result.problems)
+        else:  # a replay's: its warnings are this load's
+            self.result.problems.extend(importer.warnings)
+            importer.warnings = self.result.problems
+        self.importer = importer
         #: id of a candidate's KernelPlan -> (the callable a chain calls, its predicate)
         self.imported: dict[int, tuple[Any, Any]] = {}
 
@@ -519,3 +558,90 @@ _ACTIONS: dict[str, Callable[[Executor, Step], Problem | None]] = {
     "route-factory": Executor._route_factory, "load-native-impl": Executor._load_native,
     "register": Executor._register, "import-candidate": Executor._import_candidate,
     "register-candidates": Executor._register_candidates}
+
+
+#: a program's kernel that sets none of ``override``, ``when``, ``predicate``, ``priority``
+_NO_EXTRAS = (False, None, None, 0)
+
+
+class Replay:
+    """Registers a cached plan's program (:mod:`opregistry.program`), all or nothing.
+
+    The same calls the executor makes for the same plan, in the same order,
+    from the program's rows: an :class:`~opregistry.model.OpDef` per op and a
+    :class:`~opregistry.model.Kernel` per kernel are all that is built, no
+    plan nor step.  :meth:`run` returns ``None`` when something went wrong (a
+    reference that does not import, torch refusing a registration, a row it
+    cannot read): what it registered is unregistered, and the load registers
+    the decoded plan with :func:`materialize` (``after=`` this replay), which
+    reports and rolls back as it always does.
+    """
+
+    def __init__(self, program: Mapping[str, Any], decoder: Any,
+                 materializers: dict[tuple[str, str], Callable[..., Any]],
+                 policy: Policy | None = None) -> None:
+        self.program = program
+        self.decoder = decoder
+        self.hooks = {name: materializers[(dist, name)]
+                      for dist, name in program["backends"] if (dist, name) in materializers}
+        self.importer = _Importer(frozenset(program["watched"]), policy or Policy(), [])
+        owned: dict[str, dict[str, str]] = {}
+        for dist, namespace, kind in program["libraries"]:
+            owned.setdefault(dist, {})[namespace] = kind
+        self.owned = owned
+        self.sites = {(dist, namespace): site for dist, namespace, site in program["sites"]}
+        self.libs: dict[str, _DistLibraries] = {}
+
+    def run(self) -> Materialized | None:
+        with gc_paused():
+            recorder()  # from now on, every registration through torch.library is attributed
+            try:
+                ops = self._define()
+                done = ops is not None and self._register(ops)
+            except Exception as exc:  # noqa: BLE001 - a row it cannot read: the plan is registered
+                log.debug("program replay failed", error=repr(exc))
+                done, ops = False, None
+            if not done or ops is None:
+                for dl in reversed(list(self.libs.values())):
+                    dl.destroy()
+                self.libs.clear()
+                return None
+            result = Materialized(problems=self.importer.warnings)
+            result.libraries = {d: list(self.libs[d].libs.values()) for d in sorted(self.libs)
+                                if self.libs[d].libs}
+            result.ops = [op.qualname for op in ops]
+            process().defined.update(result.ops)
+            return result
+
+    def _library(self, origin: Origin, namespace: str) -> Any:
+        dl = self.libs.get(origin.distribution)
+        if dl is None:
+            dl = self.libs[origin.distribution] = _DistLibraries(
+                origin, self.owned.get(origin.distribution, {}), self.sites)
+        return dl.get(namespace)
+
+    def _define(self) -> list[OpDef] | None:
+        make = self.decoder.op
+        ops = [make(row) for row in self.program["ops"]]
+        with registering():
+            for op in ops:
+                _define_op(self._library(op.origin, op.namespace), op)
+        return ops
+
+    def _register(self, ops: list[OpDef]) -> bool:
+        make, payload_of, hooks = self.decoder.kernel, self.importer.payload, self.hooks
+        for at, backend, name, key, payload, source, origin, *extras in self.program["kernels"]:
+            op = ops[at] if at >= 0 else None
+            if op is not None:  # 1: its op's (program.compile_program)
+                name = op.qualname if name == 1 else name
+                source = op.source if source == 1 else source
+            kernel = make((name, key, payload, *(extras or _NO_EXTRAS), source, origin))
+            payload, problem = payload_of(kernel)
+            if problem is not None:
+                return False
+            lib = self._library(kernel.origin, op.namespace if op is not None else
+                                kernel.namespace)
+            if _call_backend(hooks[backend], backend, kernel, None, lib, op, kernel, payload,
+                             getattr(payload, payload.kind.primary)) is not None:
+                return False
+        return True

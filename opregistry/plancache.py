@@ -53,9 +53,11 @@ from .idle import CHECK_VAR, FORMAT, NAME, content_check, marker_key, plan_cache
 from .logs import get_logger
 from .model import Declarations, Origin, Problem
 from .plans import Plan
+from .program import VERSION as PROGRAM_VERSION
+from .program import compile_program
 
 __all__ = ["CHECK_VAR", "LOCK_TIMEOUT", "NAME", "PlanCache", "Recorded", "backend_part",
-           "backends_to_load", "compare", "reuse", "cached_plan", "listing", "store_listing",
+           "backends_to_load", "compare", "reuse", "program_of", "cached_plan", "listing", "store_listing",
            "info", "clear", "clear_scan", "scan_cache", "drift"]
 
 log = get_logger()
@@ -228,22 +230,30 @@ class PlanCache:
             return False
         entry: dict[str, Any] = {"manifest": manifest, "gate": gate, "id": os.urandom(12).hex(),
                                  "foreign": None if env.foreign is None else env.foreign.to_dict()}
+        sections: dict[str, Any] = {}
         try:
             enc = Encoder()
-            entry.update(declarations=enc.declarations(decl), plan=enc.plan(plan),
-                         origins=enc.table(), backends=backend_part(decl),
+            # parsed when first read: a hit with a program reads neither (diskcache.Entry)
+            sections.update(declarations=enc.declarations(decl), plan=enc.plan(plan))
+            program = compile_program(plan, enc)
+            if program is not None:
+                sections["program"] = program
+            entry.update(origins=enc.table(), backends=backend_part(decl),
+                         distributions=sections["declarations"]["distributions"],
+                         available=dict(decl.available),
                          query=encode_query(environment_query(decl)),
                          environment=encode_environment(env, answers))
         except Uncacheable as exc:
             log.debug("plan not cached", reason=str(exc))
             entry = {"manifest": manifest, "gate": gate, "uncacheable": str(exc)}
+            sections = {}
         self.key = self.keys[1] if inputs.plain_first(manifest) else self.keys[0]
         marker = self.marker()
         if marker is not None:  # the entry's marker, when its plan is idle, comes after it
             self.disk.discard(marker)
-        stored = self.disk.store(self.key, entry)
+        stored = self.disk.store(self.key, entry, sections)
         if stored:
-            waits = waiting_load(decl, plan) if marker is not None and "plan" in entry \
+            waits = waiting_load(decl, plan) if marker is not None and sections \
                 and self.settings.lock is None else None
             if waits is not None:
                 self.disk.store(marker, {"manifest": manifest, **waits})
@@ -295,7 +305,7 @@ def backends_to_load(entry: Mapping[str, Any]) -> list[Origin]:
     """The backend entry points the cached declarations came with, to import again."""
     origins = entry["origins"]
     found = []
-    for i in entry["declarations"]["distributions"]:
+    for i in entry["distributions"]:
         distribution, version, group, name, value = origins[i]
         if group == BACKENDS_GROUP:
             found.append(Origin(distribution=distribution, version=version, group=group,
@@ -318,30 +328,44 @@ def compare(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState
         return None
     env, env_data = _environment(entry, dispatcher, run)
     same = (env_data == entry["environment"]
-            and entry["declarations"]["available"] == live.available)
+            and entry["available"] == live.available)
     return ("hit" if same else "resolved"), env
 
 
 def reuse(entry: Mapping[str, Any], live: Declarations, dispatcher: TorchState | None,
           resolve: Callable[[Declarations, Environment], Plan], *,
-          run: Callable[[str], tuple[bool, str]] = run_check) -> tuple[Plan, str] | None:
+          run: Callable[[str], tuple[bool, str]] = run_check, decode: bool = True
+          ) -> tuple[Plan | None, str] | None:
     """The cached plan, or the cached declarations resolved again (see :func:`compare`);
-    ``run`` runs each load-time check."""
+    ``run`` runs each load-time check.  ``decode=False``: a hit's plan is not decoded
+    (``None``): its program is replayed (:func:`program_of`)."""
     found = compare(entry, live, dispatcher, run)
     if found is None:
         return None
     outcome, env = found
-    decoder = _decoder(entry, live)
     if outcome == "hit":
-        return decoder.plan(entry["plan"]), "hit"
+        return (_decoder(entry, live).plan(entry["plan"]) if decode else None), "hit"
     log.debug("plan cache: resolving the cached declarations in this environment")
-    decl = attrs.evolve(decoder.declarations(), available=dict(live.available))
+    decl = attrs.evolve(_decoder(entry, live).declarations(), available=dict(live.available))
     return resolve(decl, attrs.evolve(env, foreign=_foreign(entry))), "resolved"
 
 
-def _decoder(entry: Mapping[str, Any], live: Declarations) -> Decoder:
+def program_of(entry: Mapping[str, Any], live: Declarations) -> tuple[Any, Decoder] | None:
+    """The registration program of ``entry`` (:mod:`opregistry.program`) and the decoder of
+    its rows, or ``None`` when it has none (or one of another version)."""
+    if "program" not in getattr(entry, "sections", ()):
+        return None
+    program = entry["program"]
+    if not isinstance(program, dict) or program.get("version") != PROGRAM_VERSION:
+        return None
+    return program, _decoder(entry, live, {"ops": (), "kernels": ()})
+
+
+def _decoder(entry: Mapping[str, Any], live: Declarations,
+             declarations: Mapping[str, Any] | None = None) -> Decoder:
     backends = {(b.origin.distribution if b.origin else "", b.name): b for b in live.backends}
-    return Decoder(entry["origins"], entry["declarations"], backends)
+    return Decoder(entry["origins"],
+                   entry["declarations"] if declarations is None else declarations, backends)
 
 
 def cached_plan(cache: PlanCache, data: bytes, live: Declarations) -> Plan:

@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, NamedTuple, Tuple
 
 import attrs
 
@@ -29,7 +29,7 @@ from .model import Declarations, Problem, elide
 from .environment import Environment, TorchState, read_environment, run_check
 from .plans import KernelPlan, OpPlan, Plan
 from .plancache import (PlanCache, Recorded, backends_to_load, cached_plan, compare, drift,
-                        reuse)
+                        program_of, reuse)
 from .state import gc_paused, process
 from .seal import Seal
 
@@ -56,20 +56,29 @@ def _settings(strict: bool | None, plugins: Iterable[str] | None, block: Iterabl
 #: the backends' materialize hooks, by (distribution, backend name)
 Materializers = Dict[Tuple[str, str], Callable[..., Any]]
 
-#: the plan, and how to decode it again from the plan cache's entry when it is a cache hit
-#: (``None``: it is not; a :class:`Registry` keeps the records of such a plan)
-Built = Tuple[Materializers, Plan, Optional[Callable[[], Plan]]]
+class Built(NamedTuple):
+    """What a load registers, and with which backends' hooks."""
+
+    materializers: Materializers
+    #: the plan; ``None`` only beside a ``program``: a cache hit, decoded when first asked
+    plan: Plan | None
+    #: how to decode the plan again from the plan cache's entry when it is a cache hit
+    #: (``None``: it is not; a :class:`Registry` keeps the records of such a plan)
+    reread: Callable[[], Plan] | None
+    #: a cache hit's registration program and the decoder of its rows (:mod:`opregistry.program`)
+    program: Any = None
 
 
 def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None],
-                         references: bool = False) -> Built:
+                         references: bool = False, program: bool = False) -> Built:
+    """``program``: a cache hit with a registration program returns it, its plan undecoded."""
     with gc_paused(), interrupts_watched():
         if not references:
-            return _collect_and_resolve_unpaused(settings, torch_state)
+            return _collect_and_resolve_unpaused(settings, torch_state, program)
         # the references checked (doctor): built from the declarations, never from the cache
         collected, resolved, env, _ = _build(settings, gate(settings), torch_state)
         collected, resolved = _with_reference_checks(collected, resolved, settings, env)
-        return collected.materializers, resolved, None
+        return Built(collected.materializers, resolved, None)
 
 
 def _with_reference_checks(collected: Collected, resolved: Plan, settings: Settings,
@@ -100,8 +109,8 @@ def _with_reference_checks(collected: Collected, resolved: Plan, settings: Setti
 
 
 def _collect_and_resolve_unpaused(settings: Settings,
-                                  torch_state: Callable[[], TorchState | None]
-                                  ) -> Built:
+                                  torch_state: Callable[[], TorchState | None],
+                                  program: bool = False) -> Built:
     # locked mode (OPREGISTRY_LOCK): checked before any plugin module is imported
     lock_gate = gate(settings)
     cache = PlanCache(settings, torch_imported="torch" in sys.modules)
@@ -109,14 +118,14 @@ def _collect_and_resolve_unpaused(settings: Settings,
     if not cache.enabled:
         state.plan_cache = "off"
         return _built(_build(settings, lock_gate, torch_state))
-    found = _cached(cache, settings, lock_gate, torch_state)
+    found = _cached(cache, settings, lock_gate, torch_state, program)
     if found == "uncacheable":
         return _built(_build(settings, lock_gate, torch_state))
     if found is not None:
         return found  # type: ignore[return-value]  # a Built
     with cache.building() as held:
         # another process may have written the entry while this one waited for the lock
-        found = _cached(cache, settings, lock_gate, torch_state) if held else None
+        found = _cached(cache, settings, lock_gate, torch_state, program) if held else None
         if isinstance(found, tuple):
             return found
         state.plan_cache = "miss"
@@ -126,11 +135,11 @@ def _collect_and_resolve_unpaused(settings: Settings,
         if found != "uncacheable":
             cache.store(stamper, collected.declarations, resolved, env, answers,
                         set(sys.modules) - before, _gate_part(lock_gate))
-        return collected.materializers, resolved, None
+        return Built(collected.materializers, resolved, None)
 
 
 def _built(built: tuple[Collected, Plan, Environment, dict[str, bool]]) -> Built:
-    return built[0].materializers, built[1], None
+    return Built(built[0].materializers, built[1], None)
 
 
 def _resolve(decl: Any, **kwargs: Any) -> Plan:
@@ -154,11 +163,13 @@ def _build(settings: Settings, lock_gate: Gate, torch_state: Callable[[], TorchS
 
 
 def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
-            torch_state: Callable[[], TorchState | None]) -> Built | str | None:
+            torch_state: Callable[[], TorchState | None], program: bool = False
+            ) -> Built | str | None:
     """The cached plan (``"uncacheable"``: the entry says it cannot be; ``None``: a miss).
 
     Imports and collects the backends only: their materialize hooks are needed,
-    and whether each is available is this process's to say.
+    and whether each is available is this process's to say.  ``program``: a
+    hit whose entry has a registration program returns it, the plan undecoded.
     """
     entry = cache.lookup()
     if entry is None:
@@ -172,9 +183,10 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
             return None
         live = collect(load_origins(lock_gate.settings, backends_to_load(entry)))
         run, changed = _sealed_checks()
+        replay = program_of(entry, live.declarations) if program else None
         found = reuse(entry, live.declarations, torch_state(),
                       lambda decl, env: _resolve(decl, policy=settings.policy, environment=env),
-                      run=run)
+                      run=run, decode=replay is None)
     except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
         log.debug("plan cache entry unusable", error=repr(exc))
         return None
@@ -186,9 +198,10 @@ def _cached(cache: PlanCache, settings: Settings, lock_gate: Gate,
     state.plan_cache = outcome
     state.plan_entry = entry["id"] if outcome == "hit" else None
     data, declarations = cache.data, live.declarations
-    if outcome != "hit" or data is None:
-        return live.materializers, resolved, None
-    return live.materializers, resolved, lambda: cached_plan(cache, data, declarations)
+    reread = None if data is None else (lambda: cached_plan(cache, data, declarations))
+    if resolved is None:  # a hit left undecoded: its program is replayed
+        return None if reread is None else Built(live.materializers, None, reread, replay)
+    return Built(live.materializers, resolved, reread if outcome == "hit" else None)
 
 
 def _gate_part(lock_gate: Gate) -> str:
@@ -417,7 +430,7 @@ class Registry:
                                    for o in deferred):
                 return ()
             with _importing_plugins("load"):
-                materializers, full, _ = _collect_and_resolve(self.settings, _snapshot)
+                materializers, full = _collect_and_resolve(self.settings, _snapshot)[:2]
             late = {o.distribution for o in deferred}
             problems = [p for p in full.problems
                         if p.leaves_out and {o.distribution for o in p.culprits} & late]
@@ -637,28 +650,54 @@ def _load(settings: Settings) -> Registry:
 
 def _load_paused(settings: Settings) -> Registry:
     from .adopting import activate
-    from .materializer import materialize
+    from .materializer import counting
 
-    materializers, resolved, reread = _collect_and_resolve(settings, _snapshot)
-    if settings.strict and resolved.errors:
-        raise ResolutionError(resolved.errors)
+    materializers, resolved, reread, program = _collect_and_resolve(
+        settings, _snapshot, program=not counting())
+    if resolved is not None and settings.strict and resolved.errors:
+        raise ResolutionError(resolved.errors)  # a plan with a program has no problem
     seal = Seal()  # kernel modules and backends run now: opregistry's own state is sealed
     with interrupts_watched():
-        materialized = materialize(resolved, materializers, settings.policy)
-    _undo_state_changes(seal, resolved, materialized)
+        materialized, resolved = _materialize(resolved, reread, program, materializers,
+                                              settings.policy)
+    _undo_state_changes(seal, resolved if resolved is not None else reread, materialized)
     if settings.strict and materialized.problems:
         materialized.destroy()
         raise ResolutionError(materialized.problems)
     registry = Registry(resolved, materialized, settings, reread)
-    registry.adopter = activate(resolved, settings.lock, registry.add_problem)
-    for problem in registry.problems:
+    if program is None or program[0]["adoptions"]:
+        registry.adopter = activate(registry.plan, settings.lock, registry.add_problem)
+    # a replayed program's plan has no problem: what registering it met, without decoding it
+    problems = registry.problems if registry._plan is not None else (
+        *materialized.problems, *process().late_problems)
+    for problem in problems:
         if problem.severity == "error":
             log.warning("problem", code=problem.code, message=elide(problem.message),
                         hint=elide(problem.hint))
-    log.info("loaded", ops=len(registry.ops), errors=len(registry.errors))
+    log.info("loaded", ops=len(registry.op_names),
+             errors=sum(p.severity == "error" for p in problems))
     registry.release()
     _unload_at_exit()
     return registry
+
+
+def _materialize(resolved: Plan | None, reread: Callable[[], Plan] | None, program: Any,
+                 materializers: Materializers, policy: Policy
+                 ) -> tuple[Materialized, Plan | None]:
+    """Register the plan; or replay its program (:mod:`opregistry.program`) when it comes
+    undecoded with one, and register the plan decoded when the replay cannot (returned)."""
+    from .materializer import Replay, materialize
+
+    replay, process().plan_replayed = None, False
+    if resolved is None:
+        replay = Replay(program[0], program[1], materializers, policy)
+        materialized = replay.run()
+        if materialized is not None:
+            process().plan_replayed = True
+            return materialized, None
+        assert reread is not None
+        resolved = reread()
+    return materialize(resolved, materializers, policy, after=replay), resolved
 
 
 def _unload_at_exit() -> None:
@@ -694,8 +733,11 @@ def _unload_at_exit() -> None:
     atexit.register(unload)
 
 
-def _undo_state_changes(seal: Seal, resolved: Plan, materialized: Materialized) -> None:
+def _undo_state_changes(seal: Seal, plan: Plan | Callable[[], Plan] | None,
+                        materialized: Materialized) -> None:
     """Put back what registration's third-party code changed of opregistry; roll its author back.
+
+    ``plan``: the plan registered, or how to decode it (a replayed program's).
 
     The author is the distribution owning the file of the code that made the
     change (a kernel module is its distribution's, wherever it lies); with
@@ -707,6 +749,9 @@ def _undo_state_changes(seal: Seal, resolved: Plan, materialized: Materialized) 
         return
     from .ownership import Owners, change_culprit, state_problem
     from .plan_modules import modules_by_distribution
+
+    resolved = plan() if callable(plan) else plan
+    assert resolved is not None
 
     origins = {o.distribution: o for o in resolved.distributions}
     owners = Owners([], files=_reference_files(modules_by_distribution(resolved), origins))

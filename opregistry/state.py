@@ -49,6 +49,10 @@ class _PerThread(threading.local):
 class ProcessState:
     """The one owner of opregistry's process-wide state (see the module docstring)."""
 
+    #: whether the last load registered a cached plan's program (opregistry.program):
+    #: ``False`` after a load that registered the plan itself
+    plan_replayed = False
+
     def __init__(self) -> None:
         #: serializes load / unload / plan; re-entrant (a load completes deferred plugins)
         self.lock = threading.RLock()

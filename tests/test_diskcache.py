@@ -110,6 +110,41 @@ def test_a_bad_entry_is_ignored(tmp_path: Path, how: str) -> None:
         assert cache.store("k", {"value": 3}) and cache.load("k") == {"value": 3}
 
 
+def test_sections_are_parsed_when_first_read(tmp_path: Path) -> None:
+    """A value's sections come back as the value's parts, each parsed on first access."""
+    cache = _cache(tmp_path)
+    assert cache.store("k", {"small": 1}, {"big": {"rows": [[1, "a\nb"]] * 3}, "other": [2]})
+    entry = cache.load("k")
+    assert entry == {"small": 1} and entry.sections == {"big", "other"}
+    assert entry["big"] == {"rows": [[1, "a\nb"]] * 3} and entry["other"] == [2]
+    assert "big" in entry and "nothing" not in entry
+    with pytest.raises(KeyError):
+        entry["nothing"]
+    assert cache.store("k", {"small": 2}) and cache.load("k") == {"small": 2}
+
+
+@pytest.mark.parametrize("how", ["truncated", "a byte changed", "longer", "no sections"])
+def test_a_bad_section_makes_the_entry_ignored(tmp_path: Path, how: str) -> None:
+    """What a truncated or damaged file of sections reads as: no entry, with a debug log."""
+    cache = _cache(tmp_path)
+    cache.store("k", {"small": 1}, {"big": list(range(100)), "last": "x" * 50})
+    path = Path(cache.path("k") or "")
+    data = path.read_bytes()
+    if how == "truncated":
+        data = data[:-7]
+    elif how == "a byte changed":  # still JSON: only the CRC sees it
+        at = data.index(b",97,")
+        data = data[:at] + b",96," + data[at + 4:]
+    elif how == "longer":
+        data += b"[]"
+    else:
+        data = data[:data.index(b"\n") + 1]
+    path.write_bytes(data)
+    with capture_logs() as logs:
+        assert cache.load("k") is None
+    assert logs and logs[0]["log_level"] == "debug" and "ignored" in logs[0]["event"]
+
+
 def _read_only_folder(tmp_path: Path) -> Path:
     """A folder nobody can create files in: ``/proc`` for root (who ignores permissions)."""
     if os.geteuid() == 0:

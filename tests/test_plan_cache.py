@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,26 @@ class Env:
 @pytest.fixture
 def env(tmp_path: Path) -> Env:
     return Env(tmp_path)
+
+
+def rewrite_entry(path: Path, change: Any) -> None:
+    """Change an entry's header and sections (``change(header, sections)``), their lengths and
+    CRCs made right again: a well-formed file, whatever the change (diskcache.Entry)."""
+    first, rest = path.read_bytes().split(b"\n", 1)
+    header = json.loads(first)
+    sections, at = {}, 0
+    for name, length, _ in header["sections"]:
+        sections[name] = json.loads(rest[at:at + length])
+        at += length
+    change(header, sections)
+    blobs = [(name, json.dumps(value).encode()) for name, value in sections.items()]
+    header["sections"] = [[name, len(b), zlib.crc32(b)] for name, b in blobs]
+    path.write_bytes(json.dumps(header).encode() + b"\n" + b"".join(b for _, b in blobs))
+
+
+def _header(path: Path) -> dict[str, Any]:
+    """An entry's first line: its key, stamp and all but its sections (diskcache.Entry)."""
+    return json.loads(path.read_bytes().split(b"\n", 1)[0])
 
 
 def _sees(found: dict[str, Any], op: str, present: bool = True) -> None:
@@ -574,7 +595,7 @@ def test_opregistry_itself_is_an_input(env: Env) -> None:
     """opregistry's own files (an editable checkout, a new version) are in the manifest."""
     env.op_dist("pc-one", "pcone", "f")
     env.warm(torch=False)
-    [entry] = [json.loads(p.read_text()) for p in (env.cache / "plans").glob("*.json")]
+    [entry] = [_header(p) for p in (env.cache / "plans").glob("*.json")]
     files = entry["value"]["manifest"]["files"]
     assert str(ROOT / "opregistry" / "resolver" / "impls.py") in files
     assert str(env.site / "pc_one.py") in files
@@ -664,13 +685,10 @@ def test_a_bad_entry_is_ignored_and_rebuilt(env: Env, damage: str) -> None:
     elif damage == "not json":
         path.write_bytes(b"\x00\xffnot json")
     elif damage == "foreign version":
-        data = json.loads(path.read_text())
-        data["stamp"] = "plan-999"
-        path.write_text(json.dumps(data))
+        rewrite_entry(path, lambda header, sections: header.update(stamp="plan-999"))
     elif damage == "malformed":
-        data = json.loads(path.read_text())
-        data["value"]["plan"]["ops"] = [["not", "an", "op"]]
-        path.write_text(json.dumps(data))
+        rewrite_entry(path, lambda header, sections: sections["plan"].update(
+            ops=[["not", "an", "op"]]))
     else:  # a folder where the file should be: unreadable whoever runs the test
         path.unlink()
         path.mkdir()
@@ -875,7 +893,7 @@ def test_a_package_that_only_mentions_torch_is_stamped_by_its_record(env: Env) -
     env.op_dist("pc-one", "pcheld", "g")
     env.warm(torch=False)
     [entry] = list((env.cache / "plans").glob("*.json"))
-    stamped = json.loads(entry.read_text())["value"]["manifest"]["files"]
+    stamped = _header(entry)["value"]["manifest"]["files"]
     assert str(record) in stamped and str(module) not in stamped, sorted(stamped)
     # reinstalled registering a namespace: pip writes RECORD again
     module.write_text('import torch\nlib = torch.library.Library("pcheld", "DEF")\n')

@@ -1,0 +1,97 @@
+"""The registration program: a cached plan's registrations as data, replayed without its records.
+
+A warm ``import torch`` (a plan-cache hit) registers what the cached plan
+says.  Decoded as a :class:`~opregistry.plans.Plan` and turned into
+:class:`~opregistry.steps.Steps`, that is ~150,000 records for 10,000 ops,
+made and dropped at every start.  The program is the same registrations,
+in the executor's order (:func:`opregistry.steps.plan_steps`), written into
+the plan-cache entry next to the plan: each op's declaration row and each
+kernel's, with the backend that registers it.  Replayed
+(:func:`opregistry.materializer.replay`), it builds only what torch and the
+backends' hooks are given: an :class:`~opregistry.model.OpDef` per op and a
+:class:`~opregistry.model.Kernel` and its payload per kernel.
+
+A program is written only for a plan whose registrations are all plain --
+``define`` and ``register`` steps: no native library, no op routed by its
+device argument, no chain of candidates, no kernel waiting for a package's
+import -- and that has no problem.  The replay is all or nothing: anything
+that goes wrong (a kernel module that fails to import, torch refusing a
+registration) undoes what it registered, and the load registers the decoded
+plan as without a program, which reports and rolls back as it always does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .codec import Encoder
+from .plans import Plan
+from .steps import plan_steps
+
+__all__ = ["VERSION", "compile_program"]
+
+#: the layout of the rows below; a program of another version is not replayed
+VERSION = 1
+
+#: the actions a program holds; a plan with any other step has no program
+_PLAIN = frozenset({"define", "register"})
+#: a kernel's ``override``, ``when``, ``predicate`` and ``priority`` when it sets none
+_NO_EXTRAS = [False, None, None, 0]
+
+
+def compile_program(plan: Plan, enc: Encoder) -> dict[str, Any] | None:
+    """``plan``'s registrations as data, or ``None`` when they are not all plain (see above).
+
+    ``enc``: the encoder of the entry (its origins table names the rows'
+    distributions).  Layout:
+
+    * ``ops``: each defined op's row (:meth:`Encoder.op`), in the plan's order;
+    * ``kernels``: each registered kernel, in the executor's order, as
+      ``[at, backend, op, key, payload, source, origin, *extras]``: ``at`` the
+      index of its op in ``ops`` (``-1``: an op opregistry does not define),
+      the others the fields of its :meth:`Encoder.kernel` row, ``op`` and
+      ``source`` ``1`` when they are its op's, ``extras`` (``override``,
+      ``when``, ``predicate``, ``priority``) left out when none is set;
+    * ``libraries``: ``[distribution, namespace, kind]`` for each ``Library`` a
+      distribution opens as DEF or FRAGMENT (any other is opened as IMPL);
+    * ``sites``: ``[distribution, namespace, site]``, where each ``Library`` is
+      said to be created (:attr:`opregistry.steps.Steps.sites`);
+    * ``watched``, ``backends`` (``[distribution, name]`` of each backend the
+      plan chose), ``adoptions`` (whether the plan adopts a package: its
+      adopter needs the decoded plan).
+    """
+    if plan.problems or plan.natives:
+        return None
+    steps = plan_steps(plan)
+    op_index: dict[int, int] = {}  # id of an OpPlan -> its row
+    ops: list[Any] = []
+    kernels: list[Any] = []
+    for step in steps.steps:
+        if step.action not in _PLAIN:
+            return None
+        if step.action == "define":
+            op_index[id(step.subject)] = len(ops)
+            ops.append(enc.op(step.subject.op))
+            continue
+        op, planned = step.subject
+        if planned.after is not None:
+            return None
+        kernel = planned.kernel
+        name, key, payload, *extras, source, origin = enc.kernel(kernel)
+        at = op_index.get(id(op), -1) if op is not None else -1
+        if at >= 0:  # most kernels are declared with their op, at its line
+            name = 1 if name == op.op.qualname else name
+            source = 1 if source == ops[at][8] else source
+        kernels.append([at, planned.backend, name, key, payload, source, origin,
+                        *(extras if extras != _NO_EXTRAS else ())])
+    libraries = []
+    for dist, owned in sorted(steps.owned.items()):
+        for namespace, kind in sorted(owned.items()):
+            libraries.append([dist, namespace, kind])
+    sites = [[dist, namespace, site] for (dist, namespace), site in sorted(steps.sites.items())]
+    return {"version": VERSION, "ops": ops, "kernels": kernels, "libraries": libraries,
+            "sites": sites, "watched": sorted(steps.watched),
+            "backends": [[b.backend.origin.distribution, b.backend.name] for b in plan.backends
+                         if b.backend.origin is not None],
+            "adoptions": bool(plan.adoptions)}
+

@@ -1,0 +1,146 @@
+"""A warm ``import torch`` replays the cached plan's registration program (opregistry.program).
+
+The replay must register what the plan registers -- torch's dispatcher holds
+the same kernels, registered at the same lines, after a cold and a warm
+start -- and, when anything goes wrong during it, leave the load to the
+executor as if there were no program: same problems, same roll-backs, and a
+kernel module is not imported twice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_plan_cache import Env, rewrite_entry
+
+#: the dispatcher's view of the ops of the namespaces given, and what the load did
+PROBE = r"""
+import json, sys
+import torch, opregistry
+from opregistry.state import process
+from torch.library import opcheck
+r = opregistry.get_registry()
+out = {"cache": process().plan_cache, "replayed": process().plan_replayed,
+       "ops": sorted(r.op_names), "errors": sorted((p.code, p.message) for p in r.errors),
+       "dumps": {}, "checked": []}
+for ns in sys.argv[1:]:
+    for op in sorted(o for o in r.op_names if o.startswith(ns + "::")):
+        out["dumps"][op] = torch._C._dispatch_dump(op)
+        packet = getattr(getattr(torch.ops, ns), op.split("::")[1])
+        x = torch.randn(3, requires_grad=True)
+        opcheck(packet.default, (x,))
+        packet(x).sum().backward()
+        out["checked"].append(op)
+    out["present"] = sorted(n for n in dir(getattr(torch.ops, ns)) if not n.startswith("_"))
+print(json.dumps(out))
+"""
+
+FULL = '''
+from opregistry import OpLibrary
+lib = OpLibrary({ns!r})
+for name in ("f", "g"):
+    lib.define(name + "(Tensor x) -> Tensor", kernels={{"cpu": "{kmod}:clone"}},
+               fake="{kmod}:fake", vmap="{kmod}:vmap",
+               autograd=("{kmod}:backward", "{kmod}:setup"))
+'''
+KERNELS = '''
+import os, torch
+if os.environ.get("PC_COUNT"):
+    with open(os.environ["PC_COUNT"], "a") as f:
+        f.write(__name__ + "\\n")
+if os.environ.get("PC_BREAK") == __name__:
+    raise RuntimeError("PC_BREAK")
+def clone(x): return x.clone()
+def fake(x): return torch.empty_like(x)
+def vmap(info, in_dims, x): return x.clone(), in_dims[0]
+def setup(ctx, inputs, output): pass
+def backward(ctx, grad): return grad
+'''
+
+
+def _env(tmp_path: Path) -> Env:
+    env = Env(tmp_path)
+    for dist, ns in (("pg-one", "pgone"), ("pg-two", "pgtwo")):
+        kmod = f"{ns}_kernels"
+        (env.site / f"{kmod}.py").write_text(KERNELS)
+        env.dist(dist, dist.replace("-", "_"), FULL.format(ns=ns, kmod=kmod))
+    return env
+
+
+def _probe(env: Env, **extra: str) -> dict[str, Any]:
+    out = env.run(PROBE, "pgone", "pgtwo", **extra)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_warm_start_replays_and_registers_what_a_cold_one_does(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    cold = _probe(env)
+    warm = _probe(env)
+    assert (cold["cache"], cold["replayed"]) == ("miss", False)
+    assert (warm["cache"], warm["replayed"]) == ("hit", True)
+    assert warm["ops"] == cold["ops"] == ["pgone::f", "pgone::g", "pgtwo::f", "pgtwo::g"]
+    assert warm["checked"] == warm["ops"] and warm["errors"] == cold["errors"] == []
+    # every kernel torch holds, and the line that registered it, the same
+    assert warm["dumps"] == cold["dumps"]
+    for dump in warm["dumps"].values():
+        for key in ("CPU", "Autograd", "FuncTorchBatched", "Meta"):
+            assert f"\n{key}" in dump or f"{key}[" in dump or f"{key}:" in dump, dump
+
+
+def test_without_a_program_a_hit_decodes_the_plan(tmp_path: Path) -> None:
+    """Kernel counting registers kernels wrapped: the plan is registered, not the program."""
+    env = _env(tmp_path)
+    _probe(env, OPREGISTRY_KERNEL_COUNTS="1")
+    counted = _probe(env, OPREGISTRY_KERNEL_COUNTS="1")
+    assert (counted["cache"], counted["replayed"]) == ("hit", False)
+    assert counted["checked"] == counted["ops"] and len(counted["ops"]) == 4
+
+
+@pytest.mark.parametrize("broken", ["pgone_kernels", "pgtwo_kernels"])
+def test_a_replay_that_fails_leaves_the_load_to_the_plan(tmp_path: Path, broken: str) -> None:
+    """A kernel module that fails to import on a warm start (the first distribution's, or
+    the second's once the first is registered): the replay undoes what it registered and
+    the load registers the plan, which leaves out the culprit alone -- as an uncached load
+    does -- importing the module once."""
+    env = _env(tmp_path)
+    _probe(env)
+    count = tmp_path / "imports.txt"
+    warm = _probe(env, PC_BREAK=broken, PC_COUNT=str(count))
+    assert (warm["cache"], warm["replayed"]) == ("hit", False)
+    assert count.read_text().splitlines().count(broken) == 1
+    count.unlink()
+    uncached = _probe(env, PC_BREAK=broken, PC_COUNT=str(count), OPREGISTRY_CACHE="0")
+    assert warm["errors"] == uncached["errors"] and warm["errors"]
+    assert [code for code, _ in warm["errors"]] == ["materialize-failed"]
+    assert "PC_BREAK" in warm["errors"][0][1]
+    survivor = "pgtwo" if broken.startswith("pgone") else "pgone"
+    assert warm["ops"] == uncached["ops"] == [f"{survivor}::f", f"{survivor}::g"]
+    assert warm["checked"] == warm["ops"] and warm["dumps"] == uncached["dumps"]
+
+
+@pytest.mark.parametrize("damage", ["a row", "the version"])
+def test_a_program_it_cannot_replay_leaves_the_load_to_the_plan(tmp_path: Path,
+                                                                damage: str) -> None:
+    """A well-formed entry whose program is not what this opregistry writes: a row it cannot
+    read fails the replay (undone, the plan registered); a version it does not know is not
+    replayed at all."""
+    env = _env(tmp_path)
+    cold = _probe(env)
+    [path] = list((env.cache / "plans").glob("*.json"))
+
+    def change(header: dict[str, Any], sections: dict[str, Any]) -> None:
+        program = sections["program"]
+        if damage == "a row":
+            program["kernels"][-1][4] = ["no-such-kind", "pgtwo_kernels:clone"]
+        else:
+            program["version"] = 999
+
+    rewrite_entry(path, change)
+    warm = _probe(env)
+    assert (warm["cache"], warm["replayed"]) == ("hit", False)
+    assert warm["ops"] == cold["ops"] and warm["errors"] == []
+    assert warm["checked"] == warm["ops"] and warm["dumps"] == cold["dumps"]

@@ -329,6 +329,10 @@ class Encoder:
                 "hooks": self.hooks(decl.hooks),
                 "adoptions": [self.adoption(a) for a in decl.adoptions]}
 
+    def indices(self) -> tuple[Mapping[int, int], Mapping[int, int]]:
+        """Where each op and kernel of the declarations encoded last is, by ``id`` of the record."""
+        return self._op_at, self._kernel_at
+
     def kernel_plan(self, k: KernelPlan) -> list[Any]:
         at = self._kernel_at.get(id(k.kernel))
         return [at if at is not None else self.kernel(k.kernel), k.status, k.backend, k.reason,

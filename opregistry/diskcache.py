@@ -109,10 +109,11 @@ class Entry(dict):  # type: ignore[type-arg]
         self.sections = frozenset(raw)
 
     def __missing__(self, name: str) -> Any:
-        raw = self._raw.pop(name, None)
+        raw = self._raw.get(name)
         if raw is None:
             raise KeyError(name)
         value = self[name] = json.loads(raw)
+        self._raw.pop(name, None)
         return value
 
 

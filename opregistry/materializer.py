@@ -162,7 +162,8 @@ def _route_factory(lib: Any, plan: OpPlan) -> None:
 
 
 def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., Any]],
-                policy: Policy | None = None, after: Replay | None = None) -> Materialized:
+                policy: Policy | None = None, after: Replay | None = None,
+                steps: Steps | None = None) -> Materialized:
     """Register ``plan`` with torch; a failing distribution is rolled back whole.
 
     Kernel modules are imported here, each the first time under
@@ -170,7 +171,8 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
     itself outside the plan (undone unless ``policy`` allows it), fails its
     distribution.  ``after``: the replay of the plan's program that could not
     register it whole (:class:`Replay`): what it imported, and the problems
-    it met, are not imported again.
+    it met, are not imported again.  ``steps``: the plan's, when they were made
+    already (:func:`~opregistry.steps.plan_steps`).
     """
     # the hook of the backend the resolver chose for each key: materializers are
     # keyed by (distribution, backend name), and a left-out distribution may reuse a name
@@ -178,7 +180,7 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
               for b in plan.backends if b.backend.origin is not None
               and (b.backend.origin.distribution, b.backend.name) in materializers}
     with gc_paused():
-        steps = plan_steps(plan)
+        steps = steps if steps is not None else plan_steps(plan)
         recorder()  # from now on, every registration through torch.library is attributed
         return Executor(steps, chosen, policy or Policy(), _counting(),
                         after.importer if after is not None else None).run()
@@ -630,17 +632,21 @@ class Replay:
 
     def _register(self, ops: list[OpDef]) -> bool:
         make, payload_of, hooks = self.decoder.kernel, self.importer.payload, self.hooks
+        names = [op.qualname for op in ops]
+        lib, where = None, None  # an op's kernels of one distribution come one after another
         for at, backend, name, key, payload, source, origin, *extras in self.program["kernels"]:
             op = ops[at] if at >= 0 else None
             if op is not None:  # 1: its op's (program.compile_program)
-                name = op.qualname if name == 1 else name
+                name = names[at] if name == 1 else name
                 source = op.source if source == 1 else source
             kernel = make((name, key, payload, *(extras or _NO_EXTRAS), source, origin))
             payload, problem = payload_of(kernel)
             if problem is not None:
                 return False
-            lib = self._library(kernel.origin, op.namespace if op is not None else
-                                kernel.namespace)
+            if where != (at, origin) or at < 0:
+                where = (at, origin)
+                lib = self._library(kernel.origin, op.namespace if op is not None else
+                                    kernel.namespace)
             if _call_backend(hooks[backend], backend, kernel, None, lib, op, kernel, payload,
                              getattr(payload, payload.kind.primary)) is not None:
                 return False

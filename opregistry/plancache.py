@@ -53,6 +53,7 @@ from .idle import CHECK_VAR, FORMAT, NAME, content_check, marker_key, plan_cache
 from .logs import get_logger
 from .model import Declarations, Origin, Problem
 from .plans import Plan
+from .steps import Steps
 from .program import VERSION as PROGRAM_VERSION
 from .program import compile_program
 
@@ -214,8 +215,9 @@ class PlanCache:
 
     def store(self, stamper: inputs.Stamper, decl: Declarations, plan: Plan,
               env: Environment, answers: Mapping[str, bool], imported: set[str],
-              gate: str) -> bool:
-        """Write the entry for what was just built; ``imported``: modules new since discovery."""
+              gate: str, steps: Steps | None = None) -> bool:
+        """Write the entry for what was just built; ``imported``: modules new since discovery;
+        ``steps``: the plan's registration steps (its program is written with them)."""
         plugins = [o.value.partition(":")[0] for o in (
             *decl.distributions, *(s.origin for s in decl.skipped))]
         stamper.add(inputs.package_files([*plugins, __name__]))
@@ -235,7 +237,8 @@ class PlanCache:
             enc = Encoder()
             # parsed when first read: a hit with a program reads neither (diskcache.Entry)
             sections.update(declarations=enc.declarations(decl), plan=enc.plan(plan))
-            program = compile_program(plan, enc)
+            program = None if steps is None else compile_program(
+                plan, steps, enc, sections["declarations"])
             if program is not None:
                 sections["program"] = program
             entry.update(origins=enc.table(), backends=backend_part(decl),

@@ -22,11 +22,12 @@ plan as without a program, which reports and rolls back as it always does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from .codec import Encoder
+from .model import Kernel, OpDef
 from .plans import Plan
-from .steps import plan_steps
+from .steps import Steps
 
 __all__ = ["VERSION", "compile_program"]
 
@@ -39,11 +40,14 @@ _PLAIN = frozenset({"define", "register"})
 _NO_EXTRAS = [False, None, None, 0]
 
 
-def compile_program(plan: Plan, enc: Encoder) -> dict[str, Any] | None:
+def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mapping[str, Any]
+                    ) -> dict[str, Any] | None:
     """``plan``'s registrations as data, or ``None`` when they are not all plain (see above).
 
-    ``enc``: the encoder of the entry (its origins table names the rows'
-    distributions).  Layout:
+    ``steps``: the plan's (:func:`~opregistry.steps.plan_steps`); ``enc``: the
+    encoder of the entry, which encoded ``declarations`` last (its origins
+    table names the rows' distributions, and the rows of the declared ops and
+    kernels are taken from ``declarations``, not encoded again).  Layout:
 
     * ``ops``: each defined op's row (:meth:`Encoder.op`), in the plan's order;
     * ``kernels``: each registered kernel, in the executor's order, as
@@ -62,7 +66,7 @@ def compile_program(plan: Plan, enc: Encoder) -> dict[str, Any] | None:
     """
     if plan.problems or plan.natives:
         return None
-    steps = plan_steps(plan)
+    op_row, kernel_row = _rows(enc, declarations)
     op_index: dict[int, int] = {}  # id of an OpPlan -> its row
     ops: list[Any] = []
     kernels: list[Any] = []
@@ -71,13 +75,13 @@ def compile_program(plan: Plan, enc: Encoder) -> dict[str, Any] | None:
             return None
         if step.action == "define":
             op_index[id(step.subject)] = len(ops)
-            ops.append(enc.op(step.subject.op))
+            ops.append(op_row(step.subject.op))
             continue
         op, planned = step.subject
         if planned.after is not None:
             return None
         kernel = planned.kernel
-        name, key, payload, *extras, source, origin = enc.kernel(kernel)
+        name, key, payload, *extras, source, origin = kernel_row(kernel)
         at = op_index.get(id(op), -1) if op is not None else -1
         if at >= 0:  # most kernels are declared with their op, at its line
             name = 1 if name == op.op.qualname else name
@@ -95,3 +99,20 @@ def compile_program(plan: Plan, enc: Encoder) -> dict[str, Any] | None:
                          if b.backend.origin is not None],
             "adoptions": bool(plan.adoptions)}
 
+
+
+def _rows(enc: Encoder, declarations: Mapping[str, Any]
+          ) -> tuple[Callable[[OpDef], list[Any]], Callable[[Kernel], list[Any]]]:
+    """The row of a declared op and kernel as ``declarations`` holds it, else encoded."""
+    ops, kernels = declarations["ops"], declarations["kernels"]
+    op_at, kernel_at = enc.indices()
+
+    def op_row(op: OpDef) -> list[Any]:
+        at = op_at.get(id(op))
+        return ops[at] if at is not None else enc.op(op)
+
+    def kernel_row(kernel: Kernel) -> list[Any]:
+        at = kernel_at.get(id(kernel))
+        return kernels[at] if at is not None else enc.kernel(kernel)
+
+    return op_row, kernel_row

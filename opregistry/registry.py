@@ -32,6 +32,7 @@ from .plancache import (PlanCache, Recorded, backends_to_load, cached_plan, comp
                         program_of, reuse)
 from .state import gc_paused, process
 from .seal import Seal
+from .steps import Steps, plan_steps
 
 if TYPE_CHECKING:  # imported where used: `opregistry list` needs neither
     from .adopting import Adopter
@@ -67,6 +68,8 @@ class Built(NamedTuple):
     reread: Callable[[], Plan] | None
     #: a cache hit's registration program and the decoder of its rows (:mod:`opregistry.program`)
     program: Any = None
+    #: the plan's registration steps, when they were made already (to write its program)
+    steps: Steps | None = None
 
 
 def _collect_and_resolve(settings: Settings, torch_state: Callable[[], TorchState | None],
@@ -132,10 +135,12 @@ def _collect_and_resolve_unpaused(settings: Settings,
         stamper = cache.stamper()
         before = set(sys.modules)
         collected, resolved, env, answers = _build(settings, lock_gate, torch_state)
+        steps = None
         if found != "uncacheable":
+            steps = plan_steps(resolved)  # the entry's program is written with them
             cache.store(stamper, collected.declarations, resolved, env, answers,
-                        set(sys.modules) - before, _gate_part(lock_gate))
-        return Built(collected.materializers, resolved, None)
+                        set(sys.modules) - before, _gate_part(lock_gate), steps)
+        return Built(collected.materializers, resolved, None, steps=steps)
 
 
 def _built(built: tuple[Collected, Plan, Environment, dict[str, bool]]) -> Built:
@@ -652,14 +657,11 @@ def _load_paused(settings: Settings) -> Registry:
     from .adopting import activate
     from .materializer import counting
 
-    materializers, resolved, reread, program = _collect_and_resolve(
-        settings, _snapshot, program=not counting())
-    if resolved is not None and settings.strict and resolved.errors:
-        raise ResolutionError(resolved.errors)  # a plan with a program has no problem
+    built = _collect_and_resolve(settings, _snapshot, program=not counting())
     seal = Seal()  # kernel modules and backends run now: opregistry's own state is sealed
     with interrupts_watched():
-        materialized, resolved = _materialize(resolved, reread, program, materializers,
-                                              settings.policy)
+        materialized, built = _materialize(built, settings)
+    resolved, reread, program = built.plan, built.reread, built.program
     _undo_state_changes(seal, resolved if resolved is not None else reread, materialized)
     if settings.strict and materialized.problems:
         materialized.destroy()
@@ -681,23 +683,30 @@ def _load_paused(settings: Settings) -> Registry:
     return registry
 
 
-def _materialize(resolved: Plan | None, reread: Callable[[], Plan] | None, program: Any,
-                 materializers: Materializers, policy: Policy
-                 ) -> tuple[Materialized, Plan | None]:
+def _materialize(built: Built, settings: Settings) -> tuple[Materialized, Built]:
     """Register the plan; or replay its program (:mod:`opregistry.program`) when it comes
-    undecoded with one, and register the plan decoded when the replay cannot (returned)."""
+    undecoded with one, and register the plan decoded when the replay cannot (and
+    built again when it cannot be decoded): returns what was registered, and from what."""
     from .materializer import Replay, materialize
 
     replay, process().plan_replayed = None, False
-    if resolved is None:
-        replay = Replay(program[0], program[1], materializers, policy)
+    if built.plan is None:
+        replay = Replay(built.program[0], built.program[1], built.materializers, settings.policy)
         materialized = replay.run()
         if materialized is not None:
             process().plan_replayed = True
-            return materialized, None
-        assert reread is not None
-        resolved = reread()
-    return materialize(resolved, materializers, policy, after=replay), resolved
+            return materialized, built
+        try:
+            assert built.reread is not None
+            built = built._replace(plan=built.reread(), program=None)
+        except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
+            log.debug("plan cache entry unusable", error=repr(exc))
+            built = _collect_and_resolve(settings, _snapshot)
+    assert built.plan is not None
+    if settings.strict and built.plan.errors:
+        raise ResolutionError(built.plan.errors)
+    return materialize(built.plan, built.materializers, settings.policy, after=replay,
+                       steps=built.steps), built
 
 
 def _unload_at_exit() -> None:

@@ -28,7 +28,7 @@ from .containment import contain
 from .imports import after_import
 from .logs import get_logger
 from .kinds import DeviceKernel
-from .model import OpDef, Origin, Problem, describe_ref, evolve_unchecked
+from .model import Kernel, OpDef, Origin, Problem, describe_ref, evolve_unchecked
 from .native_load import load_failure, load_native
 from .plans import OpPlan, Plan
 from .selection import Step as Link
@@ -162,17 +162,14 @@ def _route_factory(lib: Any, plan: OpPlan) -> None:
 
 
 def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., Any]],
-                policy: Policy | None = None, after: Replay | None = None,
-                steps: Steps | None = None) -> Materialized:
+                policy: Policy | None = None, steps: Steps | None = None) -> Materialized:
     """Register ``plan`` with torch; a failing distribution is rolled back whole.
 
     Kernel modules are imported here, each the first time under
     :func:`opregistry.guard.run`: what one raises, or registers with torch by
     itself outside the plan (undone unless ``policy`` allows it), fails its
-    distribution.  ``after``: the replay of the plan's program that could not
-    register it whole (:class:`Replay`): what it imported, and the problems
-    it met, are not imported again.  ``steps``: the plan's, when they were made
-    already (:func:`~opregistry.steps.plan_steps`).
+    distribution.  ``steps``: the plan's, when they were made already
+    (:func:`~opregistry.steps.plan_steps`).
     """
     # the hook of the backend the resolver chose for each key: materializers are
     # keyed by (distribution, backend name), and a left-out distribution may reuse a name
@@ -182,8 +179,7 @@ def materialize(plan: Plan, materializers: dict[tuple[str, str], Callable[..., A
     with gc_paused():
         steps = steps if steps is not None else plan_steps(plan)
         recorder()  # from now on, every registration through torch.library is attributed
-        return Executor(steps, chosen, policy or Policy(), _counting(),
-                        after.importer if after is not None else None).run()
+        return Executor(steps, chosen, policy or Policy(), _counting()).run()
 
 
 def _counting() -> bool:
@@ -254,10 +250,6 @@ class _Importer:
         #: (reference, must be callable) -> what it names, once read from a module imported in
         #: full (one fake kernel or backward often serves many ops)
         self.read: dict[tuple[str, bool], Any] = {}
-        #: (reference, must be callable, distribution) -> what importing it gave, when that
-        #: was a problem: the executor that takes over from a failed :func:`replay` meets
-        #: the same problem, without importing the module again
-        self.failed: dict[tuple[Any, bool, str | None], tuple[Any, Any]] = {}
 
     def payload(self, kernel: Any) -> tuple[Any, Problem | None]:
         """``kernel.payload`` with every reference its kind lists imported, or the problem."""
@@ -283,30 +275,10 @@ class _Importer:
 
     def reference(self, ref: Any, kernel: Any, must_call: bool) -> tuple[Any, Problem | None]:
         """What ``ref`` names, imported contained; or the problem that fails its distribution."""
-        key = (ref, must_call, kernel.origin.distribution if kernel.origin else None) \
-            if isinstance(ref, str) else None
-        failed = self.failed.get(key) if key is not None else None
-        if failed is not None:
-            outcome, error = failed
-        else:
-            found = _read(ref, must_call)
-            if found is not _MISSING:
-                self.read[(ref, must_call)] = found
-                return found, None
-            outcome, error = self._import(ref, kernel, must_call)
-            if key is not None and (outcome.error is not None or error is not None):
-                self.failed[key] = outcome, error
-        if outcome.error is not None:
-            # the line that raised in the kernel module, else the kernel's declaration
-            return None, load_failure(kernel.origin,
-                                      f"importing {describe_ref(ref)} for {kernel.op}",
-                                      outcome.error, kernel.op, kernel.key,
-                                      guard.raised_at(outcome.error) or kernel.source)
-        return outcome.result, error
-
-    def _import(self, ref: Any, kernel: Any, must_call: bool) -> tuple[Any, Problem | None]:
-        """Import what ``ref`` names under :func:`opregistry.guard.run`: its outcome, and the
-        first error it reports (its warnings go to ``warnings``)."""
+        found = _read(ref, must_call)
+        if found is not _MISSING:
+            self.read[(ref, must_call)] = found
+            return found, None
         module = ref.partition(":")[0] if isinstance(ref, str) else None
         loaded = sys.modules.get(module) if module else None
         # a module imported already runs no code of its own: contained, but not watched
@@ -321,7 +293,13 @@ class _Importer:
                 self.warnings.append(p)
             elif error is None:
                 error = p
-        return outcome, error
+        if outcome.error is not None:
+            # the line that raised in the kernel module, else the kernel's declaration
+            return None, load_failure(kernel.origin,
+                                      f"importing {describe_ref(ref)} for {kernel.op}",
+                                      outcome.error, kernel.op, kernel.key,
+                                      guard.raised_at(outcome.error) or kernel.source)
+        return outcome.result, error
 
 
 def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, what: str | None,
@@ -360,7 +338,7 @@ class Executor:
     """
 
     def __init__(self, steps: Steps, materializers: dict[str, Callable[..., Any]],
-                 policy: Policy, count: bool, importer: _Importer | None = None) -> None:
+                 policy: Policy, count: bool) -> None:
         self.steps = steps
         self.materializers = materializers
         self.policy = policy
@@ -369,12 +347,7 @@ class Executor:
                      for d, o in sorted(steps.origins.items())}
         self.result = Materialized()
         self.failed: dict[str, Problem] = {}
-        if importer is None:
-            importer = _Importer(steps.watched, policy, self.result.problems)
-        else:  # a replay's: its warnings are this load's
-            self.result.problems.extend(importer.warnings)
-            importer.warnings = self.result.problems
-        self.importer = importer
+        self.importer = _Importer(steps.watched, policy, self.result.problems)
         #: id of a candidate's KernelPlan -> (the callable a chain calls, its predicate)
         self.imported: dict[int, tuple[Any, Any]] = {}
 
@@ -525,13 +498,8 @@ class Executor:
                         or step.op not in failed_ops):
                     continue
                 op = step.subject[0]
-                owner = op.op.origin if op else None
-                dependents[dist] = Problem(
-                    code="materialize-dependency-failed",
-                    message=f"{self.steps.origins[dist]}: left out because the op {step.op} it "
-                            f"implements could not be registered by {owner}",
-                    hint=f"fix {owner.distribution if owner else 'its definer'} first",
-                    culprits=(self.steps.origins[dist],), op=step.op, key=step.key)
+                dependents[dist] = _dependency_failed(self.steps.origins[dist], step.op,
+                                                      step.key, op.op.origin if op else None)
             if not dependents:
                 return
             self.failed.update(dependents)
@@ -552,6 +520,17 @@ class Executor:
         return result
 
 
+def _dependency_failed(origin: Origin, op: str | None, key: str | None,
+                       owner: Origin | None) -> Problem:
+    """The problem of ``origin``, left out because it implements ``op`` of ``owner``, which
+    failed."""
+    return Problem(code="materialize-dependency-failed",
+                   message=f"{origin}: left out because the op {op} it implements could not "
+                           f"be registered by {owner}",
+                   hint=f"fix {owner.distribution if owner else 'its definer'} first",
+                   culprits=(origin,), op=op, key=key)
+
+
 #: each step's action, by name: functions of the class, not an instance's bound methods (a
 #: table of those on the instance would hold it in a reference cycle, and with it every step
 #: and record of the plan until the next full collection)
@@ -567,16 +546,16 @@ _NO_EXTRAS = (False, None, None, 0)
 
 
 class Replay:
-    """Registers a cached plan's program (:mod:`opregistry.program`), all or nothing.
+    """Registers a cached plan's program (:mod:`opregistry.program`) as the executor would.
 
-    The same calls the executor makes for the same plan, in the same order,
-    from the program's rows: an :class:`~opregistry.model.OpDef` per op and a
-    :class:`~opregistry.model.Kernel` per kernel are all that is built, no
-    plan nor step.  :meth:`run` returns ``None`` when something went wrong (a
-    reference that does not import, torch refusing a registration, a row it
-    cannot read): what it registered is unregistered, and the load registers
-    the decoded plan with :func:`materialize` (``after=`` this replay), which
-    reports and rolls back as it always does.
+    The same calls the :class:`Executor` makes for the same plan, in the same
+    order, from the program's rows: an :class:`~opregistry.model.OpDef` per op
+    and a :class:`~opregistry.model.Kernel` per kernel are all that is built,
+    no plan nor step.  A distribution whose registration fails is rolled back
+    whole, with those whose kernels implement its ops, as the executor does.
+    :meth:`run` returns ``None`` only when a row cannot be read (a program this
+    opregistry did not write): nothing is registered then, and the load
+    registers the decoded plan.
     """
 
     def __init__(self, program: Mapping[str, Any], decoder: Any,
@@ -586,34 +565,51 @@ class Replay:
         self.decoder = decoder
         self.hooks = {name: materializers[(dist, name)]
                       for dist, name in program["backends"] if (dist, name) in materializers}
-        self.importer = _Importer(frozenset(program["watched"]), policy or Policy(), [])
+        self.result = Materialized()
+        self.importer = _Importer(frozenset(program["watched"]), policy or Policy(),
+                                  self.result.problems)
         owned: dict[str, dict[str, str]] = {}
         for dist, namespace, kind in program["libraries"]:
             owned.setdefault(dist, {})[namespace] = kind
         self.owned = owned
         self.sites = {(dist, namespace): site for dist, namespace, site in program["sites"]}
         self.libs: dict[str, _DistLibraries] = {}
+        self.failed: dict[str, Problem] = {}
+        #: every distribution the program registers for, by name
+        self.origins: dict[str, Origin] = {}
 
     def run(self) -> Materialized | None:
+        try:
+            ops, kernels = self._decode()
+        except Exception as exc:  # noqa: BLE001 - a row it cannot read: the plan is registered
+            log.debug("program not replayed", error=repr(exc))
+            return None
         with gc_paused():
             recorder()  # from now on, every registration through torch.library is attributed
-            try:
-                ops = self._define()
-                done = ops is not None and self._register(ops)
-            except Exception as exc:  # noqa: BLE001 - a row it cannot read: the plan is registered
-                log.debug("program replay failed", error=repr(exc))
-                done, ops = False, None
-            if not done or ops is None:
-                for dl in reversed(list(self.libs.values())):
-                    dl.destroy()
-                self.libs.clear()
-                return None
-            result = Materialized(problems=self.importer.warnings)
-            result.libraries = {d: list(self.libs[d].libs.values()) for d in sorted(self.libs)
-                                if self.libs[d].libs}
-            result.ops = [op.qualname for op in ops]
-            process().defined.update(result.ops)
-            return result
+            self._define(ops)
+            self._register(ops, kernels)
+            self._settle(ops, kernels)
+            return self._finish(ops)
+
+    def _decode(self) -> tuple[list[OpDef], list[tuple[Any, str, Kernel]]]:
+        """Every op and kernel of the program, before anything is registered."""
+        ops = [self.decoder.op(row) for row in self.program["ops"]]
+        names = [op.qualname for op in ops]
+        make, kernels = self.decoder.kernel, []
+        for at, backend, name, key, payload, source, origin, *extras in self.program["kernels"]:
+            op = ops[at] if at >= 0 else None
+            if op is not None:  # 1: its op's (program.compile_program)
+                name = names[at] if name == 1 else name
+                source = op.source if source == 1 else source
+            kernel = make((name, key, payload, *(extras or _NO_EXTRAS), source, origin))
+            if kernel.origin is None or backend not in self.hooks:
+                raise ValueError(f"the {key} kernel of {name}: no distribution or backend")
+            kernels.append((op, backend, kernel))
+        if any(op.origin is None for op in ops):
+            raise ValueError("an op without its distribution")
+        self.origins = {o.distribution: o for o in (*(op.origin for op in ops),
+                                                    *(k.origin for _, _, k in kernels))}
+        return ops, kernels
 
     def _library(self, origin: Origin, namespace: str) -> Any:
         dl = self.libs.get(origin.distribution)
@@ -622,32 +618,67 @@ class Replay:
                 origin, self.owned.get(origin.distribution, {}), self.sites)
         return dl.get(namespace)
 
-    def _define(self) -> list[OpDef] | None:
-        make = self.decoder.op
-        ops = [make(row) for row in self.program["ops"]]
-        with registering():
-            for op in ops:
-                _define_op(self._library(op.origin, op.namespace), op)
-        return ops
+    def _define(self, ops: list[OpDef]) -> None:
+        failed = self.failed
+        for op in ops:
+            origin = op.origin
+            if origin.distribution in failed:
+                continue
+            try:
+                with registering():
+                    _define_op(self._library(origin, op.namespace), op)
+            except Exception as exc:
+                failed[origin.distribution] = load_failure(
+                    origin, f"defining {op.full_schema}", exc, op.qualname, None, op.source)
 
-    def _register(self, ops: list[OpDef]) -> bool:
-        make, payload_of, hooks = self.decoder.kernel, self.importer.payload, self.hooks
-        names = [op.qualname for op in ops]
+    def _register(self, ops: list[OpDef], kernels: list[tuple[Any, str, Kernel]]) -> None:
+        payload_of, hooks, failed = self.importer.payload, self.hooks, self.failed
         lib, where = None, None  # an op's kernels of one distribution come one after another
-        for at, backend, name, key, payload, source, origin, *extras in self.program["kernels"]:
-            op = ops[at] if at >= 0 else None
-            if op is not None:  # 1: its op's (program.compile_program)
-                name = names[at] if name == 1 else name
-                source = op.source if source == 1 else source
-            kernel = make((name, key, payload, *(extras or _NO_EXTRAS), source, origin))
+        for op, backend, kernel in kernels:
+            origin = kernel.origin
+            if origin.distribution in failed:
+                continue
             payload, problem = payload_of(kernel)
+            if problem is None:
+                if where != (op, origin) or op is None:
+                    where = (op, origin)
+                    lib = self._library(origin, op.namespace if op is not None
+                                        else kernel.namespace)
+                problem = _call_backend(hooks[backend], backend, kernel, None, lib, op, kernel,
+                                        payload, getattr(payload, payload.kind.primary))
             if problem is not None:
-                return False
-            if where != (at, origin) or at < 0:
-                where = (at, origin)
-                lib = self._library(kernel.origin, op.namespace if op is not None else
-                                    kernel.namespace)
-            if _call_backend(hooks[backend], backend, kernel, None, lib, op, kernel, payload,
-                             getattr(payload, payload.kind.primary)) is not None:
-                return False
-        return True
+                failed[origin.distribution] = problem
+
+    def _settle(self, ops: list[OpDef], kernels: list[tuple[Any, str, Kernel]]) -> None:
+        """Fail every distribution whose kernels implement an op of a failed one (as
+        :meth:`Executor._settle`)."""
+        while self.failed:
+            failed_ops = {op.qualname: op.origin for op in ops
+                          if op.origin.distribution in self.failed}
+            dependents = {}
+            for _, _, kernel in kernels:
+                dist = kernel.origin.distribution
+                if dist in self.failed or dist in dependents or kernel.op not in failed_ops:
+                    continue
+                dependents[dist] = _dependency_failed(kernel.origin, kernel.op, kernel.key,
+                                                      failed_ops[kernel.op])
+            if not dependents:
+                return
+            self.failed.update(dependents)
+
+    def _finish(self, ops: list[OpDef]) -> Materialized:
+        result = self.result
+        for dist, problem in self.failed.items():
+            dl = self.libs.get(dist)
+            origin = self.origins[dist]
+            if dl is not None:
+                dl.destroy()
+            result.problems.append(problem)
+            result.failed[dist] = origin
+            log.warning("distribution rolled back", distribution=origin.dist,
+                        problem=problem.message)
+        result.libraries = {d: list(self.libs[d].libs.values()) for d in sorted(self.libs)
+                            if d not in self.failed and self.libs[d].libs}
+        result.ops = [op.qualname for op in ops if op.origin.distribution not in self.failed]
+        process().defined.update(result.ops)
+        return result

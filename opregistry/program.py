@@ -14,10 +14,13 @@ backends' hooks are given: an :class:`~opregistry.model.OpDef` per op and a
 A program is written only for a plan whose registrations are all plain --
 ``define`` and ``register`` steps: no native library, no op routed by its
 device argument, no chain of candidates, no kernel waiting for a package's
-import -- and that has no problem.  The replay is all or nothing: anything
-that goes wrong (a kernel module that fails to import, torch refusing a
-registration) undoes what it registered, and the load registers the decoded
-plan as without a program, which reports and rolls back as it always does.
+import -- and that has no error (a load logs those; warnings and notes are
+the plan's, read when it is).  The replay fails and rolls back as the
+executor does: a distribution whose kernel module fails to import, or whose
+registration torch refuses, is left out whole with those that implement its
+ops, and the others stay registered.  A program it cannot read (another
+opregistry's) is not replayed: nothing is registered from it, and the load
+registers the decoded plan.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mappin
       plan chose), ``adoptions`` (whether the plan adopts a package: its
       adopter needs the decoded plan).
     """
-    if plan.problems or plan.natives:
+    if plan.natives or any(p.severity == "error" for p in plan.problems):
         return None
     op_row, kernel_row = _rows(enc, declarations)
     op_index: dict[int, int] = {}  # id of an OpPlan -> its row

@@ -685,18 +685,18 @@ def _load_paused(settings: Settings) -> Registry:
 
 def _materialize(built: Built, settings: Settings) -> tuple[Materialized, Built]:
     """Register the plan; or replay its program (:mod:`opregistry.program`) when it comes
-    undecoded with one, and register the plan decoded when the replay cannot (and
-    built again when it cannot be decoded): returns what was registered, and from what."""
+    undecoded with one, and register the plan decoded when the program cannot be read (and
+    built again when the plan cannot be decoded): returns what was registered, and from what."""
     from .materializer import Replay, materialize
 
-    replay, process().plan_replayed = None, False
+    process().plan_replayed = False
     if built.plan is None:
-        replay = Replay(built.program[0], built.program[1], built.materializers, settings.policy)
-        materialized = replay.run()
+        materialized = Replay(built.program[0], built.program[1], built.materializers,
+                              settings.policy).run()
         if materialized is not None:
             process().plan_replayed = True
             return materialized, built
-        try:
+        try:  # a program this opregistry cannot read: nothing registered, the plan is
             assert built.reread is not None
             built = built._replace(plan=built.reread(), program=None)
         except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
@@ -705,7 +705,7 @@ def _materialize(built: Built, settings: Settings) -> tuple[Materialized, Built]
     assert built.plan is not None
     if settings.strict and built.plan.errors:
         raise ResolutionError(built.plan.errors)
-    return materialize(built.plan, built.materializers, settings.policy, after=replay,
+    return materialize(built.plan, built.materializers, settings.policy,
                        steps=built.steps), built
 
 

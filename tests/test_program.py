@@ -28,7 +28,7 @@ out = {"cache": process().plan_cache, "replayed": process().plan_replayed,
        "ops": sorted(r.op_names), "errors": sorted((p.code, p.message) for p in r.errors),
        "dumps": {}, "checked": []}
 for ns in sys.argv[1:]:
-    for op in sorted(o for o in r.op_names if o.startswith(ns + "::")):
+    for op in sorted(o for o in r.op_names if o in (ns + "::f", ns + "::g")):
         out["dumps"][op] = torch._C._dispatch_dump(op)
         packet = getattr(getattr(torch.ops, ns), op.split("::")[1])
         x = torch.randn(3, requires_grad=True)
@@ -36,6 +36,9 @@ for ns in sys.argv[1:]:
         packet(x).sum().backward()
         out["checked"].append(op)
     out["present"] = sorted(n for n in dir(getattr(torch.ops, ns)) if not n.startswith("_"))
+handle = getattr(sys.modules.get("pg_three_kernels"), "HANDLE", None)
+# a handle to an op rolled back is dead: called only when its op stayed registered
+out["handle"] = handle(torch.ones(2)).tolist() if handle and "pgtwo::f" in r.op_names else None
 print(json.dumps(out))
 """
 
@@ -54,11 +57,27 @@ if os.environ.get("PC_COUNT"):
         f.write(__name__ + "\\n")
 if os.environ.get("PC_BREAK") == __name__:
     raise RuntimeError("PC_BREAK")
+if __name__ == "pg_three_kernels":  # a handle to another distribution's op, taken at import
+    try:
+        HANDLE = torch.ops.pgtwo.f.default
+    except (AttributeError, RuntimeError):
+        HANDLE = None
 def clone(x): return x.clone()
 def fake(x): return torch.empty_like(x)
 def vmap(info, in_dims, x): return x.clone(), in_dims[0]
 def setup(ctx, inputs, output): pass
 def backward(ctx, grad): return grad
+'''
+
+
+#: pg-one's op with a CPU kernel alone; pg-three adds its fake kernel
+H = '''
+lib.define("h(Tensor x) -> Tensor", kernels={"cpu": "pgone_kernels:clone"})
+'''
+THREE = '''
+from opregistry import OpLibrary
+lib = OpLibrary("pgone", "IMPL")
+lib.impl("pgone::h", "fake", "pg_three_kernels:fake")
 '''
 
 
@@ -101,16 +120,16 @@ def test_without_a_program_a_hit_decodes_the_plan(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("broken", ["pgone_kernels", "pgtwo_kernels"])
-def test_a_replay_that_fails_leaves_the_load_to_the_plan(tmp_path: Path, broken: str) -> None:
+def test_a_failure_during_the_replay_rolls_back_its_distribution_alone(tmp_path: Path,
+                                                                       broken: str) -> None:
     """A kernel module that fails to import on a warm start (the first distribution's, or
-    the second's once the first is registered): the replay undoes what it registered and
-    the load registers the plan, which leaves out the culprit alone -- as an uncached load
-    does -- importing the module once."""
+    the second's once the first is registered): the replay leaves out the culprit, as an
+    uncached load does, and the other stays registered."""
     env = _env(tmp_path)
     _probe(env)
     count = tmp_path / "imports.txt"
     warm = _probe(env, PC_BREAK=broken, PC_COUNT=str(count))
-    assert (warm["cache"], warm["replayed"]) == ("hit", False)
+    assert (warm["cache"], warm["replayed"]) == ("hit", True)
     assert count.read_text().splitlines().count(broken) == 1
     count.unlink()
     uncached = _probe(env, PC_BREAK=broken, PC_COUNT=str(count), OPREGISTRY_CACHE="0")
@@ -120,6 +139,28 @@ def test_a_replay_that_fails_leaves_the_load_to_the_plan(tmp_path: Path, broken:
     survivor = "pgtwo" if broken.startswith("pgone") else "pgone"
     assert warm["ops"] == uncached["ops"] == [f"{survivor}::f", f"{survivor}::g"]
     assert warm["checked"] == warm["ops"] and warm["dumps"] == uncached["dumps"]
+
+
+def test_a_distribution_that_implements_a_failed_ones_op_goes_with_it(tmp_path: Path) -> None:
+    """pg-three adds the fake kernel of pgone::h: when pg-one fails, pg-three is left out too
+    (materialize-dependency-failed), in the replay as in an uncached load; pg-two stays
+    registered once: a handle to its op that pg-three's module took while the replay ran
+    still works."""
+    env = _env(tmp_path)
+    (env.site / "pg_three_kernels.py").write_text(KERNELS)
+    env.dist("pg-three", "pg_three", THREE)
+    (env.site / "pg_one.py").write_text((env.site / "pg_one.py").read_text() + H)
+    cold = _probe(env)
+    assert "pgone::h" in cold["ops"] and cold["errors"] == []
+    warm = _probe(env, PC_BREAK="pgone_kernels")
+    uncached = _probe(env, PC_BREAK="pgone_kernels", OPREGISTRY_CACHE="0")
+    assert (warm["cache"], warm["replayed"]) == ("hit", True)
+    assert warm["errors"] == uncached["errors"]
+    assert sorted(code for code, _ in warm["errors"]) == ["materialize-dependency-failed",
+                                                           "materialize-failed"]
+    assert warm["ops"] == uncached["ops"] == ["pgtwo::f", "pgtwo::g"]
+    assert warm["dumps"] == uncached["dumps"]
+    assert warm["handle"] == uncached["handle"] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("damage", ["a row", "the version"])

@@ -5,11 +5,14 @@
 Generates the ops (as ``bench_startup.py``), loads them once to write the
 plan cache, then, in fresh processes (``OPREGISTRY_AUTOLOAD=0``, then
 ``opregistry.load()``: a plan-cache hit), times each stage with
-``time.perf_counter``: the cache lookup (stamps checked, entry read), the
-plan decoded and checked again (``plancache.reuse``), the registration
-steps (``steps.plan_steps``) and the executor; and once more with every
-backend hook and ``define`` replaced by a no-op, which leaves opregistry's
-own path through the executor.  Medians of ``--reps`` processes per variant.
+``time.perf_counter``: the cache lookup (stamps checked, the entry's header
+read), the environment checked again (``plancache.reuse``), the entry's
+registration program parsed (``plancache.program_of``) and replayed
+(``materializer.Replay.run``) -- or, for an entry without a program, the
+plan decoded (in ``reuse``), its steps (``steps.plan_steps``) and the
+executor; and once more with every backend hook and ``define`` replaced by
+a no-op, which leaves opregistry's own path.  Medians of ``--reps``
+processes per variant.
 """
 
 from __future__ import annotations
@@ -40,12 +43,14 @@ def timed(owner, name, label):
             spent[label] += time.perf_counter() - t
     setattr(owner, name, run)
 timed(registry.PlanCache, "lookup", "lookup")
-timed(registry, "reuse", "decode")
+timed(registry, "reuse", "reuse")
+timed(registry, "program_of", "program")
+timed(materializer.Replay, "run", "replay")
 timed(materializer, "plan_steps", "steps")
 timed(materializer.Executor, "run", "executor")
 if sys.argv[1] == "noop":
     collect._materializer = lambda impl: (lambda *args: True)
-    materializer._define = lambda lib, plan: None
+    materializer._define_op = lambda lib, op: None
 t = time.perf_counter()
 opregistry.load()
 spent["load"] = time.perf_counter() - t
@@ -73,7 +78,7 @@ def main() -> int:
         runs = {v: [child(v) for _ in range(opts.reps)] for v in ("real", "noop")}
     if not all(r["hit"] for rows in runs.values() for r in rows):
         raise RuntimeError("a timed load missed the plan cache")
-    stages = ("lookup", "decode", "steps", "executor", "load")
+    stages = ("lookup", "reuse", "program", "replay", "steps", "executor", "load")
     result = {v: {s: statistics.median(r.get(s, 0.0) for r in rows) for s in stages}
               for v, rows in runs.items()}
     n = opts.dists * opts.ops_per_dist

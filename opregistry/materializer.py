@@ -574,8 +574,8 @@ class Replay:
         self.owned = owned
         self.sites = {(dist, namespace): site for dist, namespace, site in program["sites"]}
         self.libs: dict[str, _DistLibraries] = {}
+        #: distribution -> the problem that failed it, and its origin
         self.failed: dict[str, Problem] = {}
-        #: every distribution the program registers for, by name
         self.origins: dict[str, Origin] = {}
 
     def run(self) -> Materialized | None:
@@ -607,8 +607,6 @@ class Replay:
             kernels.append((op, backend, kernel))
         if any(op.origin is None for op in ops):
             raise ValueError("an op without its distribution")
-        self.origins = {o.distribution: o for o in (*(op.origin for op in ops),
-                                                    *(k.origin for _, _, k in kernels))}
         return ops, kernels
 
     def _library(self, origin: Origin, namespace: str) -> Any:
@@ -620,16 +618,17 @@ class Replay:
 
     def _define(self, ops: list[OpDef]) -> None:
         failed = self.failed
-        for op in ops:
-            origin = op.origin
-            if origin.distribution in failed:
-                continue
-            try:
-                with registering():
+        with registering():
+            for op in ops:
+                origin = op.origin
+                if origin.distribution in failed:
+                    continue
+                try:
                     _define_op(self._library(origin, op.namespace), op)
-            except Exception as exc:
-                failed[origin.distribution] = load_failure(
-                    origin, f"defining {op.full_schema}", exc, op.qualname, None, op.source)
+                except Exception as exc:
+                    failed[origin.distribution] = load_failure(
+                        origin, f"defining {op.full_schema}", exc, op.qualname, None, op.source)
+                    self.origins[origin.distribution] = origin
 
     def _register(self, ops: list[OpDef], kernels: list[tuple[Any, str, Kernel]]) -> None:
         payload_of, hooks, failed = self.importer.payload, self.hooks, self.failed
@@ -648,6 +647,7 @@ class Replay:
                                         payload, getattr(payload, payload.kind.primary))
             if problem is not None:
                 failed[origin.distribution] = problem
+                self.origins[origin.distribution] = origin
 
     def _settle(self, ops: list[OpDef], kernels: list[tuple[Any, str, Kernel]]) -> None:
         """Fail every distribution whose kernels implement an op of a failed one (as
@@ -662,6 +662,7 @@ class Replay:
                     continue
                 dependents[dist] = _dependency_failed(kernel.origin, kernel.op, kernel.key,
                                                       failed_ops[kernel.op])
+                self.origins[dist] = kernel.origin
             if not dependents:
                 return
             self.failed.update(dependents)

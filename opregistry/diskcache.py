@@ -223,6 +223,19 @@ class DiskCache:
             return None
         return Entry(value, raw)
 
+    def restamp(self, key: str, data: bytes, **changes: Any) -> bool:
+        """Write again the entry ``data`` (what :meth:`read` read of ``key``) with ``changes``
+        to its value's header parts; its sections are kept as they are, not encoded again."""
+        path = self.path(key)
+        end = data.find(b"\n")
+        try:
+            header = json.loads(data if end < 0 else data[:end])
+            header["value"].update(changes)
+        except (ValueError, TypeError, AttributeError, KeyError):
+            return False
+        body = _dumps(header) + (data[end:] if end >= 0 else b"")
+        return path is not None and _write(path, body)
+
     def store(self, key: str, value: Any, sections: Mapping[str, Any] | None = None) -> bool:
         """Write ``value`` (JSON data) under ``key``; ``False`` when it could not be written.
 
@@ -238,23 +251,7 @@ class DiskCache:
             header["sections"] = [[name, len(b), zlib.crc32(b)] for name, b in blobs]
         body = b"\n".join([_dumps(header), b"".join(b for _, b in blobs)]) if blobs \
             else _dumps(header)
-        folder = os.path.dirname(path)
-        tmp = None
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            os.replace(tmp, path)
-            return True
-        except OSError as exc:  # read-only, full, or gone: no cache, no error
-            log.debug("cache entry not written", path=path, error=str(exc))
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-            return False
+        return _write(path, body)
 
     def discard(self, key: str) -> None:
         """Remove ``key``'s entry, if there is one (never an error)."""
@@ -339,9 +336,31 @@ class DiskCache:
         return removed
 
 
+def _write(path: str, body: bytes) -> bool:
+    """Write ``body`` to ``path`` atomically (a temporary file renamed over it); never raises."""
+    folder = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:  # read-only, full, or gone: no cache, no error
+        log.debug("cache entry not written", path=path, error=str(exc))
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return False
+
+
 def _dumps(value: Any) -> bytes:
-    # one line: JSON's own output has no newline but the escaped ones
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # one line: JSON's own output has no newline but the escaped ones; data, never a cycle
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                      check_circular=False).encode("utf-8")
 
 
 def _try_lock(fd: int) -> bool:

@@ -90,6 +90,10 @@ def idle_start(environ: Mapping[str, str] | None = None
                 continue
             changed = inputs.check_manifest(marker["manifest"])
             if changed is None:
+                settled = None if check_mode(env) == "content" else \
+                    inputs.settle(marker["manifest"])
+                if settled is not None:  # its racy files are checked by time from now on
+                    cache.store(marker_key(env, own=own), {**marker, "manifest": settled})
                 return _names(marker, "adopted"), _names(marker, "adopted_ops")
             log.debug("plan cache entry stale", changed=changed)
     except Exception as exc:  # noqa: BLE001 - an unusable marker means the full load

@@ -30,7 +30,10 @@ the content (a folder's: of its sorted listing).  A file modified less than
 :data:`RACY_NS` before it was stamped gets the digest anyway: a
 modification time is only as fine as the file system's clock tick, and an
 edit that keeps the size within the same tick would otherwise go unseen
-(git's "racily clean" entries, treated the same way).
+(git's "racily clean" entries, treated the same way).  Once such a file has
+been checked by its digest well after its modification time, the digest is
+dropped (:func:`settle`): an edit from then on changes the time, as git
+refreshes its index.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import sysconfig
 import time
 from typing import Any, Iterable, Mapping
 
-__all__ = ["FIRST", "RACY_NS", "Stamper", "absolute", "first_folder", "plain_first", "slot",
+__all__ = ["FIRST", "RACY_NS", "Stamper", "absolute", "first_folder", "plain_first", "settle", "slot",
            "environment_slot", "check_manifest", "sys_path_files", "module_files",
            "package_files"]
 
@@ -209,6 +212,23 @@ def check_manifest(manifest: Mapping[str, Any]) -> str | None:
         if (now != recorded[0] or recorded[2]) and _listing(folder, tops) != recorded[1]:
             return folder
     return _check_files(manifest["files"])
+
+
+def settle(manifest: Mapping[str, Any], now: int | None = None) -> dict[str, Any] | None:
+    """``manifest`` without the digests it holds of files racy when stamped and settled since;
+    ``None`` when there are none.  For a manifest :func:`check_manifest` just found to hold,
+    stamped by size and time (a racy file's digest was then compared): a file modified more
+    than :data:`RACY_NS` ago changes its time when it is edited again.
+    """
+    settled_before = (time.time_ns() if now is None else now) - RACY_NS
+    files = {path: stamp[:2] for path, stamp in manifest["files"].items()
+             if stamp is not None and len(stamp) > 2 and stamp[1] < settled_before}
+    folders = {folder: [*stamp[:2], False] for folder, stamp in manifest["folders"].items()
+               if stamp is not None and stamp[2] and stamp[0] < settled_before}
+    if not files and not folders:
+        return None
+    return {**manifest, "files": {**manifest["files"], **files},
+            "folders": {**manifest["folders"], **folders}}
 
 
 def _check_files(files: Mapping[str, Any]) -> str | None:

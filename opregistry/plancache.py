@@ -190,6 +190,10 @@ class PlanCache:
             if changed is not None:
                 log.debug("plan cache entry stale", changed=changed)
                 continue
+            settled = None if self.content else inputs.settle(entry["manifest"])
+            if settled is not None:  # its racy files are checked by time from now on
+                entry["manifest"] = settled
+                self.disk.restamp(key, data, manifest=settled)
             self.key, self.data = key, data
             return entry
         return None

@@ -123,6 +123,21 @@ def test_sections_are_parsed_when_first_read(tmp_path: Path) -> None:
     assert cache.store("k", {"small": 2}) and cache.load("k") == {"small": 2}
 
 
+def test_restamp_changes_the_header_and_keeps_the_sections(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    cache.store("k", {"small": 1, "other": "x"}, {"big": [1, 2, 3]})
+    found = cache.read("k")
+    assert found is not None
+    assert cache.restamp("k", found[1], small=2)
+    entry = cache.load("k")
+    assert entry == {"small": 2, "other": "x"} and entry["big"] == [1, 2, 3]
+    cache.store("plain", {"a": 1})
+    found = cache.read("plain")
+    assert found is not None and cache.restamp("plain", found[1], a=3)
+    assert cache.load("plain") == {"a": 3}
+    assert not cache.restamp("k", b"not json", small=3) and cache.load("k")["small"] == 2
+
+
 @pytest.mark.parametrize("how", ["truncated", "a byte changed", "longer", "no sections"])
 def test_a_bad_section_makes_the_entry_ignored(tmp_path: Path, how: str) -> None:
     """What a truncated or damaged file of sections reads as: no entry, with a debug log."""

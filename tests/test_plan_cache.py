@@ -330,6 +330,48 @@ def test_edit_an_old_file_keeping_its_size_and_mtime_in_content_mode(env: Env) -
     _sees(env.probe(), "pcone::f2")
 
 
+def test_a_racy_stamp_settles_once_its_file_is_old_enough(env: Env) -> None:
+    """A file stamped within RACY_NS of its modification carries a digest, compared at every
+    load; a load more than RACY_NS after the modification drops it from the entry (the next
+    edit changes the time), and the entry still holds."""
+    env.op_dist("pc-one", "pcone", "f1")
+    path = env.site / "pc_one.py"
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
+    env.warm(torch=False)
+
+    def stamp() -> list[Any]:
+        return _header(_entry(env))["value"]["manifest"]["files"][str(path)]
+
+    if time.time_ns() - now < inputs.RACY_NS:  # a slow machine may be past it already
+        assert len(stamp()) == 3, stamp()
+    time.sleep(max(0.0, (now + inputs.RACY_NS - time.time_ns()) / 1e9) + 0.2)
+    found = env.probe(torch=False)
+    assert found["list"]["cache"] == "hit" and len(stamp()) == 2, stamp()
+    assert env.probe(torch=False)["list"]["cache"] == "hit"
+    path.write_text(path.read_text().replace("f1(", "f2("))  # the same size, a new time
+    shutil.rmtree(env.site / "__pycache__", ignore_errors=True)
+    _sees(env.probe(), "pcone::f2")
+
+
+def test_settle_drops_the_digests_of_settled_racy_stamps_alone() -> None:
+    second = 10**9
+    manifest = {"files": {"old": [3, 10 * second, "d1"], "new": [3, 19 * second, "d2"],
+                          "plain": [3, 5 * second], "gone": None},
+                "folders": {"racy": [10 * second, "l1", True], "fresh": [19 * second, "l2", True],
+                            "calm": [1 * second, "l3", False], "missing": None},
+                "tops": [], "first": None}
+    settled = inputs.settle(manifest, now=20 * second)
+    assert settled is not None and settled["files"] == {
+        "old": [3, 10 * second], "new": [3, 19 * second, "d2"], "plain": [3, 5 * second],
+        "gone": None}
+    assert settled["folders"] == {"racy": [10 * second, "l1", False],
+                                  "fresh": [19 * second, "l2", True],
+                                  "calm": [1 * second, "l3", False], "missing": None}
+    assert manifest["files"]["old"] == [3, 10 * second, "d1"]  # a new manifest
+    assert inputs.settle(settled, now=20 * second) is None
+
+
 def test_a_data_file_the_declarations_read(env: Env) -> None:
     """Declaration code may read its package's files: a data file is an input."""
     pkg = env.site / "pcdata"

@@ -103,7 +103,6 @@ def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mappin
             "adoptions": bool(plan.adoptions)}
 
 
-
 def _rows(enc: Encoder, declarations: Mapping[str, Any]
           ) -> tuple[Callable[[OpDef], list[Any]], Callable[[Kernel], list[Any]]]:
     """The row of a declared op and kernel as ``declarations`` holds it, else encoded."""

@@ -31,6 +31,7 @@ from .kinds import DeviceKernel
 from .model import Kernel, OpDef, Origin, Problem, describe_ref, evolve_unchecked
 from .native_load import load_failure, load_native
 from .plans import OpPlan, Plan
+from .program import NO_EXTRAS, SAME_AS_OP
 from .selection import Step as Link
 from .selection import chain, counted, counting_forced, observer, print_counts_at_exit
 from .state import gc_paused, process
@@ -541,10 +542,6 @@ _ACTIONS: dict[str, Callable[[Executor, Step], Problem | None]] = {
     "register-candidates": Executor._register_candidates}
 
 
-#: a program's kernel that sets none of ``override``, ``when``, ``predicate``, ``priority``
-_NO_EXTRAS = (False, None, None, 0)
-
-
 class Replay:
     """Registers a cached plan's program (:mod:`opregistry.program`) as the executor would.
 
@@ -598,10 +595,10 @@ class Replay:
         make, kernels = self.decoder.kernel, []
         for at, backend, name, key, payload, source, origin, *extras in self.program["kernels"]:
             op = ops[at] if at >= 0 else None
-            if op is not None:  # 1: its op's (program.compile_program)
-                name = names[at] if name == 1 else name
-                source = op.source if source == 1 else source
-            kernel = make((name, key, payload, *(extras or _NO_EXTRAS), source, origin))
+            if op is not None:
+                name = names[at] if name == SAME_AS_OP else name
+                source = op.source if source == SAME_AS_OP else source
+            kernel = make((name, key, payload, *(extras or NO_EXTRAS), source, origin))
             if kernel.origin is None or backend not in self.hooks:
                 raise ValueError(f"the {key} kernel of {name}: no distribution or backend")
             kernels.append((op, backend, kernel))

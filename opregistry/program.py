@@ -32,7 +32,7 @@ from .model import Kernel, OpDef
 from .plans import Plan
 from .steps import Steps
 
-__all__ = ["VERSION", "compile_program"]
+__all__ = ["VERSION", "SAME_AS_OP", "NO_EXTRAS", "compile_program"]
 
 #: the layout of the rows below; a program of another version is not replayed
 VERSION = 1
@@ -40,7 +40,9 @@ VERSION = 1
 #: the actions a program holds; a plan with any other step has no program
 _PLAIN = frozenset({"define", "register"})
 #: a kernel's ``override``, ``when``, ``predicate`` and ``priority`` when it sets none
-_NO_EXTRAS = [False, None, None, 0]
+NO_EXTRAS = (False, None, None, 0)
+#: a kernel row's ``op`` or ``source`` that is its op's
+SAME_AS_OP = 1
 
 
 def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mapping[str, Any]
@@ -87,10 +89,10 @@ def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mappin
         name, key, payload, *extras, source, origin = kernel_row(kernel)
         at = op_index.get(id(op), -1) if op is not None else -1
         if at >= 0:  # most kernels are declared with their op, at its line
-            name = 1 if name == op.op.qualname else name
-            source = 1 if source == ops[at][8] else source
+            name = SAME_AS_OP if name == op.op.qualname else name
+            source = SAME_AS_OP if source == ops[at][8] else source
         kernels.append([at, planned.backend, name, key, payload, source, origin,
-                        *(extras if extras != _NO_EXTRAS else ())])
+                        *(extras if tuple(extras) != NO_EXTRAS else ())])
     libraries = []
     for dist, owned in sorted(steps.owned.items()):
         for namespace, kind in sorted(owned.items()):

@@ -34,7 +34,7 @@ from attrs import field, frozen
 from .variables import canonical_name
 from .foreign import InstalledDistribution
 
-__all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of", "walked_folders",
+__all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of",
            "is_editable", "module_name", "owner_of", "Owners", "owners"]
 
 #: shared libraries: what ``TORCH_LIBRARY`` code ships as
@@ -225,35 +225,28 @@ def _folders(path: str) -> Iterable[tuple[str, list[str]]]:
         yield folder, sorted(names)
 
 
-def _walk(path: str, base: str) -> Iterable[tuple[str, str]]:
+def _walk(path: str, base: str, folders: list[str]) -> Iterable[tuple[str, str]]:
+    """The files of the tree at ``path``; each folder walked is added to ``folders``."""
     if os.path.isfile(path):
         yield os.path.normpath(path), os.path.relpath(path, base).replace(os.sep, "/")
         return
     for folder, names in _folders(path):
+        folders.append(os.path.normpath(folder))
         for name in names:
             full = os.path.join(folder, name)
             yield os.path.normpath(full), os.path.relpath(full, base).replace(os.sep, "/")
 
 
-def walked_folders(info: DistInfo) -> list[str]:
-    """The folders :func:`files_of` walks to list ``info``'s files: those of an editable
-    install or of one without ``RECORD`` (its top-level packages), none for the others.
-    A module added to one is a new file of the distribution that no file's stamp shows:
-    the folder's does."""
-    folder = _folder(info.dist)
-    if folder is None or (_record(info.dist, os.path.dirname(folder))
-                          and not _editable(info.dist)):
-        return []
-    return [os.path.normpath(f) for path, _ in _top_locations(info, os.path.dirname(folder))
-            if os.path.isdir(path) for f, _ in _folders(path)]
-
-
-def files_of(info: DistInfo) -> list[tuple[str, str]]:
+def files_of(info: DistInfo, folders: list[str] | None = None) -> list[tuple[str, str]]:
     """``(absolute path, name relative to its import root)`` of every file ``info`` installed.
 
     The relative name is what :func:`module_name` reads a module name from
     (``bitsandbytes/_ops.py``); for ``RECORD`` entries it is ``RECORD``'s
-    own (relative to ``site-packages``, possibly ``../../bin/tool``).
+    own (relative to ``site-packages``, possibly ``../../bin/tool``).  The
+    files of an editable install, or of one without ``RECORD``, are found by
+    walking its top-level packages; ``folders``, when given, gets every
+    folder walked (a module added to one is a new file that no file's stamp
+    shows: the folder's does), none for the others.
     """
     folder = _folder(info.dist)
     if folder is None:
@@ -263,8 +256,9 @@ def files_of(info: DistInfo) -> list[tuple[str, str]]:
     if files and not _editable(info.dist):
         return files
     seen = {path for path, _ in files}
+    walked = [] if folders is None else folders
     for path, base in _top_locations(info, site):
-        for full, rel in _walk(path, base):
+        for full, rel in _walk(path, base, walked):
             if full not in seen:
                 seen.add(full)
                 files.append((full, rel))

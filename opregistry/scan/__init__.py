@@ -42,7 +42,7 @@ import attrs
 from ..config import canonical_name
 from ..diskcache import DiskCache
 from ..distfiles import (NATIVE_SUFFIXES, DistInfo, distributions, files_of, is_editable,
-                         module_name, walked_folders)
+                         module_name)
 from ..errors import ConfigError
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
 from ..logs import get_logger
@@ -70,9 +70,10 @@ def _is_native(path: str) -> bool:
     return name.endswith(NATIVE_SUFFIXES) or ".so." in name
 
 
-def _scanned_files(info: DistInfo) -> list[tuple[str, str]]:
-    """``(path, relative name)`` of the Python files and shared libraries ``info`` installed."""
-    return [(path, rel) for path, rel in files_of(info)
+def _scanned_files(info: DistInfo, folders: list[str] | None = None) -> list[tuple[str, str]]:
+    """``(path, relative name)`` of the Python files and shared libraries ``info`` installed;
+    ``folders``: as :func:`~opregistry.distfiles.files_of`'s."""
+    return [(path, rel) for path, rel in files_of(info, folders)
             if rel.endswith(".py") or (_is_native(path) and not rel.startswith("../"))]
 
 
@@ -308,13 +309,14 @@ def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
     if (isinstance(entry, dict) and entry.get("uses_torch") is False and stamp is not None
             and entry.get("metadata") == stamp and not content):
         return None, False, True, None, []
-    files = _scanned_files(info)
+    walked: list[str] = []
+    files = _scanned_files(info, walked)
     paths = [path for path, _ in files]
     digest = _digest(info, paths, content)
 
     def stamped(record: ForeignDistribution | None) -> list[str]:
         if stamp is None:  # its files are found by walking folders: a new one is a change
-            return [*paths, *walked_folders(info)]
+            return [*paths, *walked]
         registers = record is not None and bool(record.registrations or record.error)
         return paths if registers else []
 
@@ -455,7 +457,8 @@ def scan_inputs(scan: ForeignScan) -> list[str]:
             continue
         found += [os.path.join(location, n) for n in ("METADATA", "RECORD")]
         if _metadata_stamp(info) is None:
-            found += [path for path, _ in _scanned_files(info)] + walked_folders(info)
+            walked: list[str] = []
+            found += [path for path, _ in _scanned_files(info, walked)] + walked
         elif info.installed.name in users:
             found += [path for path, _ in _scanned_files(info)]
     return found

@@ -409,8 +409,12 @@ class Decoder:
         return cls(**{k: _unvalue(v) for k, v in data[1].items()})
 
     def kernel(self, d: list[Any]) -> Kernel:
+        return self.kernel_of((*d[:2], self.payload(d[2]), *d[3:]))
+
+    def kernel_of(self, d: tuple[Any, ...]) -> Kernel:
+        """A kernel from its row (:meth:`Encoder.kernel`), its payload decoded already."""
         op, key, payload, override, when, predicate, priority, source, origin = d
-        return self._kernel((op, key, self.payload(payload), override, _uncondition(when),
+        return self._kernel((op, key, payload, override, _uncondition(when),
                              predicate, priority, source,
                              None if origin is None else self.origins[origin]))
 

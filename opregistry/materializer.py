@@ -590,15 +590,20 @@ class Replay:
 
     def _decode(self) -> tuple[list[OpDef], list[tuple[Any, str, Kernel]]]:
         """Every op and kernel of the program, before anything is registered."""
-        ops = [self.decoder.op(row) for row in self.program["ops"]]
-        names = [op.qualname for op in ops]
-        make, kernels = self.decoder.kernel, []
-        for at, backend, name, key, payload, source, origin, *extras in self.program["kernels"]:
+        program, decoder = self.program, self.decoder
+        ops = [decoder.op(row) for row in program["ops"]]
+        qualnames = [op.qualname for op in ops]
+        names = program["names"]
+        payloads = [decoder.payload(row) for row in program["payloads"]]
+        make, kernels = decoder.kernel_of, []
+        for at, backend, name, key, payload, source, origin, *extras in program["kernels"]:
             op = ops[at] if at >= 0 else None
             if op is not None:
-                name = names[at] if name == SAME_AS_OP else name
+                name = qualnames[at] if name == SAME_AS_OP else name
                 source = op.source if source == SAME_AS_OP else source
-            kernel = make((name, key, payload, *(extras or NO_EXTRAS), source, origin))
+            backend = names[backend]
+            kernel = make((name, names[key], payloads[payload], *(extras or NO_EXTRAS), source,
+                           origin))
             if kernel.origin is None or backend not in self.hooks:
                 raise ValueError(f"the {key} kernel of {name}: no distribution or backend")
             kernels.append((op, backend, kernel))
@@ -630,11 +635,19 @@ class Replay:
     def _register(self, ops: list[OpDef], kernels: list[tuple[Any, str, Kernel]]) -> None:
         payload_of, hooks, failed = self.importer.payload, self.hooks, self.failed
         lib, where = None, None  # an op's kernels of one distribution come one after another
+        # kernels share the program's payloads: each imported once (a failure is each
+        # kernel's own, named for its distribution)
+        imported: dict[int, Any] = {}
         for op, backend, kernel in kernels:
             origin = kernel.origin
             if origin.distribution in failed:
                 continue
-            payload, problem = payload_of(kernel)
+            payload = imported.get(id(kernel.payload))
+            problem = None
+            if payload is None:
+                payload, problem = payload_of(kernel)
+                if problem is None:
+                    imported[id(kernel.payload)] = payload
             if problem is None:
                 if where != (op, origin) or op is None:
                     where = (op, origin)

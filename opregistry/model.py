@@ -198,6 +198,7 @@ class OpDef:
 
 #: the keywords that declare a payload by its key (``Kernel(op=..., key=..., fn=...)``)
 _PAYLOAD_KEYWORDS = ("fn", "setup_context", "triton", "dispatch_class", "native", "library")
+_PAYLOAD_KEYWORD_SET = frozenset(_PAYLOAD_KEYWORDS)
 
 
 @frozen(kw_only=True, init=False)
@@ -239,16 +240,16 @@ class Kernel:
                  when: Any = None, predicate: KernelRef | None = None, priority: int = 0,
                  source: str | None = None, origin: Origin | None = None,
                  **declared: Any) -> None:
-        unknown = sorted(set(declared) - set(_PAYLOAD_KEYWORDS))
-        if unknown:
+        if declared and not declared.keys() <= _PAYLOAD_KEYWORD_SET:
+            unknown = sorted(declared.keys() - _PAYLOAD_KEYWORD_SET)
             raise TypeError(f"Kernel() got unexpected keyword argument(s) {unknown}")
         if payload is None:
             if "fn" not in declared:
                 raise DeclarationError(f"kernel for {op}: give its payload (payload=...) or its "
                                        f"function (fn=...)", op=op)
-            canonical = _keys.canonical_key(key)
-            _check_key(op, canonical)
-            payload = payload_for(op, canonical, **declared)
+            key = _keys.canonical_key(key)  # the field's converter finds it canonical
+            _check_key(op, key)
+            payload = payload_for(op, key, **declared)
         elif set(declared) == {"fn"}:
             # attrs.evolve(kernel, fn=...): the same kind, another primary reference
             payload = attrs.evolve(payload, **{payload.kind.primary: declared["fn"]})

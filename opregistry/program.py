@@ -25,6 +25,7 @@ registers the decoded plan.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Mapping
 
 from .codec import Encoder
@@ -35,7 +36,7 @@ from .steps import Steps
 __all__ = ["VERSION", "SAME_AS_OP", "NO_EXTRAS", "compile_program"]
 
 #: the layout of the rows below; a program of another version is not replayed
-VERSION = 1
+VERSION = 2
 
 #: the actions a program holds; a plan with any other step has no program
 _PLAIN = frozenset({"define", "register"})
@@ -61,6 +62,12 @@ def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mappin
       the others the fields of its :meth:`Encoder.kernel` row, ``op`` and
       ``source`` ``1`` when they are its op's, ``extras`` (``override``,
       ``when``, ``predicate``, ``priority``) left out when none is set;
+      ``backend`` and ``key`` are indices into ``names``, ``payload`` into
+      ``payloads``;
+    * ``names``: the backend and key names, each once; ``payloads``: each
+      distinct payload row (:meth:`Encoder.payload`) once -- 10,000 ops
+      whose kernels are the same four functions have four, parsed and
+      decoded once, not 40,000 times;
     * ``libraries``: ``[distribution, namespace, kind]`` for each ``Library`` a
       distribution opens as DEF or FRAGMENT (any other is opened as IMPL);
     * ``sites``: ``[distribution, namespace, site]``, where each ``Library`` is
@@ -75,6 +82,7 @@ def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mappin
     op_index: dict[int, int] = {}  # id of an OpPlan -> its row
     ops: list[Any] = []
     kernels: list[Any] = []
+    names, payloads = _Table(), _Table()
     for step in steps.steps:
         if step.action not in _PLAIN:
             return None
@@ -91,18 +99,42 @@ def compile_program(plan: Plan, steps: Steps, enc: Encoder, declarations: Mappin
         if at >= 0:  # most kernels are declared with their op, at its line
             name = SAME_AS_OP if name == op.op.qualname else name
             source = SAME_AS_OP if source == ops[at][8] else source
-        kernels.append([at, planned.backend, name, key, payload, source, origin,
+        kernels.append([at, names.at(planned.backend), name, names.at(key),
+                        payloads.at(payload), source, origin,
                         *(extras if tuple(extras) != NO_EXTRAS else ())])
     libraries = []
     for dist, owned in sorted(steps.owned.items()):
         for namespace, kind in sorted(owned.items()):
             libraries.append([dist, namespace, kind])
     sites = [[dist, namespace, site] for (dist, namespace), site in sorted(steps.sites.items())]
-    return {"version": VERSION, "ops": ops, "kernels": kernels, "libraries": libraries,
+    return {"version": VERSION, "ops": ops, "kernels": kernels, "names": names.rows,
+            "payloads": payloads.rows, "libraries": libraries,
             "sites": sites, "watched": sorted(steps.watched),
             "backends": [[b.backend.origin.distribution, b.backend.name] for b in plan.backends
                          if b.backend.origin is not None],
             "adoptions": bool(plan.adoptions)}
+
+
+class _Table:
+    """Distinct values, each once, by index: names, and payload rows (lists of strings and
+    ``None`` for the built-in kinds, of any JSON for a backend's own)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+        self._at: dict[Any, int] = {}
+
+    def at(self, value: Any) -> int:
+        if type(value) is str:
+            key: Any = value
+        elif type(value) is list and all(v is None or type(v) is str for v in value):
+            key = tuple(value)
+        else:  # any other JSON (1 and True, equal as Python values, differ as JSON)
+            key = json.dumps(value, sort_keys=True)
+        found = self._at.get(key)
+        if found is None:
+            found = self._at[key] = len(self.rows)
+            self.rows.append(value)
+        return found
 
 
 def _rows(enc: Encoder, declarations: Mapping[str, Any]

@@ -27,7 +27,27 @@ from .torch_state import (eager_triton, enable_fast_dispatch, functional_tensor_
                           traceable_tensor_type, triton_decomposition_disabled)
 
 __all__ = ["DeviceBackend", "op_name", "device_kernel", "triton_kernel", "eager_triton",
-           "enable_fast_dispatch"]
+           "enable_fast_dispatch", "deferred_import"]
+
+
+def deferred_import(module: str) -> Callable[[], Any]:
+    """A function that returns ``module``, imported the first time it is called.
+
+    For a backend's materialize hook: a backend is loaded without torch
+    (``opregistry list``), so the module of its torch calls is imported at
+    the first registration; an import statement inside the hook would cost
+    a few microseconds at each of thousands of registrations, at ``import torch``.
+    """
+    found: list[Any] = []
+
+    def get() -> Any:
+        if not found:
+            import importlib
+
+            found.append(importlib.import_module(module))
+        return found[0]
+
+    return get
 
 def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | None:
     """``(library, fn)`` of the live kernel a DeviceBackend registered for ``qualname`` on ``key``.

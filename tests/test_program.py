@@ -108,6 +108,20 @@ def test_a_warm_start_replays_and_registers_what_a_cold_one_does(tmp_path: Path)
     for dump in warm["dumps"].values():
         for key in ("CPU", "Autograd", "FuncTorchBatched", "Meta"):
             assert f"\n{key}" in dump or f"{key}[" in dump or f"{key}:" in dump, dump
+    # 16 kernels, 8 distinct payloads (f and g of a namespace share their functions)
+    programs = []
+    for path in (env.cache / "plans").glob("*.json"):
+        if "program" in {name for name, *_ in _header(path).get("sections", [])}:
+            rewrite_entry(path, lambda header, sections: programs.append(sections["program"]))
+    assert programs
+    for program in programs:
+        rows = program["kernels"]
+        payloads = [program["payloads"][row[4]] for row in rows]
+        assert len(rows) == 16 and len(program["payloads"]) == len(set(map(str, payloads))) == 8
+        assert {p[1] for p in payloads} == {f"{ns}_kernels:{fn}" for ns in ("pgone", "pgtwo")
+                                            for fn in ("clone", "fake", "vmap", "backward")}
+        assert {program["names"][row[3]] for row in rows} == {"CPU", "Autograd",
+                                                             "FuncTorchBatched", "Meta"}
 
 
 def test_without_a_program_a_hit_decodes_the_plan(tmp_path: Path) -> None:
@@ -174,8 +188,9 @@ def test_a_program_it_cannot_replay_leaves_the_load_to_the_plan(tmp_path: Path,
 
     def change(header: dict[str, Any], sections: dict[str, Any]) -> None:
         program = sections["program"]
-        if damage == "a row":
-            program["kernels"][-1][4] = ["no-such-kind", "pgtwo_kernels:clone"]
+        if damage == "a row":  # a payload of a kind this opregistry does not know
+            program["payloads"][program["kernels"][-1][4]] = ["no-such-kind",
+                                                              "pgtwo_kernels:clone"]
         else:
             program["version"] = 999
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from opregistry import Backend, Kernel, OpDef, hookimpl
+from opregistry.backend import deferred_import
 from opregistry.keys import AUTOCAST_KEYS
 
 __all__ = ["BACKEND"]
@@ -19,6 +20,10 @@ BACKEND = Backend(
     name="autocast", keys=tuple(AUTOCAST_KEYS),
     description="autocast rules via register_autocast (cast floating inputs, run without autocast)",
 )
+
+#: torch's private calls: imported at the first registration (``opregistry list`` loads
+#: this plugin without torch)
+_private = deferred_import(f"{__name__}._torch_private")
 
 
 @hookimpl
@@ -29,10 +34,7 @@ def opregistry_backends() -> list[Backend]:
 @hookimpl
 def opregistry_materialize_kernel(library: Any, op: OpDef | None, kernel: Kernel,
                                   payload: Any) -> bool:
-    # imported here: ``opregistry list`` loads this plugin without torch
-    from ._torch_private import register_autocast_rule
-
     # ``payload.dtype`` is the torch.dtype (the declaration's "torch:bfloat16", imported)
-    register_autocast_rule(library, kernel.op, kernel.key, AUTOCAST_KEYS[kernel.key],
-                           payload.dtype)
+    _private().register_autocast_rule(library, kernel.op, kernel.key,
+                                      AUTOCAST_KEYS[kernel.key], payload.dtype)
     return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from opregistry import Backend, Kernel, MaterializationError, OpDef, hookimpl
-from opregistry.backend import device_kernel, enable_fast_dispatch, op_name
+from opregistry.backend import deferred_import, device_kernel, enable_fast_dispatch, op_name
 
 __all__ = ["BACKEND", "refusal"]
 
@@ -20,6 +20,10 @@ BACKEND = Backend(
     name="autograd", keys=("Autograd",),
     description="backward + setup_context (register_autograd semantics, lean no-grad path)",
 )
+
+#: the kernel's module (torch's private calls as ``kernel.tp``): imported at the first
+#: registration (``opregistry list`` loads this plugin without torch)
+_kernel_module = deferred_import(f"{__name__}.kernel")
 
 
 @hookimpl
@@ -53,21 +57,21 @@ def refusal(schema: Any, tags: Iterable[str] = ()) -> str | None:
 def opregistry_materialize_kernel(
     library: Any, op: OpDef | None, kernel: Kernel, payload: Any,
 ) -> bool:
-    from ._torch_private import lookup_op, op_handle
-    from .kernel import make_autograd_kernel
-
-    handle = op_handle(kernel.op)
+    kernel_module = _kernel_module()
+    tp = kernel_module.tp
+    handle = tp.op_handle(kernel.op)
     # an op opregistry defined was checked by the resolver (the same rule); a
     # kernel for someone else's op is checked here, from torch's schema and tags
     why = None if op is not None else refusal(
-        handle.schema(), [t.name for t in lookup_op(kernel.op).tags])
+        handle.schema(), [t.name for t in tp.lookup_op(kernel.op).tags])
     if why is not None:
         raise MaterializationError(
             f"cannot register autograd for {kernel.op} from {kernel.origin}: {why}. "
             f"Define a functional op (no '(a!)' annotations, returns a new tensor) and "
             f"register autograd for that one",
             origin=kernel.origin, op=kernel.op, key=kernel.key)
-    autograd_kernel = make_autograd_kernel(kernel.op, payload.backward, payload.setup_context,
-                                           device_kernel, handle, enable_fast=enable_fast_dispatch)
+    autograd_kernel = kernel_module.make_autograd_kernel(
+        kernel.op, payload.backward, payload.setup_context, device_kernel, handle,
+        enable_fast=enable_fast_dispatch)
     library.impl(op_name(kernel), autograd_kernel, "Autograd", with_keyset=True)
     return True

@@ -11,9 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from opregistry import Backend, Kernel, OpDef, hookimpl
+from opregistry.backend import deferred_import
 from opregistry.model import source_of
 
 BACKEND = Backend(name="meta", keys=("Meta",), description="fake kernels (torch.library.register_fake semantics)")
+
+#: torch's private calls: imported at the first registration (``opregistry list`` loads
+#: this plugin without torch)
+_private = deferred_import(f"{__name__}._torch_private")
 
 
 @hookimpl
@@ -33,10 +38,8 @@ def opregistry_materialize_kernel(
 
         torch.library.register_fake(kernel.op, fn, lib=library)
         return True
-    # imported here: ``opregistry list`` loads this plugin without torch
-    from ._torch_private import register_fake_kernel
-
     # torch records where a fake kernel was registered; the declaration's line
     # says it best, the kernel's own line otherwise
-    register_fake_kernel(library, kernel.op, fn, kernel.source or source_of(fn) or repr(fn))
+    _private().register_fake_kernel(library, kernel.op, fn,
+                                    kernel.source or source_of(fn) or repr(fn))
     return True

@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from opregistry import Backend, Kernel, OpDef, hookimpl
+from opregistry.backend import deferred_import
 
 BACKEND = Backend(name="vmap", keys=("FuncTorchBatched",), description="vmap rules via register_vmap")
+
+#: torch's private calls: imported at the first registration (``opregistry list`` loads
+#: this plugin without torch)
+_private = deferred_import(f"{__name__}._torch_private")
 
 
 @hookimpl
@@ -25,8 +30,5 @@ def opregistry_materialize_kernel(
 
         torch.library.register_vmap(kernel.op, fn, lib=library)
         return True
-    # imported here: ``opregistry list`` loads this plugin without torch
-    from ._torch_private import register_vmap_rule
-
-    register_vmap_rule(library, kernel.op, op.name_with_overload, fn)
+    _private().register_vmap_rule(library, kernel.op, op.name_with_overload, fn)
     return True

@@ -222,6 +222,23 @@ def test_cuda_availability_is_answered_without_importing_torch():
     assert available == torch.cuda.is_available()
 
 
+def test_backends_import_their_torch_calls_at_their_first_registration_once():
+    """The meta, vmap, autocast and autograd backends import without torch (``opregistry
+    list`` collects them) and import the module of their torch calls at the first call of
+    ``deferred_import``'s function, once: the same module object after."""
+    code = ("import sys, json\n"
+            "import opregistry_meta, opregistry_vmap, opregistry_autocast, opregistry_autograd\n"
+            "before = 'torch' in sys.modules\n"
+            "got = opregistry_meta._private()\n"
+            "print(json.dumps([before, got.__name__, got is opregistry_meta._private(),\n"
+            "                  opregistry_autograd._kernel_module().__name__,\n"
+            "                  'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert json.loads(out.stdout) == [False, "opregistry_meta._torch_private", True,
+                                      "opregistry_autograd.kernel", True]
+
+
 def test_torch_build_is_read_without_importing_torch():
     """torch_is_cuda_build() agrees with torch.version, from torch's files alone."""
     import opregistry_cuda

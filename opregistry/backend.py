@@ -49,6 +49,7 @@ def deferred_import(module: str) -> Callable[[], Any]:
 
     return get
 
+
 def device_kernel(qualname: str, key: str) -> tuple[Any, Callable[..., Any]] | None:
     """``(library, fn)`` of the live kernel a DeviceBackend registered for ``qualname`` on ``key``.
 

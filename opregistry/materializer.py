@@ -601,9 +601,8 @@ class Replay:
             if op is not None:
                 name = qualnames[at] if name == SAME_AS_OP else name
                 source = op.source if source == SAME_AS_OP else source
-            backend = names[backend]
-            kernel = make((name, names[key], payloads[payload], *(extras or NO_EXTRAS), source,
-                           origin))
+            backend, key = names[backend], names[key]
+            kernel = make((name, key, payloads[payload], *(extras or NO_EXTRAS), source, origin))
             if kernel.origin is None or backend not in self.hooks:
                 raise ValueError(f"the {key} kernel of {name}: no distribution or backend")
             kernels.append((op, backend, kernel))

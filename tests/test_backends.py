@@ -229,14 +229,17 @@ def test_backends_import_their_torch_calls_at_their_first_registration_once():
     code = ("import sys, json\n"
             "import opregistry_meta, opregistry_vmap, opregistry_autocast, opregistry_autograd\n"
             "before = 'torch' in sys.modules\n"
-            "got = opregistry_meta._private()\n"
-            "print(json.dumps([before, got.__name__, got is opregistry_meta._private(),\n"
-            "                  opregistry_autograd._kernel_module().__name__,\n"
+            "gets = [opregistry_meta._private, opregistry_vmap._private,\n"
+            "        opregistry_autocast._private, opregistry_autograd._kernel_module]\n"
+            "got = [get() for get in gets]\n"
+            "print(json.dumps([before, [m.__name__ for m in got],\n"
+            "                  all(get() is m for get, m in zip(gets, got)),\n"
             "                  'torch' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
-    assert json.loads(out.stdout) == [False, "opregistry_meta._torch_private", True,
-                                      "opregistry_autograd.kernel", True]
+    assert json.loads(out.stdout) == [
+        False, ["opregistry_meta._torch_private", "opregistry_vmap._torch_private",
+                "opregistry_autocast._torch_private", "opregistry_autograd.kernel"], True, True]
 
 
 def test_torch_build_is_read_without_importing_torch():

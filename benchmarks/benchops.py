@@ -20,6 +20,8 @@ as ``"benchops:..."`` strings.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import importlib
 import json
 import py_compile
@@ -192,13 +194,33 @@ def write_distribution(root: Path, dist: str, ns: str, *, full: bool) -> str:
     ``root`` must be on ``sys.path`` (and so must this directory, for the
     ``benchops:`` kernel references); returns the module name.
     """
+    module = _install(root, dist, f"[opregistry.ops]\n{ns} = {dist.replace('-', '_')}:lib\n",
+                      textwrap.dedent(registry_source(ns, full=full)))
+    importlib.invalidate_caches()  # path finders cache directory listings
+    return module
+
+
+def _install(root: Path, dist: str, entry_points: str, source: str) -> str:
+    """Write ``dist`` (one module, ``source``) into ``root`` as pip installs a wheel: a
+    ``.dist-info`` with ``METADATA``, ``entry_points.txt`` and ``RECORD``, the module
+    byte-compiled (pip does both; a folder without ``RECORD`` is no installed
+    distribution, and opregistry's scan walks its packages instead). Returns the module."""
     module = dist.replace("-", "_")
     info = root / f"{module}-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[opregistry.ops]\n{ns} = {module}:lib\n")
-    (root / f"{module}.py").write_text(textwrap.dedent(registry_source(ns, full=full)))
-    importlib.invalidate_caches()  # path finders cache directory listings
+    (info / "entry_points.txt").write_text(entry_points)
+    (root / f"{module}.py").write_text(source)
+    # pip byte-compiles what it installs; do the same, even where
+    # PYTHONDONTWRITEBYTECODE would stop Python from caching it
+    pyc = Path(py_compile.compile(str(root / f"{module}.py"), doraise=True))
+    rows = []
+    for path in (root / f"{module}.py", pyc, info / "METADATA", info / "entry_points.txt"):
+        data = path.read_bytes()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append(f"{path.relative_to(root).as_posix()},sha256={digest},{len(data)}")
+    rows.append(f"{info.name}/RECORD,,")
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
     return module
 
 
@@ -235,15 +257,8 @@ def write_many(root: Path, n_dists: int, ops_per_dist: int, *, tag: str = "gen",
     names = []
     for i in range(n_dists):
         dist = f"{tag}-ops-{i}"
-        module = dist.replace("-", "_")
-        info = root / f"{module}-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(f"[opregistry.ops]\n{tag}{i} = {module}:lib\n")
-        (root / f"{module}.py").write_text(many_source(f"{tag}{i}", ops_per_dist, full=full, vmap=vmap))
-        # pip byte-compiles what it installs; do the same, even where
-        # PYTHONDONTWRITEBYTECODE would stop Python from caching it
-        py_compile.compile(str(root / f"{module}.py"), doraise=True)
+        _install(root, dist, f"[opregistry.ops]\n{tag}{i} = {dist.replace('-', '_')}:lib\n",
+                 many_source(f"{tag}{i}", ops_per_dist, full=full, vmap=vmap))
         names.append(dist)
     importlib.invalidate_caches()
     return names

@@ -199,6 +199,12 @@ class OpDef:
 #: the keywords that declare a payload by its key (``Kernel(op=..., key=..., fn=...)``)
 _PAYLOAD_KEYWORDS = ("fn", "setup_context", "triton", "dispatch_class", "native", "library")
 _PAYLOAD_KEYWORD_SET = frozenset(_PAYLOAD_KEYWORDS)
+#: (key as given, the payload's keywords) -> (canonical key, payload), for payloads declared by
+#: reference strings: payloads are frozen records, equal for equal keywords, so the kernels
+#: that declare the same functions share one (checked once; the materializer imports its
+#: references once); bounded, for a process that declares without end
+_DECLARED: dict[tuple[Any, ...], tuple[str, Any]] = {}
+_DECLARED_MAX = 1 << 14
 
 
 @frozen(kw_only=True, init=False)
@@ -244,12 +250,23 @@ class Kernel:
             unknown = sorted(declared.keys() - _PAYLOAD_KEYWORD_SET)
             raise TypeError(f"Kernel() got unexpected keyword argument(s) {unknown}")
         if payload is None:
-            if "fn" not in declared:
-                raise DeclarationError(f"kernel for {op}: give its payload (payload=...) or its "
-                                       f"function (fn=...)", op=op)
-            key = _keys.canonical_key(key)  # the field's converter finds it canonical
-            _check_key(op, key)
-            payload = payload_for(op, key, **declared)
+            plain = type(key) is str and all(
+                v is None or type(v) is str or type(v) is bool for v in declared.values())
+            memo = (key, *declared.items()) if plain else None
+            found = _DECLARED.get(memo) if plain else None  # type: ignore[arg-type]
+            if found is not None:
+                key, payload = found
+            else:
+                if "fn" not in declared:
+                    raise DeclarationError(f"kernel for {op}: give its payload (payload=...) "
+                                           f"or its function (fn=...)", op=op)
+                key = _keys.canonical_key(key)  # the field's converter finds it canonical
+                _check_key(op, key)
+                payload = payload_for(op, key, **declared)
+                if memo is not None:
+                    if len(_DECLARED) >= _DECLARED_MAX:
+                        _DECLARED.clear()
+                    _DECLARED[memo] = (key, payload)
         elif set(declared) == {"fn"}:
             # attrs.evolve(kernel, fn=...): the same kind, another primary reference
             payload = attrs.evolve(payload, **{payload.kind.primary: declared["fn"]})

@@ -91,6 +91,29 @@ def test_define_records_kernels_by_canonical_key():
     assert {k.source for k in keys.values()} == {op.source}, "each kernel: the same line"
 
 
+def test_kernels_declaring_the_same_references_share_one_payload():
+    """Two ops (of two libraries) declaring the same functions share each payload record --
+    frozen, so nothing can tell -- and a wrong declaration is refused every time, with its
+    own op named, however often the same mistake was made."""
+    first, second = OpLibrary("shared_a"), OpLibrary("shared_b")
+    for lib in (first, second):
+        lib.define("f(Tensor x) -> Tensor", kernels={"cpu": "m:f"}, autograd=("m:bw", "m:setup"))
+    a = {k.key: k for k in first.opregistry_kernels()}
+    b = {k.key: k for k in second.opregistry_kernels()}
+    assert a["CPU"].payload is b["CPU"].payload
+    assert a["Autograd"].payload is b["Autograd"].payload
+    assert (a["CPU"].op, b["CPU"].op) == ("shared_a::f", "shared_b::f")
+    other = Kernel(op="x::g", key="cpu", fn="m:other")
+    assert other.payload.fn == "m:other" and other.payload is not a["CPU"].payload
+    assert Kernel(op="x::g", key="CUDA", fn="m:f").payload is not a["CPU"].payload, \
+        "another key, another record"
+    for op in ("x::one", "x::two"):
+        with pytest.raises(DeclarationError, match=f"kernel for {op}: unknown dispatch key"):
+            Kernel(op=op, key="CPu", fn="m:f")
+        with pytest.raises(DeclarationError, match="setup_context only belongs"):
+            Kernel(op=op, key="cpu", fn="m:f", setup_context="m:setup")
+
+
 def test_define_twice_is_refused_with_both_places():
     lib = OpLibrary("twice")
     lib.define("f(Tensor x) -> Tensor")

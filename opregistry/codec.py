@@ -240,6 +240,9 @@ class Encoder:
         self._origin_at: dict[Origin, int] = {}
         self._op_at: dict[int, int] = {}
         self._kernel_at: dict[int, int] = {}
+        #: id of a payload -> (the payload, its row): kernels declaring the same functions
+        #: share their payload record (:class:`~opregistry.model.Kernel`), encoded once
+        self._payload_rows: dict[int, tuple[Any, list[Any]]] = {}
 
     def origin(self, o: Origin | None) -> int | None:
         if o is None:
@@ -265,11 +268,16 @@ class Encoder:
                 {n: _field(v, f"{where} ({n})", origin) for n, v in zip(names, values)}]
 
     def kernel(self, k: Kernel) -> list[Any]:
-        where = f"the {k.key} kernel of {k.op}"
         predicate = k.predicate
         if predicate is not None and type(predicate) is not str:
-            _ref(predicate, f"{where} (predicate)", k.origin)
-        return [k.op, k.key, self.payload(k.payload, where, k.origin), k.override,
+            _ref(predicate, f"the {k.key} kernel of {k.op} (predicate)", k.origin)
+        known = self._payload_rows.get(id(k.payload))
+        if known is not None and known[0] is k.payload:
+            payload = known[1]
+        else:
+            payload = self.payload(k.payload, f"the {k.key} kernel of {k.op}", k.origin)
+            self._payload_rows[id(k.payload)] = (k.payload, payload)
+        return [k.op, k.key, payload, k.override,
                 _condition(k.when), predicate, k.priority, k.source, self.origin(k.origin)]
 
     def op(self, op: OpDef) -> list[Any]:

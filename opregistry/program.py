@@ -122,14 +122,31 @@ class _Table:
     def __init__(self) -> None:
         self.rows: list[Any] = []
         self._at: dict[Any, int] = {}
+        #: id of a row met before -> (the row, its index): the encoder shares one payload
+        #: row between the kernels that share the payload
+        self._seen: dict[int, tuple[Any, int]] = {}
 
     def at(self, value: Any) -> int:
         if type(value) is str:
             key: Any = value
-        elif type(value) is list and all(v is None or type(v) is str for v in value):
-            key = tuple(value)
-        else:  # any other JSON (1 and True, equal as Python values, differ as JSON)
+        elif type(value) is list:
+            seen = self._seen.get(id(value))
+            if seen is not None and seen[0] is value:
+                return seen[1]
+            found = self._seen_at(value)
+            self._seen[id(value)] = (value, found)
+            return found
+        else:
             key = json.dumps(value, sort_keys=True)
+        return self._add(key, value)
+
+    def _seen_at(self, value: list[Any]) -> int:
+        if all(v is None or type(v) is str for v in value):
+            return self._add(tuple(value), value)
+        # any other JSON (1 and True, equal as Python values, differ as JSON)
+        return self._add(json.dumps(value, sort_keys=True), value)
+
+    def _add(self, key: Any, value: Any) -> int:
         found = self._at.get(key)
         if found is None:
             found = self._at[key] = len(self.rows)

@@ -378,7 +378,9 @@ class _Records:
         return OpHandle(self, op)
 
     def _add_kernel(self, qualname: str, key: str, fn: Any, **kwargs: Any) -> None:
-        if isinstance(getattr(type(fn), "kind", None), Kind):
+        # a reference string, the common case, is no payload (and a failed class attribute
+        # lookup costs an exception inside getattr)
+        if type(fn) is not str and isinstance(getattr(type(fn), "kind", None), Kind):
             # a payload of a registration kind (opregistry.kinds, or a backend's own)
             given = sorted(k for k in ("triton", "setup_context", "dispatch_class", "native",
                                        "library") if kwargs.pop(k, None))

@@ -194,14 +194,14 @@ def write_distribution(root: Path, dist: str, ns: str, *, full: bool) -> str:
     ``root`` must be on ``sys.path`` (and so must this directory, for the
     ``benchops:`` kernel references); returns the module name.
     """
-    module = _install(root, dist, f"[opregistry.ops]\n{ns} = {dist.replace('-', '_')}:lib\n",
-                      textwrap.dedent(registry_source(ns, full=full)))
+    module = _install(root, dist, ns, textwrap.dedent(registry_source(ns, full=full)))
     importlib.invalidate_caches()  # path finders cache directory listings
     return module
 
 
-def _install(root: Path, dist: str, entry_points: str, source: str) -> str:
-    """Write ``dist`` (one module, ``source``) into ``root`` as pip installs a wheel: a
+def _install(root: Path, dist: str, ns: str, source: str) -> str:
+    """Write ``dist`` (one module, ``source``, the ``opregistry.ops`` entry point ``ns``
+    naming its ``lib``) into ``root`` as pip installs a wheel: a
     ``.dist-info`` with ``METADATA``, ``entry_points.txt`` and ``RECORD``, the module
     byte-compiled (pip does both; a folder without ``RECORD`` is no installed
     distribution, and opregistry's scan walks its packages instead). Returns the module."""
@@ -209,7 +209,7 @@ def _install(root: Path, dist: str, entry_points: str, source: str) -> str:
     info = root / f"{module}-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(entry_points)
+    (info / "entry_points.txt").write_text(f"[opregistry.ops]\n{ns} = {module}:lib\n")
     (root / f"{module}.py").write_text(source)
     # pip byte-compiles what it installs; do the same, even where
     # PYTHONDONTWRITEBYTECODE would stop Python from caching it
@@ -257,8 +257,8 @@ def write_many(root: Path, n_dists: int, ops_per_dist: int, *, tag: str = "gen",
     names = []
     for i in range(n_dists):
         dist = f"{tag}-ops-{i}"
-        _install(root, dist, f"[opregistry.ops]\n{tag}{i} = {dist.replace('-', '_')}:lib\n",
-                 many_source(f"{tag}{i}", ops_per_dist, full=full, vmap=vmap))
+        _install(root, dist, f"{tag}{i}", many_source(f"{tag}{i}", ops_per_dist, full=full,
+                                                      vmap=vmap))
         names.append(dist)
     importlib.invalidate_caches()
     return names

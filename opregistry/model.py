@@ -253,7 +253,7 @@ class Kernel:
             plain = type(key) is str and all(
                 v is None or type(v) is str or type(v) is bool for v in declared.values())
             memo = (key, *declared.items()) if plain else None
-            found = _DECLARED.get(memo) if plain else None  # type: ignore[arg-type]
+            found = None if memo is None else _DECLARED.get(memo)
             if found is not None:
                 key, payload = found
             else:

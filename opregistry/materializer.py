@@ -37,7 +37,7 @@ from .selection import chain, counted, counting_forced, observer, print_counts_a
 from .state import gc_paused, process
 from .steps import Step, Steps, plan_steps
 from .torch_state import (destroy_library, device_keyset, forget_destroyed_kernels, lookup_op,
-                          new_library, recorder, registering)
+                          new_library, recorder, registering, torch_importing_alone)
 
 __all__ = ["Materialized", "materialize", "gc_paused", "defined_ops", "Replay", "counting"]
 
@@ -315,10 +315,15 @@ def _call_backend(hook: Callable[..., Any], backend: str | None, culprit: Any, w
     """
     thread = process().thread  # registering(), inlined: entered for each of 40,000 kernels
     outer, thread.registering = thread.registering, True
+    importing = torch_importing_alone()  # inside `import torch`: its imports skip the lock
+    if importing is not None:
+        importing._initializing = False
     try:
         done, exc = contain(hook, *registration)
     finally:
         thread.registering = outer
+        if importing is not None:
+            importing._initializing = True
     if exc is None and not done:
         exc = MaterializationError(f"backend {backend} did not register it (returned {done!r})")
     if exc is not None:

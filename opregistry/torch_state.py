@@ -29,7 +29,7 @@ __all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
            "library_alive", "device_keyset", "lookup_op",
            "Watch", "Registration", "Recorder", "recorder", "registering", "watch_registrations",
            "torch_dir",
-           "torch_build", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
+           "torch_build", "torch_importing_alone", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
            "fast_dispatch_enabled", "site_recorded", "eager_triton", "functional_tensor_mode",
            "traceable_tensor_type", "triton_decomposition_disabled", "install_ops_hooks",
@@ -572,14 +572,40 @@ class Recorder:
 class _Registering:
     """The context manager :func:`registering` returns (a class: it is entered per registration)."""
 
-    __slots__ = ("thread", "outer")
+    __slots__ = ("thread", "outer", "importing")
 
     def __enter__(self) -> None:
         self.thread = thread = process().thread
         self.outer, thread.registering = thread.registering, True
+        self.importing = importing = torch_importing_alone()
+        if importing is not None:
+            importing._initializing = False
 
     def __exit__(self, *exc: Any) -> None:
         self.thread.registering = self.outer
+        if self.importing is not None:
+            self.importing._initializing = True
+
+
+def torch_importing_alone() -> Any:
+    """torch's module spec while ``import torch`` runs and no other Python thread exists; else ``None``.
+
+    Inside ``import torch`` (opregistry's autoload) torch's module is marked
+    initializing, and each ``import torch`` torch's own registration code
+    makes -- one per ``Library.impl`` and per fake kernel registered, from
+    C++ -- then takes and gives back torch's module import lock: ~3 us each,
+    0.1-0.2 s over 40,000 registrations, which registering after ``import
+    torch`` does not pay.  The importing thread holds that lock already (it is
+    re-entrant); the mark only makes *other* threads wait for a complete
+    torch.  With no other Python thread alive nobody can wait, so
+    :func:`registering` (and its inlined copy in the materializer) clears the
+    mark around each of opregistry's own registrations and sets it back: the
+    same imports, without the lock.
+    """
+    spec = getattr(sys.modules.get("torch"), "__spec__", None)
+    if getattr(spec, "_initializing", False) and threading.active_count() == 1:
+        return spec
+    return None
 
 
 def registering() -> _Registering:

@@ -278,3 +278,52 @@ def test_registrations_are_unregistered_at_exit_after_handlers_registered_later(
     lines = [json.loads(line) for line in out.stdout.strip().splitlines()]
     assert lines == [{"after": [4.0, 4.0]}, {"before": {"registry": False, "defined": False}}], \
         out.stdout
+
+
+#: counts torch's module-lock round trips (``import torch`` while torch is still being
+#: imported) made while opregistry registers, and whether a thread was kept alive meanwhile
+LOCK_PROBE = """
+import importlib._bootstrap as bootstrap, json, sys, threading
+other = len(sys.argv) > 1
+if other:
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, daemon=True).start()
+calls = {"registering": 0}
+original = bootstrap._lock_unlock_module
+def spy(name):
+    state = sys.modules.get("opregistry.state")
+    if name == "torch" and state is not None and state.process().thread.registering:
+        calls["registering"] += 1
+    return original(name)
+bootstrap._lock_unlock_module = spy
+import torch
+bootstrap._lock_unlock_module = original
+if other:
+    stop.set()
+import opregistry
+calls["kernels"] = len(opregistry.get_registry().kernels)
+calls["initializing"] = getattr(torch.__spec__, "_initializing", False)
+calls["value"] = torch.ops.tutorial.muladd(torch.ones(2), torch.full((2,), 3.0), 1.0).tolist()
+print(json.dumps(calls))
+"""
+
+
+@pytest.mark.parametrize("other_thread", [False, True], ids=["alone", "another-thread"])
+def test_registering_inside_import_torch_skips_its_import_lock_when_alone(other_thread):
+    """torch's registration calls import torch (from C++), which inside ``import torch`` takes
+    its module lock each time: with no other thread alive, opregistry's registrations skip it
+    (no thread can be waiting for torch); with one, the lock is kept, so that thread waits for
+    a complete torch.  Either way torch ends fully imported and the ops work."""
+    args = ["-c", LOCK_PROBE] + (["other"] if other_thread else [])
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPREGISTRY_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    calls = json.loads(out.stdout.strip().splitlines()[-1])
+    assert calls["kernels"] > 0 and calls["value"] == [4.0, 4.0]
+    assert calls["initializing"] is False
+    if other_thread:
+        assert calls["registering"] >= calls["kernels"] // 2, calls
+    else:
+        assert calls["registering"] == 0, calls

@@ -4,14 +4,15 @@
 
 opregistry registers its ops at ``import torch`` (the device-backend
 autoload runs inside torch's own import); the floor (``raw_floor.py``)
-registers after ``import torch`` returned.  Each ``Library.impl`` and
-``define`` imports ``torch`` again from C++, and while the module is still
+registers after ``import torch`` returned.  Each ``Library.impl`` (from
+C++) and each fake-kernel registration imports ``torch`` again, and while the module is still
 initializing Python takes its import lock for that (``_lock_unlock_module``):
 a cost per registration that only registrations made inside ``import
 torch`` pay.  This script times ``raw_floor.py``'s registrations of N ops in
 fresh processes, after ``import torch`` and with ``torch.__spec__._initializing``
 set as during torch's import, interleaved, and prints the medians and their
-difference.  No opregistry code runs.
+difference.  No opregistry code runs.  opregistry itself does not pay it when
+the process has no other Python thread (``torch_state.torch_importing_alone``).
 """
 
 from __future__ import annotations

@@ -633,3 +633,48 @@ def test_torch_keeps_a_python_kernel_after_its_library_is_destroyed() -> None:
     del lib
     gc.collect()
     assert kept() is not None
+
+
+def test_registering_inside_import_torch_clears_its_initializing_mark_only_when_alone(
+        monkeypatch: Any) -> None:
+    """Inside ``import torch`` (torch's module marked initializing) opregistry's registrations
+    run with the mark cleared when no other thread exists, and set back after, even when the
+    backend raises; with another thread alive the mark stays (that thread may be waiting)."""
+    import threading
+
+    from opregistry.materializer import _call_backend
+    from opregistry.model import Origin
+
+    monkeypatch.setattr(torch.__spec__, "_initializing", True, raising=False)
+    seen: list[bool] = []
+
+    def hook(*_: Any) -> bool:
+        seen.append(torch.__spec__._initializing)
+        return True
+
+    def failing(*_: Any) -> bool:
+        seen.append(torch.__spec__._initializing)
+        raise RuntimeError("the backend failed")
+
+    origin = Origin("dist-a", "1.0", "opregistry.ops", "ep", "mod:lib")
+    kernel = type("K", (), {"key": "CPU", "op": "ns::f", "origin": origin, "source": None})()
+    assert _call_backend(hook, "b", kernel, None) is None
+    with torch_state.registering():
+        seen.append(torch.__spec__._initializing)
+    problem = _call_backend(failing, "b", kernel, None)
+    assert problem is not None and "the backend failed" in problem.message
+    assert seen == [False, False, False]
+    assert torch.__spec__._initializing is True
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        _call_backend(hook, "b", kernel, None)
+        with torch_state.registering():
+            seen.append(torch.__spec__._initializing)
+    finally:
+        stop.set()
+        other.join()
+    assert seen[3:] == [True, True]
+    assert torch.__spec__._initializing is True

@@ -646,6 +646,9 @@ def test_registering_inside_import_torch_clears_its_initializing_mark_only_when_
     from opregistry.model import Origin
 
     monkeypatch.setattr(torch.__spec__, "_initializing", True, raising=False)
+    # the suite may leave threads of its own behind: "alone" is asked of the threading
+    # module, answered here as in a fresh `import torch` (tests/test_autoload.py runs one)
+    monkeypatch.setattr(torch_state.threading, "active_count", lambda: 1)
     seen: list[bool] = []
 
     def hook(*_: Any) -> bool:
@@ -666,6 +669,8 @@ def test_registering_inside_import_torch_clears_its_initializing_mark_only_when_
     assert seen == [False, False, False]
     assert torch.__spec__._initializing is True
 
+    monkeypatch.undo()  # the real count: the thread below makes it at least two
+    monkeypatch.setattr(torch.__spec__, "_initializing", True, raising=False)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

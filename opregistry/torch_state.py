@@ -29,7 +29,8 @@ __all__ = ["snapshot", "registered_ops", "has_kernel", "has_class", "op_schema",
            "library_alive", "device_keyset", "lookup_op",
            "Watch", "Registration", "Recorder", "recorder", "registering", "watch_registrations",
            "torch_dir",
-           "torch_build", "torch_importing_alone", "load_native", "dispatcher_registrations", "new_kernels", "normal_schema",
+           "torch_build", "torch_importing_alone", "load_native", "dispatcher_registrations",
+           "new_kernels", "normal_schema",
            "definition_site", "fast_dispatch_available", "enable_fast_dispatch",
            "fast_dispatch_enabled", "site_recorded", "eager_triton", "functional_tensor_mode",
            "traceable_tensor_type", "triton_decomposition_disabled", "install_ops_hooks",
@@ -592,8 +593,8 @@ def torch_importing_alone() -> Any:
 
     Inside ``import torch`` (opregistry's autoload) torch's module is marked
     initializing, and each ``import torch`` torch's own registration code
-    makes -- one per ``Library.impl`` and per fake kernel registered, from
-    C++ -- then takes and gives back torch's module import lock: ~3 us each,
+    makes -- one per ``Library.impl`` (from C++) and one per fake kernel
+    registered -- then takes and gives back torch's module import lock: ~3 us each,
     0.1-0.2 s over 40,000 registrations, which registering after ``import
     torch`` does not pay.  The importing thread holds that lock already (it is
     re-entrant); the mark only makes *other* threads wait for a complete

@@ -42,6 +42,8 @@ NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
 _REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _GROUP = re.compile(r"^\s*\[([^\]]+)\]\s*$", re.M)
 _IDENT = re.compile(r"[A-Za-z_]\w*\Z")
+#: a module's path: identifiers joined by "/"
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:/[A-Za-z_]\w*)*\Z")
 #: a Python extension module's file name: ``_C.cpython-311-x86_64-linux-gnu.so``, ``_C.abi3.so``,
 #: ``_C.pyd``, ``_C.cp311-win_amd64.pyd``
 _EXTENSION = re.compile(r"([A-Za-z_]\w*)(\.[\w-]+)*\.(so|pyd)\Z")
@@ -167,10 +169,14 @@ def _editable(dist: Any) -> bool:
 def _record(dist: Any, site: str) -> list[tuple[str, str]]:
     text = _read(dist, "RECORD") or ""
     out = []
+    # os.path.join(site, rel), spelled out where the separator is "/" (thousands of rows)
+    prefix = site if site.endswith("/") else site + "/"
+    join = os.path.join if os.sep != "/" else (
+        lambda _, rel: rel if rel.startswith("/") else prefix + rel)
     for row in csv.reader(text.splitlines()):
         if row and row[0]:
             rel = row[0].replace("\\", "/")
-            path = os.path.join(site, rel)
+            path = join(site, rel)
             out.append((os.path.normpath(path) if ".." in rel or "/./" in rel else path, rel))
     return out
 
@@ -271,8 +277,7 @@ def module_name(rel: str) -> str | None:
     ``pkg/sub/mod.py`` -> ``pkg.sub.mod``; ``pkg/__init__.py`` -> ``pkg``;
     ``pkg/_C.cpython-311-x86_64-linux-gnu.so`` -> ``pkg._C``.
     """
-    parts = rel.split("/")
-    last = parts[-1]
+    head, slash, last = rel.rpartition("/")
     if last.endswith(".py"):
         stem = last[:-3]
     else:
@@ -280,10 +285,10 @@ def module_name(rel: str) -> str | None:
         if m is None:
             return None
         stem = m.group(1)
-    parts = parts[:-1] + ([] if stem == "__init__" else [stem])
-    if not parts or not all(_IDENT.match(p) for p in parts):
+    path = head if stem == "__init__" else head + slash + stem
+    if not _DOTTED.match(path):
         return None
-    return ".".join(parts)
+    return path.replace("/", ".")
 
 
 class Owners:

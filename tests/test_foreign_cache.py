@@ -242,6 +242,32 @@ def test_a_distribution_without_torch_is_checked_by_its_metadata(site: Site) -> 
     assert found.cached == 0 and found.distributions[0].namespaces() == {"fx_aa"}
 
 
+def test_a_distribution_without_record_and_without_torch_is_checked_by_its_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``RECORD`` (its files are found by walking its package): a second scan is a cache
+    hit from the digest of the files the first scan read, and an edit of one of them (no
+    reinstall) makes a new scan, which finds torch now."""
+    site = tmp_path / "bare"
+    package = site / "fx_bare"
+    package.mkdir(parents=True)
+    module = package / "__init__.py"
+    module.write_text("VALUE = 1\n")
+    info = site / "fx_bare-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fx-bare\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("fx_bare\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    env = {"OPREGISTRY_CACHE_DIR": str(tmp_path / "cache")}
+    first = scan_installed(only=["fx-bare"], environ=env)
+    assert (first.distributions, first.cached, first.skipped) == ((), 0, 1)
+    assert scan_installed(only=["fx-bare"], environ=env).cached == 1
+    module.write_text(SOURCE.replace("fx_aa", "fx_bare"))
+    found = scan_installed(only=["fx-bare"], environ=env)
+    assert found.cached == 0 and found.distributions[0].namespaces() == {"fx_bare"}
+    assert scan_installed(only=["fx-bare"], environ=env).cached == 1
+
+
 def _second_distribution(site: Site, name: str = "fx_other") -> str:
     """A second wheel-style install beside ``fx-cached``, in the same folder."""
     package = site.root / name

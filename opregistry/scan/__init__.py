@@ -65,8 +65,10 @@ CACHE_NAME = "foreign-scan"
 log = get_logger()
 
 
-def _is_native(path: str) -> bool:
-    name = os.path.basename(path)
+def _is_native(rel: str) -> bool:
+    """Whether a file (named by its path or its relative name: the same last part) is a
+    shared library."""
+    name = rel.rpartition("/")[2]
     return name.endswith(NATIVE_SUFFIXES) or ".so." in name
 
 
@@ -74,7 +76,7 @@ def _scanned_files(info: DistInfo, folders: list[str] | None = None) -> list[tup
     """``(path, relative name)`` of the Python files and shared libraries ``info`` installed;
     ``folders``: as :func:`~opregistry.distfiles.files_of`'s."""
     return [(path, rel) for path, rel in files_of(info, folders)
-            if rel.endswith(".py") or (_is_native(path) and not rel.startswith("../"))]
+            if rel.endswith(".py") or (_is_native(rel) and not rel.startswith("../"))]
 
 
 def _split(files: list[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
@@ -110,8 +112,14 @@ def _namespace_packages(modules: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _digest(info: DistInfo, paths: Iterable[str], content: bool) -> str:
-    """A digest of the files a scan reads: size and mtime of each, or its sha256."""
+def _digest(info: DistInfo, paths: Iterable[str], content: bool,
+            known: Mapping[str, str] | None = None) -> str:
+    """A digest of the files a scan reads: size and mtime of each, or its sha256.
+
+    ``known``: ``{path: its stamp line}`` of files already stat-ed
+    (:func:`_stat_line`), taken before or as they were read: those are not
+    stat-ed again.
+    """
     h = hashlib.sha256()
     meta = [os.path.join(info.installed.location, n) for n in ("METADATA", "RECORD")]
     for path in [*meta, *sorted(paths)]:
@@ -119,12 +127,19 @@ def _digest(info: DistInfo, paths: Iterable[str], content: bool) -> str:
         if content:
             h.update(_sha256(path).encode())
             continue
+        line = known.get(path) if known is not None else None
+        h.update((line if line is not None else _stat_line(path)).encode())
+    return ("sha256:" if content else "stat:") + h.hexdigest()
+
+
+def _stat_line(path: str, st: os.stat_result | None = None) -> str:
+    """A file's line in a stat digest: its size and mtime (``st``: its stat, when known)."""
+    if st is None:
         try:
             st = os.stat(path)
-            h.update(f"{st.st_size} {st.st_mtime_ns}\n".encode())
         except OSError:
-            h.update(b"missing\n")
-    return ("sha256:" if content else "stat:") + h.hexdigest()
+            return "missing\n"
+    return f"{st.st_size} {st.st_mtime_ns}\n"
 
 
 def _sha256(path: str) -> str:
@@ -138,18 +153,34 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _mentions_torch(paths: Iterable[str]) -> tuple[bool, dict[str, bytes]]:
-    """Whether a file mentions torch, and each file's bytes (read once, for the filter)."""
+def _read_texts(paths: Iterable[str]) -> tuple[dict[str, bytes], dict[str, str], set[str]]:
+    """Each file's bytes (read once), its stamp line for a stat digest (from the open
+    file, before its bytes are read: :func:`_stat_line`), and the files that name torch."""
     texts: dict[str, bytes] = {}
-    mentions = False
+    stats: dict[str, str] = {}
+    naming: set[str] = set()
     for path in paths:
         try:
-            with open(path, "rb") as f:
-                texts[path] = data = f.read()
+            fd = os.open(path, _READ_FLAGS)
         except OSError:
             continue
-        mentions = mentions or b"torch" in data
-    return mentions, texts
+        try:  # os.read of the size fstat gives: a third faster than open().read() per file
+            st = os.fstat(fd)
+            data = os.read(fd, st.st_size + 1)
+            if len(data) > st.st_size:  # it grew since: the rest
+                data += b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        stats[path] = _stat_line(path, st)
+        texts[path] = data
+        if b"torch" in data:
+            naming.add(path)
+    return texts, stats, naming
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0)
 
 
 def _loaders(found: list[Registration], sources: dict[str, ModuleSource],
@@ -222,15 +253,28 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
 
     ``files``: what :func:`_scanned_files` gives, when the caller has it.
     """
-    modules, natives = _split(_scanned_files(info) if files is None else files)
+    record, uses, _ = _scan_files(info, _scanned_files(info) if files is None else files)
+    return record, uses
+
+
+def _scan_files(info: DistInfo, files: list[tuple[str, str]]
+                ) -> tuple[ForeignDistribution, bool, dict[str, str]]:
+    """:func:`scan_distribution`, and the stamp line of each file it read or listed
+    (``METADATA`` and ``RECORD`` included), each taken before the file was read: what a
+    stat digest of the scan is made of (:func:`_digest`'s ``known``)."""
+    modules, natives = _split(files)
+    location = info.installed.location
+    stats = {path: _stat_line(path) for path in (
+        os.path.join(location, "METADATA"), os.path.join(location, "RECORD"), *natives)}
     requires = info.requires_any(("torch", "opregistry"))
-    mentions, texts = _mentions_torch(modules.values())
+    texts, read, naming = _read_texts(modules.values())
+    stats.update(read)
     record = ForeignDistribution(
         distribution=info.installed, requires_torch=requires,
         plugin_groups=tuple(g for g in PLUGIN_GROUPS if g in info.groups),
         files=len(modules) + len(natives), namespace_packages=_namespace_packages(modules))
-    if not (requires or mentions):
-        return record, False
+    if not (requires or naming):
+        return record, False, stats
     # the parsers are imported here: a scan answered from the cache never needs them
     from .native import scan_library
     from .pysource import scan_modules
@@ -238,14 +282,14 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
 
     sources = {name: ModuleSource(name, path, path.endswith("__init__.py"), texts.get(path))
                for name, path in modules.items()}
-    found = scan_modules(sources, texts)
+    found = scan_modules(sources, texts, naming)
     named = {r.namespace for r in found if r.namespace}  # what a stripped library may hold
     native = {path: regs for path in natives if (regs := scan_library(path, named))}
     loaders = _loaders(found, sources, texts, {p: natives[p] for p in native})
     for path, regs in sorted(native.items()):
         module, how = loaders[path]
         found += [attrs.evolve(reg, module=module, how=how) for reg in regs]
-    return attrs.evolve(record, registrations=tuple(found)), True
+    return attrs.evolve(record, registrations=tuple(found)), True, stats
 
 
 def _stamp(infos: list[DistInfo]) -> str:
@@ -312,7 +356,10 @@ def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
     walked: list[str] = []
     files = _scanned_files(info, walked)
     paths = [path for path, _ in files]
-    digest = _digest(info, paths, content)
+    cached = entry.get("digest") if isinstance(entry, dict) else None
+    # made before the scan to compare with the cached one, or by content; else from the
+    # files' stats taken as the scan reads them, and only when the entry needs it
+    digest = _digest(info, paths, content) if content or cached else None
 
     def stamped(record: ForeignDistribution | None) -> list[str]:
         if stamp is None:  # its files are found by walking folders: a new one is a change
@@ -320,7 +367,7 @@ def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
         registers = record is not None and bool(record.registrations or record.error)
         return paths if registers else []
 
-    if isinstance(entry, dict) and entry.get("digest") == digest:
+    if cached is not None and cached == digest:
         try:
             dist = entry.get("dist")
             record = ForeignDistribution.from_dict(dist) if dist else None
@@ -329,14 +376,16 @@ def _cached(entry: Any, info: DistInfo, content: bool) -> tuple[
             log.debug("cached scan malformed, scanning again", distribution=info.installed.text,
                       error=str(exc))
     try:
-        record, uses = scan_distribution(info, files)
+        record, uses, known = _scan_files(info, files)
     except Exception as exc:  # noqa: BLE001 - one odd distribution never stops the scan
         log.warning("scan of a distribution failed", distribution=info.installed.text,
                     error=f"{type(exc).__name__}: {exc}")
         record = ForeignDistribution(distribution=info.installed, requires_torch=info.requires_any(
             ("torch", "opregistry")), error=f"the scan failed: {type(exc).__name__}: {exc}")
         return record, True, False, None, stamped(record)  # not cached: tried next time
-    record = attrs.evolve(record, digest=digest)
+    if digest is None and (uses or stamp is None):  # a non-user with a stamp needs none
+        digest = _digest(info, paths, False, known)
+    record = attrs.evolve(record, digest=digest or "")
     return (record if uses else None), uses, False, {
         "digest": digest, "uses_torch": uses, "metadata": stamp,
         "dist": record.to_dict() if uses else None}, stamped(record)

@@ -29,7 +29,7 @@ import ast
 import re
 
 import attrs
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from ..foreign import Registration
 from ..keys import autocast_key, canonical_key
@@ -757,8 +757,8 @@ def _may_hold(module: ModuleSource, nodes: Sequence[ast.AST] | ast.AST,
     return span is None or _names_word(module.text, words, *span)  # type: ignore[arg-type]
 
 
-def scan_modules(modules: dict[str, ModuleSource], texts: Mapping[str, bytes]
-                 ) -> list[Registration]:
+def scan_modules(modules: dict[str, ModuleSource], texts: Mapping[str, bytes],
+                 naming: Collection[str] | None = None) -> list[Registration]:
     """The registrations in the modules of one distribution.
 
     ``texts``: each module file's bytes.  A module is parsed and walked when
@@ -766,18 +766,21 @@ def scan_modules(modules: dict[str, ModuleSource], texts: Mapping[str, bytes]
     :data:`API_NAMES` or ``library`` (:func:`_may_register`), or uses an alias another
     such module binds (``from .._ops import register_kernel``); any other
     module is parsed only when a walked one needs one of its names.
+    ``naming``: the files known to name torch, when the caller has searched
+    them already (the others are not searched again).
     """
     index = Index(modules)
     try:
-        return _scan(index, modules, texts)
+        return _scan(index, modules, texts, naming)
     finally:
         index.release()
 
 
-def _scan(index: Index, modules: dict[str, ModuleSource], texts: Mapping[str, bytes]
-          ) -> list[Registration]:
+def _scan(index: Index, modules: dict[str, ModuleSource], texts: Mapping[str, bytes],
+          naming: Collection[str] | None) -> list[Registration]:
     _value_hook(index)
-    first = [m for m in modules.values() if _may_register(texts.get(m.file, b""))]
+    first = [m for m in modules.values() if (naming is None or m.file in naming)
+             and _may_register(texts.get(m.file, b""))]
     aliases = _aliases(index, first)
     helpers = _functions(index, first, aliases)
     index.words = _words(API_NAMES | aliases | index.registering | index.returned)

@@ -170,7 +170,7 @@ def _record(dist: Any, site: str) -> list[tuple[str, str]]:
     text = _read(dist, "RECORD") or ""
     out = []
     # os.path.join(site, rel), spelled out where the separator is "/" (thousands of rows)
-    prefix = site if site.endswith("/") else site + "/"
+    prefix = site if not site or site.endswith("/") else site + "/"
     join = os.path.join if os.sep != "/" else (
         lambda _, rel: rel if rel.startswith("/") else prefix + rel)
     for row in csv.reader(text.splitlines()):

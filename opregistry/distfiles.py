@@ -170,13 +170,15 @@ def _record(dist: Any, site: str) -> list[tuple[str, str]]:
     text = _read(dist, "RECORD") or ""
     out = []
     # os.path.join(site, rel), spelled out where the separator is "/" (thousands of rows)
+    posix = os.sep == "/"
     prefix = site if not site or site.endswith("/") else site + "/"
-    join = os.path.join if os.sep != "/" else (
-        lambda _, rel: rel if rel.startswith("/") else prefix + rel)
     for row in csv.reader(text.splitlines()):
         if row and row[0]:
             rel = row[0].replace("\\", "/")
-            path = join(site, rel)
+            if not posix:
+                path = os.path.join(site, rel)
+            else:
+                path = rel if rel.startswith("/") else prefix + rel
             out.append((os.path.normpath(path) if ".." in rel or "/./" in rel else path, rel))
     return out
 

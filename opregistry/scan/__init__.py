@@ -259,16 +259,12 @@ def scan_distribution(info: DistInfo, files: list[tuple[str, str]] | None = None
 
 def _scan_files(info: DistInfo, files: list[tuple[str, str]]
                 ) -> tuple[ForeignDistribution, bool, dict[str, str]]:
-    """:func:`scan_distribution`, and the stamp line of each file it read or listed
-    (``METADATA`` and ``RECORD`` included), each taken before the file was read: what a
-    stat digest of the scan is made of (:func:`_digest`'s ``known``)."""
+    """:func:`scan_distribution`, and the stamp line of each file it read, taken before
+    the file was read: what a stat digest of the scan is made of (:func:`_digest`'s
+    ``known``; the files it did not read are stat-ed there)."""
     modules, natives = _split(files)
-    location = info.installed.location
-    stats = {path: _stat_line(path) for path in (
-        os.path.join(location, "METADATA"), os.path.join(location, "RECORD"), *natives)}
     requires = info.requires_any(("torch", "opregistry"))
-    texts, read, naming = _read_texts(modules.values())
-    stats.update(read)
+    texts, stats, naming = _read_texts(modules.values())
     record = ForeignDistribution(
         distribution=info.installed, requires_torch=requires,
         plugin_groups=tuple(g for g in PLUGIN_GROUPS if g in info.groups),
@@ -284,6 +280,7 @@ def _scan_files(info: DistInfo, files: list[tuple[str, str]]
                for name, path in modules.items()}
     found = scan_modules(sources, texts, naming)
     named = {r.namespace for r in found if r.namespace}  # what a stripped library may hold
+    stats.update((path, _stat_line(path)) for path in natives)  # before they are read
     native = {path: regs for path in natives if (regs := scan_library(path, named))}
     loaders = _loaders(found, sources, texts, {p: natives[p] for p in native})
     for path, regs in sorted(native.items()):

@@ -52,6 +52,7 @@ import os
 from typing import Any, Iterable
 
 from .keys import installed_torch_dir
+from .regular import open_regular
 
 __all__ = ["contents", "install_kind", "digest_of", "file_differences", "short"]
 
@@ -64,7 +65,7 @@ def _sha256_file(path: str) -> str | None:
 
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             while True:
                 chunk = f.read(_CHUNK)
                 if not chunk:
@@ -100,7 +101,7 @@ def _read_text(dist: Any, name: str) -> str | None:
     if folder is None:
         return dist.read_text(name)
     try:
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
+        with open_regular(os.path.join(folder, name), "r", encoding="utf-8") as f:
             return f.read()
     except (OSError, UnicodeDecodeError):
         return None

@@ -33,6 +33,7 @@ from attrs import field, frozen
 
 from .variables import canonical_name
 from .foreign import InstalledDistribution
+from .regular import open_regular
 
 __all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of",
            "is_editable", "module_name", "owner_of", "Owners", "owners"]
@@ -84,7 +85,7 @@ def _read(dist: Any, name: str) -> str | None:
         except Exception:  # noqa: BLE001 - a custom provider's failure is "no such file"
             return None
     try:
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
+        with open_regular(os.path.join(folder, name), "r", encoding="utf-8") as f:
             return f.read()
     except (OSError, UnicodeDecodeError):
         return None

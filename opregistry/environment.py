@@ -20,6 +20,7 @@ from attrs import field, frozen
 from .config import canonical_name
 from .keys import KNOWN_TAGS, TorchFacts, installed_torch, installed_torch_build
 from .references import NativeLibrary
+from .regular import open_regular
 
 __all__ = ["TorchState", "Environment", "EnvironmentQuery", "environment_query", "read_query",
            "read_environment", "native_missing", "native_broken", "not_a_library", "run_check"]
@@ -128,7 +129,7 @@ def not_a_library(path: str) -> str | None:
     if formats is None:
         return None
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             head = fh.read(4)
     except OSError as exc:
         return f"it cannot be read ({exc.strerror})"

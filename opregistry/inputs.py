@@ -47,6 +47,8 @@ import sysconfig
 import time
 from typing import Any, Iterable, Mapping
 
+from .regular import open_regular
+
 __all__ = ["FIRST", "RACY_NS", "Stamper", "absolute", "first_folder", "plain_first", "settle", "slot",
            "environment_slot", "check_manifest", "sys_path_files", "module_files",
            "package_files"]
@@ -60,7 +62,7 @@ _META_FILES = ("entry_points.txt", "METADATA", "PKG-INFO")
 
 def _digest_file(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:32]

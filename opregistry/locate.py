@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 from attrs import frozen
 
+from .regular import open_regular
+
 __all__ = ["ModuleLocation", "locate_module", "attribute_status", "AttributeStatus",
            "split_ref", "module_source"]
 
@@ -353,7 +355,7 @@ def _bindings(body: list[ast.stmt], tree: ast.AST | None = None) -> _Bindings:
 def module_source(path: str) -> str | None:
     """The text of a source file, or ``None`` when it cannot be read as text."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             data = fh.read()
     except OSError:
         return None

@@ -17,6 +17,7 @@ import attrs
 from attrs import field, frozen
 
 from .errors import DeclarationError
+from .regular import open_regular
 
 __all__ = ["KernelRef", "REFERENCE", "check_ref", "describe_ref", "is_reference",
            "NativeLibrary"]
@@ -108,7 +109,7 @@ class NativeLibrary:
         import json
 
         try:
-            with open(info, encoding="utf-8") as fh:
+            with open_regular(info, "r", encoding="utf-8") as fh:
                 data = json.load(fh)
         except FileNotFoundError:
             data = {}

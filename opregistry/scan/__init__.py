@@ -46,6 +46,7 @@ from ..distfiles import (NATIVE_SUFFIXES, DistInfo, distributions, files_of, is_
 from ..errors import ConfigError
 from ..foreign import SCAN_FORMAT, ForeignDistribution, ForeignScan, Registration
 from ..logs import get_logger
+from ..regular import open_fd, open_regular
 from ..state import gc_paused
 from ..variables import check_mode
 
@@ -145,7 +146,7 @@ def _stat_line(path: str, st: os.stat_result | None = None) -> str:
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     except OSError:
@@ -160,12 +161,11 @@ def _read_texts(paths: Iterable[str]) -> tuple[dict[str, bytes], dict[str, str],
     stats: dict[str, str] = {}
     naming: set[str] = set()
     for path in paths:
-        try:
-            fd = os.open(path, _READ_FLAGS)
+        try:  # a FIFO or a device is refused: reading it would block or never end
+            fd, st = open_fd(path)
         except OSError:
             continue
         try:  # os.read of the size fstat gives: a third faster than open().read() per file
-            st = os.fstat(fd)
             data = os.read(fd, st.st_size + 1)
             if len(data) > st.st_size:  # it grew since: the rest
                 data += b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
@@ -178,9 +178,6 @@ def _read_texts(paths: Iterable[str]) -> tuple[dict[str, bytes], dict[str, str],
         if b"torch" in data:
             naming.add(path)
     return texts, stats, naming
-
-
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0)
 
 
 def _loaders(found: list[Registration], sources: dict[str, ModuleSource],

@@ -16,6 +16,8 @@ from typing import Iterator
 
 from attrs import frozen
 
+from ..regular import open_regular
+
 __all__ = ["Section", "Symbol", "ElfFile", "open_elf"]
 
 SHT_SYMTAB = 2
@@ -138,7 +140,7 @@ class ElfFile:
 def open_elf(path: str) -> ElfFile | None:
     """The ELF file at ``path``, or ``None`` (not ELF, unreadable, or malformed)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             if f.read(4) != b"\x7fELF":
                 return None
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

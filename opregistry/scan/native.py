@@ -33,6 +33,7 @@ from typing import Iterable
 
 from ..foreign import STRIPPED_API, Registration
 from ..keys import RESERVED_NAMESPACES
+from ..regular import open_regular
 from .elf import open_elf
 
 __all__ = ["scan_library", "is_extension_module"]
@@ -119,7 +120,7 @@ def _read(path: str) -> tuple[set[str], bool, bytes, bool]:
     elf = open_elf(path)
     if elf is None:
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 data = f.read()
         except OSError:
             return set(), False, b"", False

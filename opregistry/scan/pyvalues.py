@@ -28,6 +28,8 @@ from typing import Callable, Iterable, Iterator, Union
 
 from attrs import frozen
 
+from ..regular import open_regular
+
 __all__ = ["Str", "Num", "Bool", "Seq", "Ref", "Lib", "Op", "PathValue", "Func", "Inferred",
            "Unknown", "Value", "decide", "Scope", "Index", "ModuleSource", "bindings",
            "bind_arguments", "unroll", "LIBRARY_CTORS"]
@@ -155,7 +157,7 @@ class ModuleSource:
         if self._tree is None and not self.failed:
             try:
                 if self.text is None:
-                    with open(self.file, "rb") as f:
+                    with open_regular(self.file) as f:
                         self.text = f.read()
                 self._tree = ast.parse(self.text, self.file)
             except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:

@@ -1,0 +1,51 @@
+"""Files of installed distributions, opened only when they are regular files.
+
+opregistry reads files that installed distributions own -- the scan reads
+every Python file and shared library of every distribution, the locked mode
+hashes them, the plan cache stamps them -- without importing them.  A FIFO, a
+device or a folder among them (a ``pkg/x.py`` made by ``mkfifo``, a link to
+``/dev/zero``) would block the read for ever or never reach its end, at
+``import torch``: such a file is refused here with an :class:`OSError`, as
+an unreadable file is, and its caller goes on without it.  The file is
+opened without blocking (``O_NONBLOCK``, which a regular file ignores) and
+judged by ``fstat`` of the open file, so a file swapped between a check and
+the open cannot slip through.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import IO, Any
+
+__all__ = ["open_fd", "open_regular"]
+
+_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def open_fd(path: str) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path``, open for reading, and its ``fstat``.
+
+    ``OSError`` (``EINVAL``, "not a regular file") for anything else.
+    """
+    fd = os.open(path, _FLAGS)
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd, st
+
+
+def open_regular(path: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
+    """``open(path, mode, **kwargs)`` for reading, refusing what is not a regular file."""
+    fd, _ = open_fd(path)
+    try:
+        return open(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise

@@ -271,6 +271,49 @@ def test_bench_register_and_startup_run(tmp_path: Path) -> None:
         assert parts["executor"] == parts["steps"] == 0
 
 
+@pytest.mark.slow
+def test_import_pairs_times_both_sides_in_process_and_whole(tmp_path: Path) -> None:
+    """import_pairs.py: per pair, each side's import torch in process and its whole process."""
+    data = _script("import_pairs.py", "--dists", "2", "--ops-per-dist", "3", "--reps", "2",
+                   tmp_path=tmp_path)
+    assert set(data["seconds"]) == {"opregistry", "floor"}
+    for samples in data["seconds"].values():
+        assert len(samples) == 2
+        for in_process, whole in samples:  # the process also starts and exits
+            assert 0 < in_process < whole
+    for clock in ("in process", "whole"):
+        row = data["ratios"][clock]
+        assert 0 < row["min"] <= row["median"] <= row["max"]
+
+
+def test_startup_targets_rebuilds_ratios_from_parts() -> None:
+    """(bare + part) / bare, and (bare + ours) / (bare + the floor's), per rep, on bare's import."""
+    import startup_targets
+
+    samples = {"bare": [(0.01, 1.01), (0.02, 2.02)], "backends": [(0.02, 1.1), (0.04, 2.2)],
+               "floor 10": [(0.5, 1.5), (1.0, 3.0)], "import torch + 10": [(0.6, 1.6), (0.5, 2.5)]}
+    found = startup_targets.part_ratios(samples, [10])
+    assert set(found) == {"backends / bare", "import torch + 10 / floor 10"}
+    assert found["backends / bare"]["cpu"] == pytest.approx(1.02)
+    row = found["import torch + 10 / floor 10"]
+    assert (row["cpu_min"], row["cpu_max"]) == pytest.approx((2.5 / 3.0, 1.6 / 1.5))
+
+
+@pytest.mark.slow
+def test_startup_targets_children_time_their_parts() -> None:
+    """The in-process children print opregistry's (the floor's) part and the whole import."""
+    import subprocess
+
+    import startup_targets
+
+    for code, args in ((startup_targets.PART, []), (startup_targets.FLOOR_PART, ["20"])):
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, timeout=300, cwd=benchops.neutral_cwd())
+        assert done.returncode == 0, done.stderr[-3000:]
+        part, whole = map(float, done.stdout.split()[-2:])
+        assert 0 < part < whole
+
+
 def test_objects_per_op_counts_what_the_ops_keep(tmp_path: Path) -> None:
     """objects_per_op.py loads the generated ops and counts, by type, what they keep alive."""
     data = _script("objects_per_op.py", "--dists", "2", "--ops-per-dist", "3", tmp_path=tmp_path)

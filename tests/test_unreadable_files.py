@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -94,7 +94,7 @@ def test_a_fifo_a_device_and_a_folder_are_refused_without_blocking(tmp_path: Pat
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``fx-unreadable``, pip-installed; then one of its modules and its shared library
     turned into FIFOs and a module added that links to ``/dev/zero`` (listed in RECORD)."""
     root = tmp_path_factory.mktemp("unreadable")

@@ -655,6 +655,10 @@ def test_not_torch_is_not_a_registration(tmp_path: Path) -> None:
     "import torch\nHELP = 'define the impl; see Library docs'\nDOC = \"\"\"\nimpl\n\"\"\"\n",
     "import torch\ns = '#'  # a hash in a string, then a comment: define impl\n",
     "import torch\nattn_implementation = 'eager'  # library\n",
+    # an object or a module of the name: self.impl.forward, vllm's custom_op module
+    "import torch\nfrom vllm.model_executor.custom_op import CustomOp\n"
+    "class A(CustomOp):\n    def forward(self, x):\n        return self.impl .forward(x)\n",
+    "import torch\nimport vllm\nx = vllm.model_executor.custom_op.A\n",
 ])
 def test_prose_is_not_code(source: str) -> None:
     """API names in comments, docstrings and strings alone: the module is not parsed (in
@@ -662,6 +666,22 @@ def test_prose_is_not_code(source: str) -> None:
     from opregistry.scan.pysource import _may_register
 
     assert not _may_register(source.encode())
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\nlib.impl (\"nsp::a\", f)\n",
+    "import torch\nregister = torch.library.register_fake\n",
+    "import torch\nfrom torch.library import (custom_op,\n    impl)\n",
+    "import torch\nfrom mypkg import custom_op\n",
+    "import torch\nreg = lib.impl\\\n    (\"nsp::a\", \"CPU\")\n",
+    "import torch\nimport torch.library as tl\ntl.Library.define(lib, \"a(Tensor x) -> Tensor\")\n",
+])
+def test_a_name_called_or_bound_is_code(source: str) -> None:
+    """A registration name called, bound or imported (not followed by ``.`` or ``import``)
+    marks the module for parsing, however it is spaced."""
+    from opregistry.scan.pysource import _may_register
+
+    assert _may_register(source.encode())
 
 
 @pytest.mark.parametrize("source,found", [
@@ -727,6 +747,51 @@ def test_the_code_filter_never_hides_code(prose: list[tuple[str, int]], at: int,
         warnings.simplefilter("ignore")
         ast.parse(source)  # the generator writes valid Python
     assert _may_register(source.encode()) is register, source
+
+
+_SOUP = st.lists(st.sampled_from([*"ab_1 #'\"\\\n\r.", '"""', "'''", "impl", "define",
+                                  "register_", "fake", "lib", "rary", "op"]),
+                 max_size=60).map("".join).map(str.encode)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_SOUP, st.lists(st.sampled_from(["impl", "impl_abstract", "define", "register_fake",
+                                        "_register_fake", "register_", "lib", "library", "op",
+                                        "a", "b_1"]), min_size=1, max_size=5),
+       st.integers(0, 80), st.integers(0, 80))
+def test_names_word_is_a_whole_word_search(text: bytes, names: list[str], i: int, j: int) -> None:
+    """The word search (one anchor for words sharing a prefix, the word read around each
+    hit) answers as the regular expression ``\\b(?:w1|w2)\\b`` does, a match counting only
+    inside ``text[start:stop]`` (its boundaries read in the whole text)."""
+    import re
+
+    from opregistry.scan.pysource import _names_word, _words
+
+    start, stop = sorted((min(i, len(text)), min(j, len(text))))
+    pattern = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in names) + rb")\b")
+    expected = False
+    for k in range(start, stop + 1):
+        m = pattern.match(text, k)
+        if m is not None and (k == 0 or not re.match(rb"\w", text[k - 1:k])) \
+                and m.end() <= stop:
+            expected = True
+    assert _names_word(text, _words(names), start, stop) is expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(_SOUP)
+def test_the_unrolled_strings_pattern_strips_what_the_plain_one_does(text: bytes) -> None:
+    """Strings and comments are stripped by a pattern whose loops take a run of plain bytes
+    at once; on any text, valid Python or not (an unterminated string, a lone backslash),
+    it strips exactly what the plain pattern, a byte at a time, strips."""
+    import re
+
+    from opregistry.scan.pysource import _NOT_CODE
+
+    plain = re.compile(rb'"""(?:\\.|[^\\])*?"""|' + rb"'''(?:\\.|[^\\])*?'''|"
+                       rb'"(?:\\.|[^"\\\r\n])*"|' + rb"'(?:\\.|[^'\\\r\n])*'|#[^\r\n]*",
+                       re.DOTALL)
+    assert _NOT_CODE.sub(b"|", text) == plain.sub(b"|", text)
 
 
 def test_a_scan_leaves_no_cycles(tmp_path: Path) -> None:

@@ -26,10 +26,12 @@ registration.  Nothing is imported or run.
 from __future__ import annotations
 
 import ast
+import bisect
+import os
 import re
 
 import attrs
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from ..foreign import Registration
 from ..keys import autocast_key, canonical_key
@@ -48,13 +50,11 @@ API_NAMES = frozenset({"Library", "_scoped_library", "define", "impl", "impl_abs
                        "register_autocast", "register_torch_dispatch", "custom_op", "triton_op",
                        "load_library", "_register_fake", "fallback",
                        "_register_torch_dispatch_rule"})
-_API = re.compile(rb"\b(?:" + b"|".join(sorted(n.encode() for n in API_NAMES)) + rb")\b")
-#: ... or ``library`` (``torch.library``, ``getattr(library, name)``), in code
-_API_IN_CODE = re.compile(_API.pattern[:-3] + rb"|library)\b")
 #: string literals and comments, each a whole (a ``#`` in a string is no comment)
-_NOT_CODE = re.compile(rb'"""(?:\\.|[^\\])*?"""|' + rb"'''(?:\\.|[^\\])*?'''|"
-                       rb'"(?:\\.|[^"\\\r\n])*"|' + rb"'(?:\\.|[^'\\\r\n])*'|#[^\r\n]*",
-                       re.DOTALL)  # an escaped line break is part of its string
+_NOT_CODE = re.compile(  # each loop unrolled: a run of plain bytes taken at once
+    rb'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""|' rb"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''|"
+    rb'"[^"\\\r\n]*(?:\\.[^"\\\r\n]*)*"|' rb"'[^'\\\r\n]*(?:\\.[^'\\\r\n]*)*'|#[^\r\n]*",
+    re.DOTALL)  # an escaped line break is part of its string
 _QUALNAME = re.compile(r"([A-Za-z_]\w*)::([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?\Z")
 _NAME = re.compile(r"([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?\Z")
 _FUNCTION_KEYS = {"register_fake": "Meta", "impl_abstract": "Meta", "register_autograd": "Autograd",
@@ -637,7 +637,7 @@ def _functions(index: Index, modules: Iterable[ModuleSource], aliases: frozenset
     """
     names = API_NAMES | aliases
     # a body whose lines name no registration name and define no function marks nothing
-    inside, defines = _words(names) + (b"def",), (b"def",)
+    inside, defines = _words(names | {"def"}), _words(["def"])
     registering: set[str] = set()
     returned: set[str] = set()
     exported: set[str] = set()
@@ -698,8 +698,35 @@ def _mentions_api(binding: tuple[object, str]) -> bool:
     return False
 
 
-def _words(names: Iterable[str]) -> tuple[bytes, ...]:
-    return tuple(sorted(n.encode() for n in names))
+class Words:
+    """Names to search a module's text for as whole words (:func:`_names_word`), and the
+    substrings it is searched for: the words, those that share a prefix of four or more
+    characters searched for it once (``register_`` for the six ``register_*`` of
+    :data:`API_NAMES`, ``impl`` for ``impl`` and ``impl_abstract``), a word that holds
+    another searched for as that one.  Each search is a pass over the text; the module
+    texts of a large site are tens of megabytes."""
+
+    __slots__ = ("anchors", "whole")
+
+    def __init__(self, names: Iterable[bytes]) -> None:
+        self.whole = frozenset(names)
+        shared = {self._prefix(word) for word in self.whole}
+        self.anchors = tuple(sorted(a for a in shared
+                                    if not any(o != a and o in a for o in shared)))
+
+    def _prefix(self, word: bytes) -> bytes:
+        """The shortest prefix of four or more bytes ``word`` shares with another word (itself
+        when none)."""
+        best = word
+        for other in self.whole:
+            n = len(os.path.commonprefix([word, other]))
+            if 4 <= n < len(best):
+                best = word[:n]
+        return best
+
+
+def _words(names: Iterable[str]) -> Words:
+    return Words(n.encode() for n in names)
 
 
 def _may_register(text: bytes) -> bool:
@@ -708,37 +735,57 @@ def _may_register(text: bytes) -> bool:
 
     Names in comments, docstrings and other string literals do not count: in
     transformers, 116 modules name torch and "define", "impl" or "fallback"
-    in prose, two in code; parsing the 116 took seconds.
+    in prose, two in code; parsing the 116 took seconds.  Nor does a name
+    followed by ``.`` or ``import``: an object or a module of that name, not
+    torch's function (``self.impl.forward(...)``,
+    ``from vllm.model_executor.custom_op import CustomOp``: 114 of sglang's
+    204 modules that pass the rest); ``library`` always counts
+    (``torch.library.define``).
     """
-    return b"torch" in text and _names_word(text, _API_WORDS) and \
-        _API_IN_CODE.search(_NOT_CODE.sub(b" ", text)) is not None
+    if b"torch" not in text or not _names_word(text, _API_WORDS):
+        return False
+    code = _NOT_CODE.sub(b" ", text)
+    return any(word == b"library" or not _NOT_A_CALL.match(code, after)
+               for word, after in _whole_words(code, _API_CODE_WORDS))
 
 
-_API_WORDS = tuple(sorted(n.encode() for n in API_NAMES))
+_API_WORDS = _words(API_NAMES)
+#: ... or ``library`` (``torch.library``, ``getattr(library, name)``), in code
+_API_CODE_WORDS = _words(API_NAMES | {"library"})
 _WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_WORD_END = re.compile(rb"\w*")  # bytes: ASCII letters, digits and _, as _WORD_BYTES
+#: what follows a name that is an object or a module, not a function called or bound
+_NOT_A_CALL = re.compile(rb"[ \t]*(?:\.|import\b)")
 
 
-def _names_word(text: bytes, words: tuple[bytes, ...], start: int = 0, stop: int | None = None
-                ) -> bool:
+def _names_word(text: bytes, words: Words, start: int = 0, stop: int | None = None) -> bool:
     """Whether ``text[start:stop]`` has one of ``words`` as a whole word
-    (``rb"\\b(?:a|b)\\b"``), faster than the regex: each word found by ``bytes.find``, its
-    boundaries checked where it is found (an alternation reads ~25 MB/s; vllm's 2,000
-    modules were searched 36,000 times)."""
-    end = len(text)
-    stop = end if stop is None else stop
-    for word in words:
-        at = text.find(word, start, stop)
+    (``rb"\\b(?:a|b)\\b"``), faster than the regex: each of the words' anchors found by
+    ``bytes.find``, the word around it read where it is found (an alternation reads
+    ~25 MB/s; vllm's 2,000 modules were searched 36,000 times)."""
+    return next(_whole_words(text, words, start, stop), None) is not None
+
+
+def _whole_words(text: bytes, words: Words, start: int = 0, stop: int | None = None
+                 ) -> Iterator[tuple[bytes, int]]:
+    """``(word, offset after it)`` of each of ``words`` found in ``text[start:stop]`` as a
+    whole word (:func:`_names_word`), anchor by anchor."""
+    stop = len(text) if stop is None else stop
+    whole = words.whole
+    for anchor in words.anchors:
+        at = text.find(anchor, start, stop)
         while at >= 0:
-            after = at + len(word)
-            if (at == 0 or text[at - 1] not in _WORD_BYTES) and \
-                    (after == end or text[after] not in _WORD_BYTES):
-                return True
-            at = text.find(word, after, stop)
-    return False
+            first = at
+            while first > 0 and text[first - 1] in _WORD_BYTES:
+                first -= 1
+            after = _WORD_END.match(text, at + len(anchor)).end()  # type: ignore[union-attr]
+            if first >= start and after <= stop and text[first:after] in whole:
+                yield text[first:after], after
+            at = text.find(anchor, after, stop)
 
 
 def _may_hold(module: ModuleSource, nodes: Sequence[ast.AST] | ast.AST,
-              words: tuple[bytes, ...] | None) -> bool:
+              words: Words | None) -> bool:
     """Whether the lines of ``nodes`` (a body, or one node) name one of ``words`` (``None``:
     anything may count).
 
@@ -754,7 +801,24 @@ def _may_hold(module: ModuleSource, nodes: Sequence[ast.AST] | ast.AST,
         span = module.span(nodes)
     else:
         span = module.span(nodes[0], nodes[-1]) if nodes else None
-    return span is None or _names_word(module.text, words, *span)  # type: ignore[arg-type]
+    if span is None:
+        return True
+    starts, ends = _occurrences(module, words)
+    i = bisect.bisect_left(starts, span[0])  # the first word at or after the span's start
+    return i < len(starts) and ends[i] <= span[1]  # words do not overlap: the first decides
+
+
+def _occurrences(module: ModuleSource, words: Words) -> tuple[list[int], list[int]]:
+    """Where each of ``words`` is in the module's text, as a whole word: its start and end
+    offsets, sorted.  Found once per module and set of words (a pass per anchor), then
+    looked up for every body a walk asks about: searching each body's lines again, the
+    bodies nested in them included, made vllm's walks five times as long."""
+    found = module.words_found.get(words)
+    if found is None:
+        text = module.text or b""
+        hits = sorted({(after - len(word), after) for word, after in _whole_words(text, words)})
+        module.words_found[words] = found = ([a for a, _ in hits], [b for _, b in hits])
+    return found
 
 
 def scan_modules(modules: dict[str, ModuleSource], texts: Mapping[str, bytes],

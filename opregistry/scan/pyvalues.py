@@ -149,6 +149,9 @@ class ModuleSource:
         self.text = text
         self._tree: ast.Module | None = None
         self._starts: list[int] | None = None
+        #: ``{words: (starts, ends)}``: where the scanner's sets of names are in the text
+        #: (``pysource._occurrences``)
+        self.words_found: dict[object, tuple[list[int], list[int]]] = {}
         self.failed = ""
         self.scope: Scope | None = None
 
@@ -422,9 +425,9 @@ class Index:
         self.registering: frozenset[str] = frozenset()
         #: names of those that define (and may return) a function that registers
         self.returned: frozenset[str] = frozenset()
-        #: every name a registration is made through, as bytes (set by the scanner): a
-        #: function or class body whose lines name none of them is not walked
-        self.words: tuple[bytes, ...] | None = None
+        #: every name a registration is made through (``pysource.Words``, set by the
+        #: scanner): a function or class body whose lines name none of them is not walked
+        self.words: object | None = None
         #: every scope made over these modules (:meth:`release`)
         self.scopes: list[Scope] = []
 

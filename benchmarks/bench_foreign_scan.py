@@ -1,6 +1,7 @@
 """The static scan of packages that use torch.library directly: cold and cached, whole processes.
 
     python benchmarks/bench_foreign_scan.py [--reps 5] [--site DIR] [--json PATH]
+                                            [--heavy] [--baseline DIR]
 
 What ``opregistry.scan.scan_installed()`` costs, without torch, for the real
 packages bitsandbytes 0.50.2 and torchao 0.18.0 (installed with
@@ -22,6 +23,11 @@ before it: ~0.1 s, what any opregistry command pays), interleaved with bare
   cache is warm: the first, untimed round reads every file once);
 * **cached**: the cache filled by a previous run: each distribution's files
   are ``stat``-ed and its entry read.
+
+With ``--baseline DIR`` (another tree of this repository: ``git archive REV |
+tar -x -C DIR``, then ``python -m compileall DIR``), every cold scan is also
+run with that tree's opregistry, interleaved, and the ratio of each pair's
+scan call (this tree / the baseline) is reported: median and range.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -51,6 +58,7 @@ HEAVY_SITE = realsite.site_of(HEAVY_PINS)
 CHILD = """
 import json, sys, time
 start = time.perf_counter()
+import opregistry
 from opregistry.scan import scan_installed
 imported = time.perf_counter()
 only = sys.argv[1:] or None
@@ -58,7 +66,7 @@ found = scan_installed(only=only)
 seconds = time.perf_counter() - imported
 print(json.dumps({"seconds": seconds, "import": imported - start, "dists": len(found.distributions), "cached": found.cached,
                   "skipped": found.skipped, "ops": sum(len(d.ops()) for d in found.distributions),
-                  "torch": "torch" in sys.modules}))
+                  "torch": "torch" in sys.modules, "code": opregistry.__file__}))
 """
 
 
@@ -72,22 +80,45 @@ class Runner:
         self.inner: dict[str, list[float]] = {}
         self.last: dict[str, dict[str, object]] = {}
 
-    def scan(self, name: str, only: list[str], cold: bool, site: Path | None = None) -> float:
+    def scan(self, name: str, only: list[str], cold: bool, site: Path | None = None,
+             code: Path | None = None) -> float:
+        """One child; ``code``: the tree whose opregistry it imports (default: this one)."""
         self.count += 1
         cache = self.root / (f"cold-{self.count}" if cold else f"warm-{name}")
-        env = benchops.environ([site or self.site], OPREGISTRY_CACHE_DIR=str(cache))
+        # the baseline's core first on the path (its plugins and examples are not scanned
+        # code: the scan never imports them; the installed distributions are the same)
+        env = benchops.environ([*([code] if code is not None else []), site or self.site],
+                               OPREGISTRY_CACHE_DIR=str(cache))
         start = time.perf_counter()
         out = subprocess.run([sys.executable, "-c", CHILD, *only], env=env, check=True,
                              capture_output=True, text=True, cwd=benchops.neutral_cwd())
         wall = time.perf_counter() - start
         data = json.loads(out.stdout)
         assert data["torch"] is False, "the scan imported torch"
+        assert code is None or Path(data["code"]).resolve().is_relative_to(code.resolve()), \
+            f"the child imported {data['code']}, not the baseline's opregistry"
         # every distribution but torch and opregistry (never scanned) from the cache
         assert cold or not self.warm or data["cached"] == data["dists"] + data["skipped"] - (
             0 if only else 2), data
         self.inner.setdefault(name, []).append(data["seconds"])
         self.last[name] = data
         return wall
+
+
+def baseline_cases(runner: Runner, tree: Path, real: list[str], prose: list[str],
+                   heavy: list[str] | None) -> dict[str, Callable[[], float]]:
+    """The cold cases again with the baseline tree's opregistry (``base-*`` in ``runner.inner``)."""
+    found: dict[str, Callable[[], float]] = {
+        "bitsandbytes + torchao, cold, baseline": lambda: runner.scan(
+            "base-real-cold", real, True, code=tree),
+        "whole environment, cold, baseline": lambda: runner.scan(
+            "base-all-cold", [], True, code=tree),
+        "five prose packages, cold, baseline": lambda: runner.scan(
+            "base-prose-cold", prose, True, PROSE_SITE, code=tree)}
+    if heavy is not None:
+        found["vllm + sglang + flashinfer, cold, baseline"] = lambda: runner.scan(
+            "base-heavy-cold", heavy, True, HEAVY_SITE, code=tree)
+    return found
 
 
 def bare_torch() -> float:
@@ -105,6 +136,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--heavy", action="store_true",
                         help="also scan vllm, sglang and flashinfer (~440 MB of wheels)")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="another tree of this repository: its cold scans too, paired")
     opts = parser.parse_args()
     realsite.ensure_site(PINS, opts.site)
     realsite.ensure_site(PROSE_PINS, PROSE_SITE)
@@ -130,6 +163,9 @@ def main() -> int:
                     "heavy", heavy, False, HEAVY_SITE)} if opts.heavy else {}),
             "import torch (bare)": bare_torch,
         }
+        if opts.baseline is not None:
+            cases.update(baseline_cases(runner, opts.baseline, real, prose, heavy if opts.heavy
+                                        else None))
         for case in cases.values():  # fills the warm caches and the OS file cache
             case()
         runner.inner.clear()
@@ -144,8 +180,18 @@ def main() -> int:
     names = dict(zip(cases, ["real-cold", "real", "all-cold", "all", "prose-cold", "prose",
                              *(["heavy-cold", "heavy"] if opts.heavy else []), None]))
     for case, sec in res.items():
+        if case not in names:  # a baseline's case: reported as the pairs' ratio below
+            continue
         call = f"  (the call {inner[names[case]] * 1000:7.1f} ms)" if names[case] else ""
         print(f"  {case:34s} {sec:7.3f} s  {sec / bare:5.2f}x bare import torch{call}")
+    for name, base in (("real-cold", "base-real-cold"), ("all-cold", "base-all-cold"),
+                       ("prose-cold", "base-prose-cold"), ("heavy-cold", "base-heavy-cold")):
+        if base in runner.inner:
+            pairs = [a / b for a, b in zip(runner.inner[name], runner.inner[base])]
+            print(f"  {name:12s} this / baseline (the call, per pair): "
+                  f"{statistics.median(pairs):.2f}x [{min(pairs):.2f}-{max(pairs):.2f}]  "
+                  f"({statistics.median(runner.inner[name]) * 1000:.0f} ms vs "
+                  f"{statistics.median(runner.inner[base]) * 1000:.0f} ms)")
     print(f"  import of opregistry.scan in the child: {everything['import'] * 1000:.0f} ms")
     print(f"  whole environment: {everything['dists']} distributions use torch, "
           f"{everything['skipped']} skipped, {everything['ops']} ops predicted")

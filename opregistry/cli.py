@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import difflib
 import json
 import os
 import sys
-import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 from . import report
@@ -54,21 +52,25 @@ EXIT_CODES = {
 
 
 def _configure_logging(verbose: int) -> None:
-    """The CLI, unlike the library, decides where logs go: stderr, by -v level."""
-    import logging
+    """The CLI, unlike the library, decides where logs go: stderr, by -v level (without -v,
+    errors only: ``logging`` is imported when one is emitted, :func:`opregistry.logs.configure`)."""
+    from .logs import LOGGER_NAME, configure
 
-    from .logs import LOGGER_NAME
+    def apply() -> None:
+        import logging
 
-    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.ERROR
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler.set_name("opregistry-cli")
-    logger = logging.getLogger(LOGGER_NAME)
-    for previous in [h for h in logger.handlers if h.name == handler.name]:
-        logger.removeHandler(previous)  # main() run again in one process: log each line once
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.set_name("opregistry-cli")
+        logger = logging.getLogger(LOGGER_NAME)
+        for previous in [h for h in logger.handlers if h.name == handler.name]:
+            logger.removeHandler(previous)  # main() run again in one process: log each line once
+        logger.addHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = False
+
+    level = 10 if verbose > 1 else 20 if verbose else 40  # logging.DEBUG, INFO, ERROR
+    configure(level, apply)
 
 
 # -- text output -----------------------------------------------------------------------
@@ -122,6 +124,8 @@ class Text:
         """One line, fitted: elided with ``...``, or wrapped with ``wrap`` as indent."""
         if self.width is not None and len(text) > self.width:
             if wrap is not None:
+                import textwrap  # here, as difflib: imported by the commands that use them
+
                 for part in textwrap.wrap(text, self.width, subsequent_indent=wrap,
                                           break_on_hyphens=False, drop_whitespace=True):
                     self.out.write(part + "\n")
@@ -962,6 +966,8 @@ def cmd_help(args: argparse.Namespace, t: Text) -> int:
         except SystemExit:  # argparse's --help prints, then exits 0
             return EXIT_OK
     if args.topic not in topics.names():
+        import difflib
+
         close = difflib.get_close_matches(args.topic, [*topics.names(), *_COMMANDS], n=2)
         return _usage_error("help", f"no topic {args.topic!r};{_did_you_mean(close)} "
                             f"'opregistry help' lists them")
@@ -1244,6 +1250,8 @@ def _mistyped_command(argv: Sequence[str]) -> str | None:
     if not words or words[0] in _COMMANDS or any(a in ("-h", "--help", "--version")
                                                   for a in argv[:argv.index(words[0])]):
         return None
+    import difflib
+
     close = difflib.get_close_matches(words[0], _COMMANDS, n=2)
     return (f"opregistry: unknown command {words[0]!r};{_did_you_mean(close)} "
             f"commands: {', '.join(_COMMANDS)}\n")

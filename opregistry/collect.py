@@ -11,7 +11,6 @@ that returned it.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 import sys
@@ -228,6 +227,8 @@ def _register(pm: pluggy.PluginManager, plugin: Plugin) -> Problem | dict[str, l
     impls = _hookimpls(pm, plugin.obj)
     for caller in (getattr(pm.hook, hook_name) for hook_name in impls):
         if caller.spec is None:
+            import difflib  # here: only a mistake needs it
+
             close = difflib.get_close_matches(caller.name, HOOK_GROUPS, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             pm.unregister(plugin.obj)

@@ -19,7 +19,6 @@ returned by :meth:`Settings.findings`, which discovery turns into problems.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from pathlib import Path
@@ -72,6 +71,8 @@ _KEY_NAMES: dict[str, str] = {**{a.upper(): k for a, k in ALIASES.items()},
 
 def _did_you_mean(word: str, choices: Iterable[str], *, what: str = "") -> str:
     choices = sorted(set(choices))
+    import difflib  # here: only a mistake needs it
+
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     if close:
         return f"did you mean {close[0]!r}?"

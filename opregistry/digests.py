@@ -46,7 +46,6 @@ here imports a plugin's module: a top-level package is located with
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from typing import Any, Iterable
@@ -147,6 +146,8 @@ def _record(text: str) -> list[tuple[str, str | None, int | None]]:
         hexval = None
         if algo == "sha256":
             try:
+                import base64
+
                 hexval = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
             except (ValueError, TypeError):
                 hexval = None

@@ -41,7 +41,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 import zlib
 from typing import Any, Iterator, Mapping
@@ -342,6 +341,8 @@ def _write(path: str, body: bytes) -> bool:
     tmp = None
     try:
         os.makedirs(folder, exist_ok=True)
+        import tempfile  # here: with shutil and random, ~7 ms a reading command never needs
+
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
         with os.fdopen(fd, "wb") as f:
             f.write(body)

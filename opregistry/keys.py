@@ -23,7 +23,6 @@ without importing it.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import re
@@ -203,6 +202,8 @@ def is_known_key(key: str) -> bool:
 def suggest_key(key: str) -> str:
     """A "did you mean" suffix for an unknown key, or a list of the known ones."""
     candidates = sorted(KNOWN_KEYS | set(ALIASES))
+    import difflib  # here: only a mistake needs it
+
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     if not close:
         close = difflib.get_close_matches(key.lower(), [c.lower() for c in candidates], n=1)

@@ -21,7 +21,6 @@ which reads torch's dispatcher.
 
 from __future__ import annotations
 
-import difflib
 import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
@@ -425,6 +424,8 @@ def _close(plan: Plan, text: str, n: int = 3) -> list[str]:
         for op in plan.ops:
             if not ns or op.op.namespace == ns:
                 by_name.setdefault(op.op.name, []).append(op.op.base_qualname)
+        import difflib  # here: only a mistake needs it
+
         for near in difflib.get_close_matches(name, sorted(by_name), n=n, cutoff=0.7):
             found += [q for q in sorted(set(by_name[near])) if q not in found]
     return found[:n]

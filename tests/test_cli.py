@@ -867,3 +867,84 @@ def test_bash_completion_completes_commands_options_and_ops():
     assert complete("opregistry list -s inac") == ["inactive"]
     assert "tutorial::muladd" in complete("opregistry show tutorial::mu")
     assert "exit-codes" in complete("opregistry help ex")
+
+
+_LOGS = (
+    "import sys\n"
+    "from opregistry.logs import configure, get_logger\n"
+    "applied = []\n"
+    "def apply():\n"
+    "    import logging\n"
+    "    handler = logging.StreamHandler(sys.stderr)\n"
+    "    handler.setFormatter(logging.Formatter('%(message)s'))\n"
+    "    logger = logging.getLogger('opregistry')\n"
+    "    logger.addHandler(handler)\n"
+    "    logger.setLevel(logging.ERROR)\n"
+    "    logger.propagate = False\n"
+    "    applied.append(1)\n"
+    "log = get_logger()\n"
+)
+
+
+def test_logging_is_imported_when_an_event_may_be_shown():
+    """The CLI's configuration (errors only) waits for the first event it would show:
+    warnings and info are dropped without importing logging or structlog; an error applies
+    the configuration and is shown."""
+    code = _LOGS + (
+        "configure(40, apply)\n"
+        "log.warning('dropped-warning'); log.info('dropped-info'); log.debug('dropped-debug')\n"
+        "print('before', 'logging' in sys.modules, 'structlog' in sys.modules, applied)\n"
+        "log.error('shown-error', key=1)\n"
+        "print('after', 'logging' in sys.modules, applied)\n")
+    proc = run("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["before False False []", "after True [1]"]
+    assert "shown-error" in proc.stderr and "dropped" not in proc.stderr, proc.stderr
+
+
+def test_a_deferred_configuration_applies_once_logging_is_imported():
+    """When something else imports logging (torch does) after the CLI deferred its
+    configuration, the next event of any level applies it first: a warning is not shown
+    through logging's last-resort handler."""
+    code = _LOGS + (
+        "configure(40, apply)\n"
+        "import logging\n"
+        "log.warning('dropped-warning')\n"
+        "print(applied)\n")
+    proc = run("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[1]"] and "dropped" not in proc.stderr, proc.stderr
+
+
+def test_unconfigured_logging_shows_warnings_as_before():
+    """Without a configuration (a library user's process), a warning reaches stderr through
+    logging's last resort and a debug event is dropped without importing logging."""
+    code = _LOGS + (
+        "log.debug('dropped-debug')\n"
+        "print('logging' in sys.modules)\n"
+        "log.warning('shown-warning')\n")
+    proc = run("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False"], proc.stdout
+    assert "shown-warning" in proc.stderr and "dropped" not in proc.stderr, proc.stderr
+
+
+def test_a_kept_listing_imports_no_more_than_it_needs(tmp_path):
+    """`list --json` printed from a kept listing imports neither logging nor the modules
+    only a write or a mistake needs (tempfile, difflib, textwrap): each costs milliseconds
+    of a command whose budget is a tenth of `import torch`."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from opregistry.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['list', '--json'])\n"
+        "print(' '.join(m for m in ('logging', 'tempfile', 'difflib', 'textwrap', 'torch')\n"
+        "               if m in sys.modules))\n")
+    env = {**os.environ, "OPREGISTRY_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # the plan's cache entry; then the listing of the plan it holds
+        warm = run("-c", code, env=env)
+        assert warm.returncode == 0, warm.stderr
+    proc = run("-c", code, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [], proc.stdout
+    assert (tmp_path / "cache").is_dir()

@@ -778,6 +778,15 @@ def test_names_word_is_a_whole_word_search(text: bytes, names: list[str], i: int
     assert _names_word(text, _words(names), start, stop) is expected
 
 
+def test_an_empty_name_is_no_word() -> None:
+    """An empty name (a module named by a trailing dot) is left out of the search rather than
+    found at every offset: the searches end."""
+    from opregistry.scan.pysource import _names_word, _whole_words, _words
+
+    assert not _names_word(b" x = 1\n", _words([""]))
+    assert list(_whole_words(b" ab, ab.", _words(["", "ab"]))) == [(b"ab", 3), (b"ab", 7)]
+
+
 @settings(max_examples=500, deadline=None)
 @given(_SOUP)
 def test_the_unrolled_strings_pattern_strips_what_the_plain_one_does(text: bytes) -> None:

@@ -709,7 +709,7 @@ class Words:
     __slots__ = ("anchors", "whole")
 
     def __init__(self, names: Iterable[bytes]) -> None:
-        self.whole = frozenset(names)
+        self.whole = frozenset(n for n in names if n)  # an empty word would match forever
         shared = {self._prefix(word) for word in self.whole}
         self.anchors = tuple(sorted(a for a in shared
                                     if not any(o != a and o in a for o in shared)))

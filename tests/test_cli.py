@@ -886,18 +886,23 @@ _LOGS = (
 )
 
 
+def _logs(body: str) -> subprocess.CompletedProcess:
+    """Run ``body`` after :data:`_LOGS` in a fresh interpreter; it must exit 0."""
+    proc = run("-c", _LOGS + body)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def test_logging_is_imported_when_an_event_may_be_shown():
     """The CLI's configuration (errors only) waits for the first event it would show:
     warnings and info are dropped without importing logging or structlog; an error applies
     the configuration and is shown."""
-    code = _LOGS + (
+    proc = _logs(
         "configure(40, apply)\n"
         "log.warning('dropped-warning'); log.info('dropped-info'); log.debug('dropped-debug')\n"
         "print('before', 'logging' in sys.modules, 'structlog' in sys.modules, applied)\n"
         "log.error('shown-error', key=1)\n"
         "print('after', 'logging' in sys.modules, applied)\n")
-    proc = run("-c", code)
-    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["before False False []", "after True [1]"]
     assert "shown-error" in proc.stderr and "dropped" not in proc.stderr, proc.stderr
 
@@ -906,25 +911,21 @@ def test_a_deferred_configuration_applies_once_logging_is_imported():
     """When something else imports logging (torch does) after the CLI deferred its
     configuration, the next event of any level applies it first: a warning is not shown
     through logging's last-resort handler."""
-    code = _LOGS + (
+    proc = _logs(
         "configure(40, apply)\n"
         "import logging\n"
         "log.warning('dropped-warning')\n"
         "print(applied)\n")
-    proc = run("-c", code)
-    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[1]"] and "dropped" not in proc.stderr, proc.stderr
 
 
 def test_unconfigured_logging_shows_warnings_as_before():
     """Without a configuration (a library user's process), a warning reaches stderr through
     logging's last resort and a debug event is dropped without importing logging."""
-    code = _LOGS + (
+    proc = _logs(
         "log.debug('dropped-debug')\n"
         "print('logging' in sys.modules)\n"
         "log.warning('shown-warning')\n")
-    proc = run("-c", code)
-    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False"], proc.stdout
     assert "shown-warning" in proc.stderr and "dropped" not in proc.stderr, proc.stderr
 

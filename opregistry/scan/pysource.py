@@ -700,29 +700,23 @@ def _mentions_api(binding: tuple[object, str]) -> bool:
 
 class Words:
     """Names to search a module's text for as whole words (:func:`_names_word`), and the
-    substrings it is searched for: the words, those that share a prefix of four or more
-    characters searched for it once (``register_`` for the six ``register_*`` of
-    :data:`API_NAMES`, ``impl`` for ``impl`` and ``impl_abstract``), a word that holds
-    another searched for as that one.  Each search is a pass over the text; the module
-    texts of a large site are tens of megabytes."""
+    substrings it is searched for: the prefix each group of names with the same first four
+    characters shares (``register_`` for the six ``register_*`` of :data:`API_NAMES`,
+    ``impl`` for ``impl`` and ``impl_abstract``), a name alone as itself, and one that
+    holds another searched for as that one.  Each search is a pass over the text; the
+    module texts of a large site are tens of megabytes."""
 
     __slots__ = ("anchors", "whole")
 
     def __init__(self, names: Iterable[bytes]) -> None:
         self.whole = frozenset(n for n in names if n)  # an empty word would match forever
-        shared = {self._prefix(word) for word in self.whole}
-        self.anchors = tuple(sorted(a for a in shared
-                                    if not any(o != a and o in a for o in shared)))
-
-    def _prefix(self, word: bytes) -> bytes:
-        """The shortest prefix of four or more bytes ``word`` shares with another word (itself
-        when none)."""
-        best = word
-        for other in self.whole:
-            n = len(os.path.commonprefix([word, other]))
-            if 4 <= n < len(best):
-                best = word[:n]
-        return best
+        groups: dict[bytes, list[bytes]] = {}
+        for word in self.whole:
+            groups.setdefault(word[:4], []).append(word)
+        shared = {os.path.commonprefix(group) for group in groups.values()}
+        if len(shared) <= 64:  # beyond, the pairs' comparisons would cost more than passes
+            shared = {a for a in shared if not any(o != a and o in a for o in shared)}
+        self.anchors = tuple(sorted(shared))
 
 
 def _words(names: Iterable[str]) -> Words:

@@ -184,8 +184,8 @@ def main() -> int:
             continue
         call = f"  (the call {inner[names[case]] * 1000:7.1f} ms)" if names[case] else ""
         print(f"  {case:34s} {sec:7.3f} s  {sec / bare:5.2f}x bare import torch{call}")
-    for name, base in (("real-cold", "base-real-cold"), ("all-cold", "base-all-cold"),
-                       ("prose-cold", "base-prose-cold"), ("heavy-cold", "base-heavy-cold")):
+    for name in ("real-cold", "all-cold", "prose-cold", "heavy-cold"):
+        base = f"base-{name}"  # baseline_cases' names
         if base in runner.inner:
             pairs = [a / b for a, b in zip(runner.inner[name], runner.inner[base])]
             print(f"  {name:12s} this / baseline (the call, per pair): "

@@ -286,6 +286,22 @@ def test_import_pairs_times_both_sides_in_process_and_whole(tmp_path: Path) -> N
         assert 0 < row["min"] <= row["median"] <= row["max"]
 
 
+@pytest.mark.slow
+def test_bench_foreign_scan_runs_the_baseline_tree_it_names(tmp_path: Path) -> None:
+    """bench_foreign_scan.py --baseline: the child scans with the named tree's opregistry
+    (here this checkout's), and a tree without opregistry is refused, never measured as
+    this one."""
+    import bench_foreign_scan
+
+    runner = bench_foreign_scan.Runner(tmp_path / "site", tmp_path / "caches")
+    (tmp_path / "site").mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    assert runner.scan("base-all-cold", ["pip"], True, code=repo) > 0
+    assert len(runner.inner["base-all-cold"]) == 1
+    with pytest.raises(AssertionError, match="not the baseline's opregistry"):
+        runner.scan("base-all-cold", ["pip"], True, code=tmp_path / "site")
+
+
 def test_startup_targets_rebuilds_ratios_from_parts() -> None:
     """(bare + part) / bare, and (bare + ours) / (bare + the floor's), per rep, on bare's import."""
     import startup_targets

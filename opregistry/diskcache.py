@@ -107,6 +107,11 @@ class Entry(dict):  # type: ignore[type-arg]
         self._raw = raw
         self.sections = frozenset(raw)
 
+    def raw(self, name: str) -> bytes | None:
+        """Section ``name``'s bytes as they were stored (checked, not parsed); ``None`` when
+        there is no such section or it was parsed already."""
+        return self._raw.get(name)
+
     def __missing__(self, name: str) -> Any:
         raw = self._raw.get(name)
         if raw is None:
@@ -239,13 +244,16 @@ class DiskCache:
         """Write ``value`` (JSON data) under ``key``; ``False`` when it could not be written.
 
         ``sections``: more parts of ``value`` (a dict), each written as its own
-        JSON document after the header and parsed only when read (:class:`Entry`).
+        JSON document after the header and parsed only when read (:class:`Entry`);
+        a part given as ``bytes`` is written as it is, for a reader that takes
+        it whole (:meth:`Entry.raw`).
         """
         path = self.path(key)
         if path is None:
             return False
         header: dict[str, Any] = {"stamp": self.stamp, "key": key, "value": value}
-        blobs = [(name, _dumps(part)) for name, part in (sections or {}).items()]
+        blobs = [(name, part if isinstance(part, bytes) else _dumps(part))
+                 for name, part in (sections or {}).items()]
         if blobs:
             header["sections"] = [[name, len(b), zlib.crc32(b)] for name, b in blobs]
         body = b"\n".join([_dumps(header), b"".join(b for _, b in blobs)]) if blobs \

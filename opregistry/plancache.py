@@ -46,7 +46,7 @@ from . import inputs
 from .codec import (Decoder, Encoder, Uncacheable, decode_query, encode_environment,
                     encode_query)
 from .config import CONFIG_VAR, Settings
-from .diskcache import DiskCache
+from .diskcache import DiskCache, Entry
 from .errors import DOCS_URL, ConfigError
 from .environment import Environment, TorchState, environment_query, read_query, run_check
 from .idle import CHECK_VAR, FORMAT, NAME, content_check, marker_key, plan_cache
@@ -387,17 +387,25 @@ def cached_plan(cache: PlanCache, data: bytes, live: Declarations) -> Plan:
     return _decoder(entry, live).plan(entry["plan"])
 
 
-def _listings() -> DiskCache:
-    return DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}")
+def _listings(environ: Mapping[str, str] | None = None) -> DiskCache:
+    return DiskCache.open(LISTINGS, stamp=f"listing-text-{FORMAT}", environ=environ)
 
 
 def listing(entry_id: str, kind: str) -> tuple[str, bool] | None:
     """The listing ``kind`` (``"list --json"``) made of the cached plan ``entry_id``, and
-    whether that plan has errors; ``None`` when none was stored."""
+    whether that plan has errors; ``None`` when none was stored.
+
+    The text is kept as it was printed, a section of its entry taken whole
+    (CRC-checked, never parsed): 1.3 MB for 1,000 ops, which ``json.loads``
+    would take longer to read than the rest of the command."""
     found = _listings().load(f"{entry_id} {kind}")
-    if not isinstance(found, list) or len(found) != 2 or not isinstance(found[0], str):
+    raw = found.raw("text") if isinstance(found, Entry) else None
+    if raw is None or not isinstance(found.get("errors"), bool):
         return None
-    return found[0], bool(found[1])
+    try:
+        return raw.decode("utf-8"), found["errors"]
+    except UnicodeDecodeError:
+        return None
 
 
 #: how many entries each folder keeps (the most recently written): one per environment, per
@@ -410,7 +418,8 @@ KEEP_LISTINGS = 8
 def store_listing(entry_id: str, kind: str, text: str, errors: bool) -> None:
     """Keep the listing ``kind`` of the cached plan ``entry_id`` for the next command."""
     listings = _listings()
-    if listings.store(f"{entry_id} {kind}", [text, errors]):
+    if listings.store(f"{entry_id} {kind}", {"errors": errors},
+                      sections={"text": text.encode("utf-8")}):
         listings.prune(KEEP_LISTINGS)
 
 
@@ -486,7 +495,7 @@ def clear(environ: Mapping[str, str] | None = None,
     """Remove every plan cache entry (and the listings made of them): the folder, how many;
     ``failed`` gets what could not be removed.  :func:`clear_scan` removes the scan's."""
     disk = plan_cache(environ)
-    DiskCache.open(LISTINGS, stamp=f"listing-{FORMAT}", environ=environ).clear(failed)
+    _listings(environ).clear(failed)
     return disk.folder, disk.clear(failed)
 
 

@@ -123,6 +123,21 @@ def test_sections_are_parsed_when_first_read(tmp_path: Path) -> None:
     assert cache.store("k", {"small": 2}) and cache.load("k") == {"small": 2}
 
 
+def test_a_bytes_section_is_kept_as_it_is_and_read_whole(tmp_path: Path) -> None:
+    """A part given as bytes is written unchanged and read back unparsed (``Entry.raw``),
+    still checked by its CRC; once parsed, its bytes are let go."""
+    cache = _cache(tmp_path)
+    text = b'{"a": [1, 2],\n "b": "\\u00e9"}\n'
+    assert cache.store("k", {"n": 1}, {"text": text, "other": [3]})
+    entry = cache.load("k")
+    assert entry.raw("text") == text and entry.raw("nothing") is None
+    assert entry["text"] == {"a": [1, 2], "b": "\u00e9"} and entry.raw("text") is None
+    path = Path(cache.path("k") or "")
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"a": [1, 2]', b'"a": [1, 3]'))  # same length: the CRC sees it
+    assert cache.load("k") is None
+
+
 def test_restamp_changes_the_header_and_keeps_the_sections(tmp_path: Path) -> None:
     cache = _cache(tmp_path)
     cache.store("k", {"small": 1, "other": "x"}, {"big": [1, 2, 3]})

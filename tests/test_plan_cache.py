@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from opregistry import codec, inputs, plancache
 from opregistry.config import Settings
+from opregistry.diskcache import DiskCache
 
 from . import adoption_dists
 
@@ -1285,8 +1286,21 @@ def test_list_json_is_printed_from_the_listing_of_the_cached_plan(env: Env) -> N
     first, second, third = listing(), listing(), listing()
     assert first == second == third
     [kept] = list((env.cache / "listings").glob("*.json"))
-    kept.write_text(kept.read_text().replace("pcone::f", "pcone::kept"))
-    assert '"pcone::kept"' in listing()  # printed from the kept listing, not made again
+    header = json.loads(kept.read_bytes().split(b"\n", 1)[0])
+    assert header["value"] == {"errors": False}
+    cache = DiskCache(str(kept.parent), header["stamp"])
+    text = cache.load(header["key"]).raw("text").decode()
+    assert text == first  # kept as it was printed
+    cache.store(header["key"], {"errors": True},
+                sections={"text": text.replace("pcone::f", "pcone::kept").encode()})
+    kept_run = subprocess.run([sys.executable, "-m", "opregistry", "list", "--json"],
+                              capture_output=True, text=True, env=env.environ(),
+                              cwd=str(env.site.parent))
+    # printed from the kept listing, not made again, with the status it was kept with
+    assert '"pcone::kept"' in kept_run.stdout and kept_run.returncode == 1
+    data = kept.read_bytes()
+    kept.write_bytes(data.replace(b'"pcone::kept"', b'"pcone::kepT"'))  # the CRC sees it
+    assert listing() == first  # made again, and kept again
     path = env.site / "pc_one.py"
     path.write_text(path.read_text().replace('"f(', '"g('))
     shutil.rmtree(env.site / "__pycache__")  # same size, maybe the same second: see above

@@ -5,8 +5,6 @@ from __future__ import annotations
 __all__: list[str] = []
 
 if __name__ == "__main__":
-    import sys
+    from .cli import run
 
-    from .cli import main
-
-    sys.exit(main())
+    run()

@@ -15,6 +15,8 @@ lives in torch's dispatcher.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import gc
 import json
 import os
@@ -30,7 +32,7 @@ from .report import STATUSES
 if TYPE_CHECKING:
     from .plans import Plan
 
-__all__ = ["main", "build_parser", "EXIT_CODES", "DOCS_URL"]
+__all__ = ["main", "run", "build_parser", "EXIT_CODES", "DOCS_URL"]
 
 #: Exit status of every command (docs/cli.md shows this table; a test compares).
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -1287,6 +1289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) or argparse's usage error (2)
         return int(exc.code or 0)
+    except BrokenPipeError:  # `opregistry --help | head -1`, unbuffered
+        return _reader_gone()
     _configure_logging(args.verbose)
     out = Text(sys.stdout, _width(args, sys.stdout), _color(sys.stdout))
     enabled = gc.isenabled()
@@ -1301,6 +1305,57 @@ def main(argv: Sequence[str] | None = None) -> int:
             gc.enable()
 
 
+def run() -> None:
+    """The ``opregistry`` command (its console script, ``python -m opregistry``): :func:`main`
+    on ``sys.argv``, then the process exits with its status.
+
+    When the command did not import torch and no other thread runs, the
+    process ends without the interpreter's teardown (every module and object
+    freed one by one: ~20 ms of a 180 ms ``list --json``): the exit handlers
+    run (``atexit``: logging's flush, coverage's, a plugin's own), the
+    standard streams are flushed, then ``os._exit``.  Otherwise it exits as
+    any program does.
+    """
+    status = main()
+    if _may_end_now():
+        _end_now(status)
+    sys.exit(status)
+
+
+def _may_end_now() -> bool:
+    """Whether this process may end without the interpreter's teardown: torch not
+    imported (its own exit handlers and threads are torch's business), no thread but
+    this one that the interpreter would wait for, and atexit's handlers can be run."""
+    if "torch" in sys.modules or not hasattr(atexit, "_run_exitfuncs"):
+        return False
+    threading = sys.modules.get("threading")
+    return threading is None or not any(
+        t is not threading.current_thread() and not t.daemon and t.is_alive()
+        for t in threading.enumerate())
+
+
+def _end_now(status: int) -> None:
+    """Run the exit handlers, flush the standard streams, and end the process with ``status``."""
+    atexit._run_exitfuncs()  # what the interpreter's exit runs first; it forgets them after
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BrokenPipeError:  # the reader of `opregistry list | head` has gone
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        except (OSError, ValueError):  # closed, or no file behind it: nothing to flush
+            pass
+    os._exit(status)
+
+
+def _reader_gone() -> int:
+    """`opregistry list | head` closed the pipe: not an error of ours.  Point stdout at
+    devnull so the final flush does not raise again; status 0."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def _run(args: argparse.Namespace, out: Text) -> int:
     """Run the parsed command, turning the errors every command can meet into a status."""
     try:
@@ -1313,10 +1368,7 @@ def _run(args: argparse.Namespace, out: Text) -> int:
         sys.stderr.write(f"opregistry: {exc}\n")
         return EXIT_USAGE
     except BrokenPipeError:
-        # `opregistry list | head` closed the pipe: not an error of ours.  Point
-        # stdout at devnull so the interpreter's final flush does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return _reader_gone()
     except KeyboardInterrupt:
         # a real Ctrl-C (one raised by plugin code is contained as its problem):
         # stop, as shells expect, without a traceback
@@ -1325,4 +1377,4 @@ def _run(args: argparse.Namespace, out: Text) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

@@ -949,3 +949,48 @@ def test_a_kept_listing_imports_no_more_than_it_needs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [], proc.stdout
     assert (tmp_path / "cache").is_dir()
+
+
+_ENDING = """
+import atexit, sys, threading, time
+class Teardown:
+    def __del__(self):
+        sys.stderr.write("torn down\\n")
+kept = Teardown()  # freed by the interpreter's teardown, when there is one
+atexit.register(lambda: sys.stderr.write("exit handler ran\\n"))
+if "thread" in sys.argv:
+    threading.Thread(target=lambda: (time.sleep(0.3), sys.stderr.write("thread done\\n"))).start()
+if "torch" in sys.argv:
+    sys.modules["torch"] = type(sys)("torch")
+sys.argv = ["opregistry", sys.argv[1]]
+from opregistry.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize("case", ["plain", "thread", "torch"])
+def test_the_command_ends_without_the_teardown_only_where_nothing_waits_for_it(case):
+    """`opregistry` (cli.run) skips the interpreter's teardown when torch is not imported and no
+    thread runs: the exit handlers still run, the output is whole, the status is main's."""
+    for command, status in (("--version", 0), ("no-such-command", 2)):
+        proc = run("-c", _ENDING, command, case)
+        assert proc.returncode == status, proc.stderr
+        assert "exit handler ran" in proc.stderr
+        assert ("opregistry " in proc.stdout) == (status == 0)
+        assert ("torn down" in proc.stderr) == (case != "plain"), proc.stderr
+        assert ("thread done" in proc.stderr) == (case == "thread")
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_the_command_ends_quietly_when_its_reader_has_gone(unbuffered):
+    """`opregistry --version | true`: the reader closed the pipe before the output was written
+    (unbuffered) or flushed at the end: status 0, no traceback, no 'Exception ignored'."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, "-m", "opregistry", "--version"], stdout=write,
+                          stderr=subprocess.PIPE, text=True, env=env)
+    os.close(write)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

@@ -1310,11 +1310,11 @@ def run() -> None:
     on ``sys.argv``, then the process exits with its status.
 
     When the command did not import torch and no other thread runs, the
-    process ends without the interpreter's teardown (every module and object
-    freed one by one: ~20 ms of a 180 ms ``list --json``): the exit handlers
-    run (``atexit``: logging's flush, coverage's, a plugin's own), the
-    standard streams are flushed, then ``os._exit``.  Otherwise it exits as
-    any program does.
+    process ends without the interpreter's teardown (every module and
+    object freed one by one: 17 ms of a 170 ms ``list --json`` of 1,000
+    ops): the exit handlers run (``atexit``: logging's flush, coverage's, a
+    plugin's own), the standard streams are flushed, then ``os._exit``.
+    Otherwise it exits as any program does.
     """
     status = main()
     if _may_end_now():

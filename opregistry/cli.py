@@ -1343,7 +1343,7 @@ def _end_now(status: int) -> None:
                 stream.flush()
         except BrokenPipeError:  # the reader of `opregistry list | head` has gone
             with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+                _to_devnull(stream)
         except (OSError, ValueError):  # closed, or no file behind it: nothing to flush
             pass
     os._exit(status)
@@ -1352,8 +1352,17 @@ def _end_now(status: int) -> None:
 def _reader_gone() -> int:
     """`opregistry list | head` closed the pipe: not an error of ours.  Point stdout at
     devnull so the final flush does not raise again; status 0."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _to_devnull(sys.stdout)
     return 0
+
+
+def _to_devnull(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at the null device."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, stream.fileno())
+    finally:
+        os.close(null)
 
 
 def _run(args: argparse.Namespace, out: Text) -> int:

@@ -33,7 +33,7 @@ from attrs import field, frozen
 
 from .variables import canonical_name
 from .foreign import InstalledDistribution
-from .regular import open_regular
+from .regular import read_regular
 
 __all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of",
            "is_editable", "module_name", "owner_of", "Owners", "owners"]
@@ -84,9 +84,10 @@ def _read(dist: Any, name: str) -> str | None:
             return dist.read_text(name)
         except Exception:  # noqa: BLE001 - a custom provider's failure is "no such file"
             return None
-    try:
-        with open_regular(os.path.join(folder, name), "r", encoding="utf-8") as f:
-            return f.read()
+    try:  # no text layer for a file read whole, once
+        data, _ = read_regular(os.path.join(folder, name))
+        # as open(..., encoding="utf-8") reads it: universal newlines
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -173,9 +174,14 @@ def _record(dist: Any, site: str) -> list[tuple[str, str]]:
     # os.path.join(site, rel), spelled out where the separator is "/" (thousands of rows)
     posix = os.sep == "/"
     prefix = site if not site or site.endswith("/") else site + "/"
-    for row in csv.reader(text.splitlines()):
-        if row and row[0]:
-            rel = row[0].replace("\\", "/")
+    # a row's first field is what comes before its first comma, unless the file quotes
+    # one (a path holding a comma or a quote): then the csv module reads it
+    lines = text.splitlines()
+    firsts = ([row[0] for row in csv.reader(lines) if row] if '"' in text
+              else [line.partition(",")[0] for line in lines])
+    for first in firsts:
+        if first:
+            rel = first.replace("\\", "/")
             if not posix:
                 path = os.path.join(site, rel)
             else:

@@ -99,27 +99,36 @@ def test_module_names(rel: str, module: str | None) -> None:
     assert module_name(rel) == module
 
 
+@pytest.mark.parametrize("end", ["\n", "\r\n"])
+@pytest.mark.parametrize("quoted", [True, False], ids=["a-quoted-row", "no-quoted-row"])
 @pytest.mark.parametrize("folder", ["", "/a/site", "/a/site/", "rel/site", "/"])
 def test_record_rows_are_joined_to_their_folder_as_os_path_join_does(
-        tmp_path: Path, folder: str) -> None:
+        tmp_path: Path, folder: str, quoted: bool, end: str) -> None:
     """``RECORD``'s rows joined to the folder holding the ``.dist-info`` (spelled out, not
     ``os.path.join``, for speed): the same paths, for a relative or empty folder (a
     ``sys.path`` entry of ``""``), an absolute row, a quoted row with a comma, a Windows
-    separator, ``..`` and ``./`` parts."""
+    separator, ``..`` and ``./`` parts.  The rows are the csv module's, whether the file
+    quotes a row (read by the csv module) or none (split at each row's first comma), with
+    either line end."""
     import csv
 
     rows = ["pkg/x.py,sha256=x,1", "../../bin/tool,,", "/abs/file.py,,", "pkg/./y.py,,",
-            '"pkg/a,b.py",,', "pkg\\win.py,,"]
-    (tmp_path / "RECORD").write_text("\n".join(rows) + "\n")
+            '"pkg/a,b.py",,', "pkg\\win.py,,", "", "pkg/z.py"]
+    if not quoted:
+        rows.remove('"pkg/a,b.py",,')
+    (tmp_path / "RECORD").write_bytes((end.join(rows) + end).encode())
 
     class Dist:
         _path = tmp_path
 
     expected = []
     for row in csv.reader(rows):
+        if not row:  # a blank line: no row
+            continue
         rel = row[0].replace("\\", "/")
         path = os.path.join(folder, rel)
         expected.append((os.path.normpath(path) if ".." in rel or "/./" in rel else path, rel))
     assert distfiles._record(Dist(), folder) == expected
-    assert [rel for _, rel in expected] == ["pkg/x.py", "../../bin/tool", "/abs/file.py",
-                                            "pkg/./y.py", "pkg/a,b.py", "pkg/win.py"]
+    assert [rel for _, rel in expected] == [
+        "pkg/x.py", "../../bin/tool", "/abs/file.py", "pkg/./y.py",
+        *(["pkg/a,b.py"] if quoted else []), "pkg/win.py", "pkg/z.py"]

@@ -27,7 +27,9 @@ before it: ~0.1 s, what any opregistry command pays), interleaved with bare
 With ``--baseline DIR`` (another tree of this repository: ``git archive REV |
 tar -x -C DIR``, then ``python -m compileall DIR``), every cold scan is also
 run with that tree's opregistry, interleaved, and the ratio of each pair's
-scan call (this tree / the baseline) is reported: median and range.
+scan call (this tree / the baseline) is reported: median and range, of wall
+time and of the call's CPU time (user + system of the child during the call:
+steadier on a shared machine).
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ import json, sys, time
 start = time.perf_counter()
 import opregistry
 from opregistry.scan import scan_installed
-imported = time.perf_counter()
+imported, cpu = time.perf_counter(), time.process_time()
 only = sys.argv[1:] or None
 found = scan_installed(only=only)
-seconds = time.perf_counter() - imported
-print(json.dumps({"seconds": seconds, "import": imported - start, "dists": len(found.distributions), "cached": found.cached,
+seconds, cpu = time.perf_counter() - imported, time.process_time() - cpu
+print(json.dumps({"seconds": seconds, "cpu": cpu, "import": imported - start, "dists": len(found.distributions), "cached": found.cached,
                   "skipped": found.skipped, "ops": sum(len(d.ops()) for d in found.distributions),
                   "torch": "torch" in sys.modules, "code": opregistry.__file__}))
 """
@@ -78,6 +80,7 @@ class Runner:
         self.count = 0
         self.warm = False  # set after the untimed round: from then on "cached" must hit
         self.inner: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}  # the call's CPU time: steadier when shared
         self.last: dict[str, dict[str, object]] = {}
 
     def scan(self, name: str, only: list[str], cold: bool, site: Path | None = None,
@@ -101,6 +104,7 @@ class Runner:
         assert cold or not self.warm or data["cached"] == data["dists"] + data["skipped"] - (
             0 if only else 2), data
         self.inner.setdefault(name, []).append(data["seconds"])
+        self.cpu.setdefault(name, []).append(data["cpu"])
         self.last[name] = data
         return wall
 
@@ -169,6 +173,7 @@ def main() -> int:
         for case in cases.values():  # fills the warm caches and the OS file cache
             case()
         runner.inner.clear()
+        runner.cpu.clear()
         runner.warm = True
         samples = benchops.interleaved(cases, opts.reps)
     res = {k: statistics.median(v) for k, v in samples.items()}
@@ -186,17 +191,20 @@ def main() -> int:
         print(f"  {case:34s} {sec:7.3f} s  {sec / bare:5.2f}x bare import torch{call}")
     for name in ("real-cold", "all-cold", "prose-cold", "heavy-cold"):
         base = f"base-{name}"  # baseline_cases' names
-        if base in runner.inner:
-            pairs = [a / b for a, b in zip(runner.inner[name], runner.inner[base])]
-            print(f"  {name:12s} this / baseline (the call, per pair): "
-                  f"{statistics.median(pairs):.2f}x [{min(pairs):.2f}-{max(pairs):.2f}]  "
-                  f"({statistics.median(runner.inner[name]) * 1000:.0f} ms vs "
-                  f"{statistics.median(runner.inner[base]) * 1000:.0f} ms)")
+        for clock, times in (("wall", runner.inner), ("CPU", runner.cpu)):
+            if base in times:
+                pairs = [a / b for a, b in zip(times[name], times[base])]
+                print(f"  {name:12s} this / baseline (the call, {clock}, per pair): "
+                      f"{statistics.median(pairs):.2f}x [{min(pairs):.2f}-{max(pairs):.2f}]  "
+                      f"({statistics.median(times[name]) * 1000:.0f} ms vs "
+                      f"{statistics.median(times[base]) * 1000:.0f} ms)")
     print(f"  import of opregistry.scan in the child: {everything['import'] * 1000:.0f} ms")
     print(f"  whole environment: {everything['dists']} distributions use torch, "
           f"{everything['skipped']} skipped, {everything['ops']} ops predicted")
     if opts.json is not None:
         opts.json.write_text(json.dumps({"seconds": res, "call_seconds": inner,
+                                         "call_cpu_seconds": {k: statistics.median(v) for k, v
+                                                              in runner.cpu.items()},
                                          "environment": everything}, indent=1))
     return 0
 

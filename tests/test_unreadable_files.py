@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from opregistry.regular import open_fd, open_regular
+from opregistry.regular import open_fd, open_regular, read_regular
 
 from .foreign_dists import _project
 
@@ -78,7 +78,8 @@ def test_a_fifo_a_device_and_a_folder_are_refused_without_blocking(tmp_path: Pat
     zero.symlink_to("/dev/zero")
     try:
         for path in (fifo, zero, tmp_path, Path("/dev/null")):
-            for opening in (lambda: open_fd(str(path)), lambda: open_regular(str(path))):
+            for opening in (lambda: open_fd(str(path)), lambda: open_regular(str(path)),
+                            lambda: read_regular(str(path))):
                 error = _within(10, opening).get("error")
                 assert isinstance(error, OSError), (path, error)
                 assert "not a regular file" in str(error) and str(path) in str(error)
@@ -91,6 +92,26 @@ def test_a_fifo_a_device_and_a_folder_are_refused_without_blocking(tmp_path: Pat
     assert st.st_size == 6
     with open_regular(str(regular), "r", encoding="utf-8") as f:
         assert f.read() == "x = 1\n"
+    assert read_regular(str(regular))[0] == b"x = 1\n"
+    assert read_regular(str(regular))[1].st_size == 6
+
+
+def test_a_file_that_grew_after_its_fstat_is_read_to_its_end(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_regular`` reads the size ``fstat`` gave, and then whatever the file holds
+    beyond it (written between the two): the whole file, never its first part alone."""
+    grown = tmp_path / "grown.py"
+    text = b"".join(b"line %d\n" % i for i in range(300_000))  # > one 1 MiB chunk after
+    grown.write_bytes(text)
+    real = os.fstat
+
+    def smaller(fd: int) -> os.stat_result:  # the size the file had before it grew
+        st = real(fd)
+        return os.stat_result((st.st_mode, *st[1:6], 10, *st[7:]))
+
+    monkeypatch.setattr(os, "fstat", smaller)
+    data, st = read_regular(str(grown))
+    assert st.st_size == 10 and data == text
 
 
 @pytest.fixture(scope="module")

@@ -952,14 +952,17 @@ def test_a_kept_listing_imports_no_more_than_it_needs(tmp_path):
 
 
 _ENDING = """
-import atexit, sys, threading, time
+import atexit, sys, threading
 class Teardown:
     def __del__(self):
         sys.stderr.write("torn down\\n")
 kept = Teardown()  # freed by the interpreter's teardown, when there is one
 atexit.register(lambda: sys.stderr.write("exit handler ran\\n"))
-if "thread" in sys.argv:
-    threading.Thread(target=lambda: (time.sleep(0.3), sys.stderr.write("thread done\\n"))).start()
+if "thread" in sys.argv:  # alive until the teardown, however slow the start: the
+    # teardown releases it (threading's exit hooks run before it waits for the thread)
+    released = threading.Event()
+    threading._register_atexit(released.set)
+    threading.Thread(target=lambda: (released.wait(60), sys.stderr.write("thread done\\n"))).start()
 if "torch" in sys.argv:
     sys.modules["torch"] = type(sys)("torch")
 sys.argv = ["opregistry", sys.argv[1]]

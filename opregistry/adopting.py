@@ -165,8 +165,15 @@ class Adopter:
         """``torch.ops.<namespace>.<name>`` is not in torch: import what defines it, if known."""
         with self._mutex:
             entry = self.ops.get(f"{namespace}::{name}")
+            untouched = namespace in self.namespaces
         if entry is None:
-            return False
+            if not untouched:
+                return False
+            # torch.ops.<namespace> was made before its first touch came through the hook (an
+            # op package's FRAGMENT of it, registered at `import torch`, made it): the first
+            # missing op imports what that touch would have -- an op the scan cannot name
+            self.namespace_touched(namespace)
+            return True
         adopted, module = entry
         ok = self.adopt(adopted, (module,), f"torch.ops.{namespace}.{name} was looked up")
         with self._mutex:

@@ -1039,3 +1039,40 @@ def test_bad_adapter_samples_are_problems_of_the_adapter_and_check_blames_it(
         assert r.distribution.startswith(f"{adapter}==1.0 (entry point"), r
     rows = report.check_report(registry.plan, results)["results"]
     assert {r["distribution"]["name"] for r in rows if r["status"] == "fail"} == {adapter}
+
+
+def test_an_op_the_scan_cannot_name_is_found_beside_an_op_packages_fragment(
+        foreign, dists: DistFactory, ns, monkeypatch) -> None:
+    """vLLM's ``direct_register_custom_op``: ops named at run time in a module-level FRAGMENT
+    library, and an op package adding an op of its own to that namespace (allowed).  The op
+    package's registration at load makes ``torch.ops.<ns>`` before any touch of it, so the
+    touch never comes; the first lookup of an op the scan cannot name imports the package."""
+    monkeypatch.setenv(f"FP_OP_{ns}", "half")
+    files = {f"fp_{ns}/__init__.py": f"""
+        import os
+
+        import torch
+
+        _lib = torch.library.Library("{ns}", "FRAGMENT")
+
+
+        def register(name, fn):
+            _lib.define(name + "(Tensor x) -> Tensor")
+            _lib.impl(name, fn, "CompositeExplicitAutograd")
+
+
+        register("double", lambda x: x * 2)
+        register(os.environ["FP_OP_{ns}"], lambda x: x / 2)
+    """}
+    name = foreign(files)
+    op_dist(dists, f"frag-{ns}", ns, 'lib.define("triple(Tensor x) -> Tensor", '
+            'kernels={"cpu": "KMOD:twice"}, fake="KMOD:clone")\n', kind="FRAGMENT")
+    registry = load(dists)
+    assert not registry.errors and registry.plan.adopted(name).status == "adopted"
+    assert f"fp_{ns}" not in sys.modules
+    assert getattr(torch.ops, ns).half(torch.ones(1)).item() == 0.5
+    assert f"fp_{ns}" in sys.modules and registry.adopter.outcomes[name] == "imported"
+    assert getattr(torch.ops, ns).triple(torch.ones(1)).item() == 2.0
+    with pytest.raises(AttributeError) as missing:  # imported: torch's own message
+        getattr(torch.ops, ns).thrice
+    assert str(missing.value) == f"'_OpNamespace' '{ns}' object has no attribute 'thrice'"

@@ -23,6 +23,7 @@ One per registration style:
 ``fx-native-single`` a C++ library with one namespace, loaded from a computed path
 ``fx-native-stripped`` the same library stripped of its symbols
 ``fx-ext``          a C++ library that is a Python extension module, imported by its package
+``fx-legacy``       a C++ library registering with ``c10::RegisterOperators`` (no macro block)
 ``fx-plugin``       an opregistry op package that also makes a raw ``Library(..., "DEF")``
 ``fx-notorch``      no torch anywhere: skipped
 ``fx-undeclared``   registers ops without declaring a dependency on torch (as torchao 0.18)
@@ -272,6 +273,16 @@ NATIVE_STRIPPED = {
     ''',
 }
 
+LEGACY = {
+    "fx_legacy/__init__.py": '''
+        import os
+
+        import torch
+
+        torch.ops.load_library(os.path.join(os.path.dirname(__file__), "_legacy.so"))
+    ''',
+}
+
 EXTENSION = {
     "fx_ext/__init__.py": '''
         import torch
@@ -322,6 +333,7 @@ DISTRIBUTIONS: dict[str, tuple[dict[str, str], list[str], str]] = {
     "fx-native-single": (NATIVE_SINGLE, ["torch"], ""),
     "fx-native-stripped": (NATIVE_STRIPPED, ["torch"], ""),
     "fx-ext": (EXTENSION, ["torch"], ""),
+    "fx-legacy": (LEGACY, ["torch"], ""),
     "fx-plugin": (PLUGIN, ["opregistry"], '[project.entry-points."opregistry.ops"]\n'
                                          'fx = "fx_plugin.ops:lib"\n'),
     "fx-notorch": (NOTORCH, [], ""),
@@ -341,6 +353,7 @@ EXPECTED_OPS: dict[str, set[str]] = {
     "fx_native_single": {"fx_single::hidden", "fx_single::plain"},
     "fx_undeclared": {"fx_undeclared::quiet"},
     "fx_ext": {"fx_ext::triple"},
+    "fx_legacy": {"fx_legacy::decode", "fx_legacy::named"},
 }
 
 
@@ -383,6 +396,7 @@ def install(target: Path, work: Path, libraries: dict[str, Path]) -> None:
     shutil.copyfile(libraries["foreign_extension"],
                     work / "fx-ext" / "fx_ext" / "_ext.cpython-311-x86_64-linux-gnu.so"
                     .replace("cpython-311-x86_64-linux-gnu", _extension_tag()))
+    shutil.copyfile(libraries["foreign_legacy"], work / "fx-legacy" / "fx_legacy" / "_legacy.so")
     _strip(libraries["foreign_single"],
            work / "fx-native-stripped" / "fx_native_stripped" / "libfxstripped.so")
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}

@@ -204,13 +204,29 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ext", nullptr, -1, 
 PyMODINIT_FUNC PyInit__ext(void) { return PyModule_Create(&module); }
 """
 
+#: torch's older registration API (torchvision's ``image`` library up to 0.28): no macro
+#: block, every schema qualified; one op by its name alone, its schema inferred
+FOREIGN_LEGACY = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/core/op_registration/op_registration.h>
+#include <ATen/ops/mul.h>
+
+static at::Tensor decode(const at::Tensor& x) { return at::mul(x, 2); }
+static at::Tensor named(const at::Tensor& x) { return at::mul(x, 3); }
+
+static auto registry = c10::RegisterOperators()
+    .op("fx_legacy::decode(Tensor x) -> Tensor", &decode)
+    .op("fx_legacy::named", &named);
+"""
+
 _SOURCES = {"test": (SOURCE, "native_test"), "rival": (RIVAL, "native_rival"),
             "swap_aten": (SWAP_ATEN, "native_swap_aten"), "swap_own": (SWAP_OWN, "native_swap_own"),
             "impl": (IMPL, "native_impl"), "impl_extra": (IMPL_EXTRA, "native_impl_extra"),
             "fragment": (FRAGMENT, "native_fragment"), "impl_meta": (IMPL_META, "native_impl_meta"),
             "foreign": (FOREIGN, "native_foreign"),
             "foreign_single": (FOREIGN_SINGLE, "native_foreign_single"),
-            "foreign_extension": (FOREIGN_EXTENSION, "native_foreign_extension")}
+            "foreign_extension": (FOREIGN_EXTENSION, "native_foreign_extension"),
+            "foreign_legacy": (FOREIGN_LEGACY, "native_foreign_legacy")}
 
 _BUILD = """
 import sys

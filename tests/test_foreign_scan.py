@@ -248,6 +248,21 @@ def test_an_extension_module_is_attributed_to_the_module_importing_it(scan: Fore
     assert all(Path(r.file).parent == site / "fx_ext" for r in found.registrations)
 
 
+def test_a_library_of_the_older_registration_api_is_read_from_its_schemas(
+        scan: ForeignScan, real: dict[str, dict[str, list[str]]]) -> None:
+    """``c10::RegisterOperators().op("ns::name(...) -> ...")`` (torchvision's ``image`` up to
+    0.28): no macro block; its namespace and ops from the qualified strings, an op given by
+    its name alone included -- what torch holds once the library is loaded."""
+    found = _dist(scan, "fx-legacy")
+    regs = [r for r in found.registrations if r.kind != "load_library"]
+    assert {(r.kind, r.namespace, r.op, r.api) for r in regs} == {
+        ("FRAGMENT", "fx_legacy", None, "c10::RegisterOperators"),
+        ("op", "fx_legacy", "fx_legacy::decode", "m.def"),
+        ("op", "fx_legacy", "fx_legacy::named", "c10::RegisterOperators.op")}
+    assert not any(r.unresolved for r in regs) and {r.module for r in regs} == {"fx_legacy"}
+    assert set(real["fx_legacy"]) == found.ops()
+
+
 def test_stripped_library_is_unresolved(scan: ForeignScan) -> None:
     """Without ``.symtab`` the namespace is unknown: said, plus the one qualified schema string."""
     found = _dist(scan, "fx-native-stripped")

@@ -24,6 +24,13 @@ fbgemm-gpu's Python registers fake kernels for ``fbgemm::`` ops; that
 namespace is the library's (kind ``library``, api
 :data:`~opregistry.foreign.STRIPPED_API`: which macro is not known, and
 another distribution's claim read from symbols or source wins).
+
+A library that registers with torch's older API,
+``c10::RegisterOperators().op("image::decode_png(Tensor data) -> Tensor")``
+(torchvision's ``image`` library up to 0.28), has no macro block: every
+schema string it passes is qualified, and each namespace they name is
+recorded as a ``FRAGMENT`` of api :data:`LEGACY_API` (the API defines ops,
+never a namespace whole), with its ops.
 """
 
 from __future__ import annotations
@@ -46,6 +53,12 @@ _UID = re.compile(r"_\d+\Z")
 #: imported symbols that mean "this library registers with torch's dispatcher"
 _REGISTERS = (b"5torch7Library", b"TorchLibraryInit", b"aoti_torch_library_init_",
               b"torch_library_impl", b"TORCH_LIBRARY")
+#: torch's older registration API (``c10::RegisterOperators().op("ns::name(...) -> ...")``,
+#: torchvision's ``image`` library up to 0.28): no macro block, every schema qualified
+_LEGACY = b"17RegisterOperators"
+#: the ``api`` of a namespace read from the qualified schemas of a library that registers
+#: with :data:`_LEGACY`
+LEGACY_API = "c10::RegisterOperators"
 _SCHEMA = re.compile(r"(?:([A-Za-z_]\w*)::)?([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?(\(.*\)\s*->\s*.+)\Z")
 
 
@@ -53,7 +66,8 @@ def _registers(blob: bytes) -> bool:
     """Whether the names in ``blob`` include one of torch's registration API (``in``: fast;
     each of them holds "orch" or "ORCH", which most libraries' names never do: two reads
     of a large symbol table rather than five)."""
-    return (b"orch" in blob or b"ORCH" in blob) and any(word in blob for word in _REGISTERS)
+    return ((b"orch" in blob or b"ORCH" in blob) and any(word in blob for word in _REGISTERS)
+            or _LEGACY in blob)
 
 
 def _identifiers(blob: bytes) -> set[str]:
@@ -115,25 +129,26 @@ def _blocks(identifiers: set[str]) -> set[tuple[str, str, str | None, str]]:
     return out
 
 
-def _read(path: str) -> tuple[set[str], bool, bytes, bool]:
-    """``(identifiers, registers with torch, strings to search for schemas, stripped)``."""
+def _read(path: str) -> tuple[set[str], bool, bytes, bool, bool]:
+    """``(identifiers, registers with torch, strings to search for schemas, stripped,
+    registers with the older API)``."""
     elf = open_elf(path)
     if elf is None:
         try:
             with open_regular(path) as f:
                 data = f.read()
         except OSError:
-            return set(), False, b"", False
+            return set(), False, b"", False, False
         idents = _identifiers(data)
-        return idents, bool(idents) or _registers(data), data, not idents
+        return idents, bool(idents) or _registers(data), data, not idents, _LEGACY in data
     with elf:
         dynamic = elf.symbol_names(dynamic=True)
         if not _registers(dynamic):
-            return set(), False, b"", False  # it imports nothing of torch's Library
+            return set(), False, b"", False, False  # it imports nothing of torch's Library
         static = elf.symbol_names(dynamic=False)
         idents = _identifiers(static) | _identifiers(dynamic)
         rodata = b"".join(elf.data(s) for s in elf.sections if s.name.startswith(".rodata"))
-        return idents, True, rodata, not static
+        return idents, True, rodata, not static, _LEGACY in dynamic
 
 
 def is_extension_module(path: str) -> bool:
@@ -170,7 +185,7 @@ def scan_library(path: str, named: Iterable[str] = ()) -> list[Registration]:
     ``named``: the namespaces the distribution's Python code registers in, looked for
     among the strings of a stripped library (see the module's description).
     """
-    idents, registers, strings, stripped = _read(path)
+    idents, registers, strings, stripped, legacy = _read(path)
     if not registers:
         return []
     found = []
@@ -180,6 +195,25 @@ def scan_library(path: str, named: Iterable[str] = ()) -> list[Registration]:
                                   line=None))
         if kind in ("DEF", "FRAGMENT"):
             owned.add(ns)
+    schemas = _schemas(strings)
+    if not found and legacy:
+        # each op is defined by its qualified schema, as a FRAGMENT would (no namespace is
+        # claimed whole): the namespaces are those the schema strings name
+        owned = {ns for ns, *_ in schemas if ns is not None} - RESERVED_NAMESPACES
+        found = [Registration(kind="FRAGMENT", namespace=ns, api=LEGACY_API, file=path,
+                              line=None) for ns in sorted(owned)]
+        # an op registered by name alone, its schema inferred from the function:
+        # ``.op("image::decode_gif", &decode_gif)``
+        named_only = {(ns, name) for ns, name, *_ in schemas}
+        for ns in sorted(owned):
+            for m in re.finditer(rb"\0" + re.escape(ns.encode()) + rb"::([A-Za-z_]\w*)\0",
+                                 strings):
+                name = m.group(1).decode("ascii")
+                if (ns, name) not in named_only:
+                    named_only.add((ns, name))
+                    found.append(Registration(kind="op", namespace=ns, name=name,
+                                              api="c10::RegisterOperators.op", file=path,
+                                              line=None))
     if not found and stripped:
         found = [Registration(kind="library", namespace=ns, api=STRIPPED_API, file=path,
                               line=None)
@@ -191,7 +225,7 @@ def scan_library(path: str, named: Iterable[str] = ()) -> list[Registration]:
                "the library calls torch's Library, but no TORCH_LIBRARY block was found")
         found.append(Registration(kind="library", api="TORCH_LIBRARY", file=path, line=None,
                                   unresolved=why))
-    return found + _ops(path, _schemas(strings), owned)
+    return found + _ops(path, schemas, owned)
 
 
 def _ops(path: str, schemas: list[tuple[str | None, str, str, str]], owned: set[str]

@@ -60,7 +60,7 @@ __all__ = [
 
 #: bumped whenever the records or what the scanner finds change: cached scans of an
 #: older format are ignored
-SCAN_FORMAT = 2
+SCAN_FORMAT = 3
 
 #: the ``api`` of a library whose namespace was read from the strings of a C++ library
 #: stripped of its symbols (:mod:`opregistry.scan.native`): a weaker claim than one read from
@@ -217,6 +217,25 @@ class ForeignDistribution:
     def ops(self) -> frozenset[str]:
         """``ns::name[.overload]`` of every op it defines (``kind == "op"``, name known)."""
         return frozenset(r.op for r in self.registrations if r.kind == "op" and r.op)
+
+    def possible_ops(self) -> dict[str, Registration]:
+        """``ns::name[.overload]`` -> its definition, for each op a C++ library defines with a
+        schema string that names no namespace, in each namespace that library DEFs or
+        FRAGMENTs: the string does not say which (vLLM's ``_C`` and ``_C_cache_ops`` in one
+        library), so once it is loaded torch may hold the op in any of them."""
+        out: dict[str, Registration] = {}
+        for r in self.registrations:
+            if r.kind == "op" and r.namespace is None and r.name and r.line is None:
+                for ns in self.library_namespaces(r.file):
+                    out.setdefault(f"{ns}::{r.name}" + (f".{r.overload}" if r.overload else ""),
+                                   r)
+        return out
+
+    def library_namespaces(self, file: str) -> tuple[str, ...]:
+        """The namespaces the C++ library ``file`` DEFs or FRAGMENTs, sorted."""
+        return tuple(sorted({r.namespace for r in self.registrations
+                             if r.file == file and r.line is None and r.namespace is not None
+                             and r.kind in ("DEF", "FRAGMENT")}))
 
     def unresolved(self) -> tuple[Registration, ...]:
         return tuple(r for r in self.registrations if r.unresolved)

@@ -87,6 +87,35 @@ def reg(kind: str, namespace: str, name: str | None = None, key: str | None = No
 
 BNB = package("bitsandbytes", "0.50.2", reg("FRAGMENT", "bnb"), reg("op", "bnb", "quantize"),
               reg("kernel", "bnb", "quantize", "CPU", line=20))
+#: vLLM's ``_C`` library: one .so, two namespaces, schema strings without a namespace
+_VLLM_SO = "/site/vllm/_C.abi3.so"
+VLLM = package("vllm", "0.33.0", *(
+    Registration(kind="FRAGMENT", namespace=n, api="TORCH_LIBRARY_FRAGMENT", file=_VLLM_SO,
+                 line=None, module="vllm.platforms.cuda") for n in ("_C", "_C_cache_ops")),
+    Registration(kind="op", name="silu_and_mul", schema="(Tensor! out, Tensor input) -> ()",
+                 api="m.def", file=_VLLM_SO, line=None, module="vllm.platforms.cuda",
+                 unresolved="the schema string does not say which of the library's namespaces "
+                            "(_C, _C_cache_ops) it belongs to"))
+#: torchvision 0.28: nms defined in a library the scan cannot read, its fake kernel in Python
+TV = package("torchvision", "0.28.0", reg("FRAGMENT", "torchvision"),
+             reg("kernel", "torchvision", "nms", "Meta", line=30))
+#: a package whose own ``TORCH_LIBRARY(_C, m)`` defines an op vLLM's library may define
+MYEXT = package("myext", "0.1.0", Registration(
+    kind="DEF", namespace="_C", api="TORCH_LIBRARY", file="/site/myext/_C.so", line=None,
+    module="myext"), Registration(kind="op", namespace="_C", name="silu_and_mul",
+                                  schema="(Tensor! out, Tensor input) -> ()", api="m.def",
+                                  file="/site/myext/_C.so", line=None, module="myext"))
+#: torchvision 0.29: ops and a CPU block from C++, Meta kernels by a helper naming the op at
+#: run time (``register_meta``)
+_TV_SO = "/site/torchvision/_C.so"
+TV29 = package("torchvision", "0.29.1", reg("FRAGMENT", "torchvision"), *(
+    Registration(kind="op", namespace="torchvision", name=name, schema="(Tensor x) -> Tensor",
+                 api="m.def", file=_TV_SO, line=None, module="torchvision")
+    for name in ("nms", "roi_align")),
+    Registration(kind="IMPL", namespace="torchvision", key="CPU",
+                 api="STABLE_TORCH_LIBRARY_IMPL", file=_TV_SO, line=None, module="torchvision"),
+    reg("kernel", "torchvision", None, "Meta", line=19, api="Library.impl",
+        unresolved="the op name: the result of getattr(...)"))
 TORCH = TorchFacts("2.13.0", (2, 13), tags_of((2, 13)), "table")
 
 
@@ -135,6 +164,12 @@ def _problem(code: str, *fragments: str) -> Check:
     return check
 
 
+def _adopted(expected: dict[str, str]) -> Check:
+    def check(plan: Plan) -> None:
+        assert {a.name: a.status for a in plan.adoptions} == expected, plan.adoptions
+    return check
+
+
 ALLOW_BNB = Policy(allow_override={"bnb"})
 
 #: case -> (declarations, environment, policy, {error code: culprit distributions}, checks)
@@ -149,6 +184,42 @@ CASES: dict[str, tuple[Declarations, Environment, Policy | None, dict[str, list[
         decl(ns(A, "bnb", "FRAGMENT"), op(A, "bnb::quantize"), kernel(A, "bnb::quantize")),
         env(BNB), None, {"op-held-by-package": ["a"]},
         (_problem("op-held-by-package", "bnb::quantize", "bitsandbytes==0.50.2"),)),
+    "fragment-defining-what-a-package-library-may-define": (
+        decl(ns(A, "_C", "FRAGMENT"), op(A, "_C::silu_and_mul"), kernel(A, "_C::silu_and_mul")),
+        env(VLLM), None, {"op-held-by-package": ["a"]},
+        (_problem("op-held-by-package", "vllm==0.33.0 (/site/vllm/_C.abi3.so) may define",
+                  "'silu_and_mul(Tensor! out, Tensor input) -> ()'", "_C, _C_cache_ops"),)),
+    "fragment-adding-a-name-a-package-library-lacks": (
+        decl(ns(A, "_C", "FRAGMENT"), op(A, "_C::mine"), kernel(A, "_C::mine")), env(VLLM),
+        None, {}, (_status("_C::mine", "CPU", "active"),)),
+    "fragment-defining-an-op-a-package-registers-kernels-for": (
+        decl(ns(A, "torchvision", "FRAGMENT"), op(A, "torchvision::nms"),
+             kernel(A, "torchvision::nms")), env(TV), None, {"op-held-by-package": ["a"]},
+        (_problem("op-held-by-package", "torchvision==0.28.0 (/site/torchvision/_ops.py:30) "
+                  "registers a Meta kernel for"),)),
+    "two-packages-that-may-define-one-op-are-not-adopted": (
+        decl(), env(VLLM, MYEXT), None, {"adoption-conflict": []},
+        (_problem("adoption-conflict", "myext==0.1.0 and vllm==0.33.0 both define op "
+                  "_C::silu_and_mul (perhaps: vllm==0.33.0's C++ library", "_C, _C_cache_ops"),
+         _adopted({"myext": "refused", "vllm": "refused"}))),
+    "allowed-override-of-a-c++-block-without-override-declared": (
+        decl(kernel(A, "torchvision::nms")), env(TV29),
+        Policy(allow_override={"torchvision::nms"}), {"kernel-override-undeclared": ["a"]},
+        (_problem("kernel-override-undeclared", "torchvision==0.29.1 may already implement for "
+                  "CPU (its C++ STABLE_TORCH_LIBRARY_IMPL(torchvision, CPU) block"),)),
+    "allowed-override-of-a-c++-block": (
+        decl(kernel(A, "torchvision::nms", override=True)), env(TV29),
+        Policy(allow_override={"torchvision::nms"}), {},
+        (_overrides("torchvision::nms", "CPU", "torchvision==0.29.1"),)),
+    "allowed-override-of-a-kernel-named-at-run-time": (
+        decl(kernel(A, "torchvision::roi_align", "meta")), env(TV29),
+        Policy(allow_override={"torchvision"}), {"kernel-override-undeclared": ["a"]},
+        (_problem("kernel-override-undeclared", "may already implement for Meta (Library.impl "
+                  "at /site/torchvision/_ops.py:19, for an op it names at run time)"),)),
+    "a-switch-of-a-c++-kernel-is-not-applied": (
+        decl(), env(TV29), Policy.from_env({"OPREGISTRY_KERNELS": "-torchvision::nms:CPU"}), {},
+        (_problem("kernel-switch-not-applied", "switches off the CPU kernel of torchvision::nms "
+                  "(torchvision==0.29.1)", "torch cannot leave a C++ registration out"),)),
     "fragment-adding-a-new-op": (
         decl(ns(A, "bnb", "FRAGMENT"), op(A, "bnb::mine"), kernel(A, "bnb::mine")), env(BNB),
         None, {}, (_status("bnb::mine", "CPU", "active"),)),

@@ -84,11 +84,14 @@ def _op_modules(dist: ForeignDistribution | None) -> tuple[tuple[str, str], ...]
     if dist is None:
         return ()
     found: dict[str, tuple[int, str]] = {}
-    for reg in dist.registrations:
-        if reg.kind == "op" and reg.op and reg.module:
+    # an op a C++ library's schema string defines without a namespace: in each namespace the
+    # library registers in (vLLM's _C ops, its library loaded by vllm.platforms.cuda)
+    possible = [(op, reg) for op, reg in dist.possible_ops().items()]
+    for op, reg in [(r.op, r) for r in dist.registrations if r.kind == "op"] + possible:
+        if op and reg.module:
             rank = (0 if reg.at_import and not reg.conditional else 1, reg.module)
-            if reg.op not in found or rank < found[reg.op]:
-                found[reg.op] = rank
+            if op not in found or rank < found[op]:
+                found[op] = rank
     return tuple((op, module) for op, (_, module) in sorted(found.items()))
 
 
@@ -197,7 +200,38 @@ def _kernels(ctx: Context, dist: ForeignDistribution | None) -> tuple[AdoptedKer
             switch = None
         out.append(AdoptedKernel(registration=reg,
                                  disabled_by=f"{switch.source} ({switch.text})" if switch else ""))
+    if ctx.policy.kernels:
+        _native_switches(ctx, dist)
     return tuple(out)
+
+
+def _native_switches(ctx: Context, dist: ForeignDistribution) -> None:
+    """``kernel-switch-not-applied`` for a switch of a kernel ``dist`` may register only from
+    a C++ ``TORCH_LIBRARY_IMPL`` block (torchvision's CPU ``nms``): torch cannot leave a C++
+    registration out, so the switch would change nothing without a word."""
+    python = {(r.op, r.key) for r in dist.registrations if r.kind == "kernel" and r.op}
+    ops = sorted(dist.ops() | set(dist.possible_ops()))
+    told: set[tuple[str, str, str]] = set()
+    for reg in dist.registrations:
+        if reg.kind != "IMPL" or reg.line is not None or not reg.key or (
+                reg.key not in DEVICE_KEYS and reg.key not in COMPOSITE_KEYS):
+            continue
+        for op in ops:
+            if op.partition("::")[0] != reg.namespace or (op, reg.key) in python:
+                continue
+            switch = ctx.policy.disabled_by(op, reg.key, dist.name, reg.key in COMPOSITE_KEYS,
+                                            False)
+            if switch is None or (switch.text, reg.namespace, reg.key) in told:
+                continue
+            told.add((switch.text, reg.namespace, reg.key))
+            ctx.warn("kernel-switch-not-applied",
+                     f"{switch.source} switches off the {reg.key} kernel of {op} "
+                     f"({dist.distribution.text}), but {dist.name} registers {reg.key} kernels "
+                     f"of namespace {reg.namespace} from C++ ({reg.api} in {reg.source}): torch "
+                     f"cannot leave a C++ registration out, so it stays",
+                     f"remove {switch.text!r} from {switch.source}; to replace the kernel, "
+                     f"declare one with override=True and OPREGISTRY_ALLOW_OVERRIDE={op}",
+                     op=op, key=reg.key, source=reg.source)
 
 
 def _unknown(ctx: Context, name: str, adoption: Adoption, scan: ForeignScan | None) -> None:
@@ -320,8 +354,10 @@ def _one(ctx: Context, name: str, dist: ForeignDistribution | None,
                    status=status, reason=reason,
                    declared_by=(declared.origin,) if declared and declared.origin else (),
                    modules=modules, op_modules=_op_modules(dist),
+                   # its kernels are ``kernels``, but for those the scan cannot tie to an
+                   # op and key (listed as kernels of the namespace: opregistry.report)
                    registrations=tuple(r for r in (dist.registrations if dist else ())
-                                       if r.kind != "kernel"),
+                                       if r.kind != "kernel" or not (r.op and r.key)),
                    kernels=_kernels(ctx, dist),
                    samples=dict(declared.samples) if declared else {})
 
@@ -337,6 +373,8 @@ def _claims(dist: ForeignDistribution) -> dict[str, set[str]]:
             out.setdefault(reg.namespace, set()).add(reg.kind)
         elif reg.kind == "op" and reg.op:
             out.setdefault(reg.namespace, set()).add(reg.op)
+    for op in dist.possible_ops():  # perhaps in this namespace: torch aborts all the same
+        out.setdefault(op.partition("::")[0], set()).add(op)
     return out
 
 
@@ -352,35 +390,53 @@ def _clashes(adopted: list[Adopted], by_name: dict[str, ForeignDistribution]
               if a.active and a.name in by_name}
     out: dict[str, tuple[str, str]] = {}
     names = sorted(claims)
+    defs = {"DEF", "library"}
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             for ns in sorted(set(claims[a]) & set(claims[b])):
                 mine, theirs = claims[a][ns], claims[b][ns]
-                both = sorted((mine & theirs) - {"library"})
-                defs = {"DEF", "library"}
-                if not both and (mine & defs) and (theirs & defs) and (mine | theirs) & {"DEF"}:
-                    both = [f"namespace {ns} (DEF)"]
-                if both:
-                    what = both[0] if both[0].startswith("namespace") else f"op {both[0]}"
-                    out.setdefault(a, (b, what))
-                    out.setdefault(b, (a, what))
+                ops = sorted(c for c in mine & theirs if "::" in c)
+                if (mine & defs) and (theirs & defs) and (mine | theirs) & {"DEF"}:
+                    what = f"namespace {ns} (DEF)"
+                elif ops:
+                    what = f"op {ops[0]}" + _perhaps(ops[0], by_name[a], by_name[b])
+                else:
+                    continue
+                out.setdefault(a, (b, what))
+                out.setdefault(b, (a, what))
     return out
+
+
+def _perhaps(op: str, *dists: ForeignDistribution) -> str:
+    """What says that ``op`` is perhaps, not certainly, defined by one of ``dists``."""
+    for dist in dists:
+        reg = dist.possible_ops().get(op)
+        if reg is not None:
+            return (f" (perhaps: {dist.distribution.text}'s C++ library {reg.file} holds its "
+                    f"schema without a namespace and registers in "
+                    f"{', '.join(dist.library_namespaces(reg.file))})")
+    return ""
 
 
 def _refuse_clashes(ctx: Context, adopted: list[Adopted],
                     by_name: dict[str, ForeignDistribution]) -> list[Adopted]:
     clashes = _clashes(adopted, by_name)
     out = []
+    told: set[frozenset[str]] = set()
     for a in adopted:
         if a.name in clashes:
             other, what = clashes[a.name]
             reason = (f"{a.distribution.text} and {by_name[other].distribution.text} both "
                       f"define {what}: torch refuses the second (a C++ library aborts the "
                       f"process), so opregistry imports neither")
-            ctx.warn("adoption-conflict", reason,
-                     f"uninstall one of them, or import the one you use yourself; "
-                     f"OPREGISTRY_ADOPT_BLOCK={a.name} silences this", severity="error",
-                     others=(Origin(a.name, a.distribution.version),))
+            if frozenset((a.name, other)) not in told:  # one problem for the pair
+                told.add(frozenset((a.name, other)))
+                ctx.warn("adoption-conflict", reason,
+                         f"uninstall one of them, or import the one you use yourself; "
+                         f"OPREGISTRY_ADOPT_BLOCK={a.name} (or {other}) silences this",
+                         severity="error",
+                         others=(Origin(a.name, a.distribution.version),
+                                 Origin(other, by_name[other].distribution.version)))
             a = attrs.evolve(a, status="refused", reason=reason)
         out.append(a)
     return out

@@ -29,7 +29,7 @@ from attrs import field, frozen
 from ..foreign import Registration
 from ..keys import RESERVED_NAMESPACES
 
-__all__ = ["ForeignOwners", "foreign_owners", "owner_text"]
+__all__ = ["ForeignOwners", "foreign_owners", "owner_text", "possibly"]
 
 #: the registrations that claim a namespace (a kernel for another's op claims nothing)
 _CLAIMS = frozenset({"DEF", "FRAGMENT", "library", "op"})
@@ -46,9 +46,33 @@ class ForeignOwners:
     namespaces: Mapping[str, tuple[Any, Any]] = field(factory=dict)
     ops: Mapping[str, tuple[Any, Any]] = field(factory=dict)
     kernels: Mapping[tuple[str, str], tuple[Any, Any]] = field(factory=dict)
+    #: ops a package may define: a C++ library's schema string that names no namespace, in
+    #: each namespace the library registers (:meth:`ForeignDistribution.possible_ops
+    #: <opregistry.foreign.ForeignDistribution.possible_ops>`), and ops the scan knows only
+    #: from kernels the package registers for them in a namespace it registers in (their
+    #: definition is where it cannot read: a library without symbols, a computed name)
+    possible_ops: Mapping[str, tuple[Any, Any]] = field(factory=dict)
+    #: (namespace, key) -> a registration of kernels whose ops the scan cannot name: a C++
+    #: ``TORCH_LIBRARY_IMPL`` block (its ops are not in the symbols), a Python kernel whose op
+    #: name is computed (torchvision's ``register_meta`` helper)
+    blocks: Mapping[tuple[str, str], tuple[Any, Any]] = field(factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.namespaces)
+
+    def op_owner(self, qualname: str) -> tuple[Any, Any] | None:
+        """The package that defines ``qualname``: for certain, else perhaps (:attr:`possible_ops`)."""
+        return self.ops.get(qualname) or self.possible_ops.get(qualname)
+
+    def kernel_owner(self, qualname: str, key: str) -> tuple[Any, Any] | None:
+        """The package's registration that may implement ``key`` for its op ``qualname``: a
+        kernel for it, else a block of kernels for the key in the op's namespace."""
+        owner = self.op_owner(qualname)
+        found = self.kernels.get((qualname, key))
+        if found is None and owner is not None:
+            block = self.blocks.get((qualname.partition("::")[0], key))
+            found = block if block is not None and block[0] is owner[0] else None
+        return found
 
 
 def owner_text(owner: tuple[Any, Any]) -> str:
@@ -82,6 +106,20 @@ def foreign_owners(scan: Any, adoptions: Iterable[Any] = ()) -> ForeignOwners:
             ops.setdefault(reg.op, (dist, reg))
         if reg.kind == "kernel" and reg.op and reg.key:
             kernels.setdefault((reg.op, reg.key), (dist, reg))
+    blocks: dict[tuple[str, str], tuple[Any, Any]] = {}
+    for dist, reg in found:
+        if reg.key and (reg.kind == "IMPL" and reg.line is None
+                        or reg.kind == "kernel" and reg.name is None):
+            blocks.setdefault((reg.namespace, reg.key), (dist, reg))
+    possible: dict[str, tuple[Any, Any]] = {}
+    for dist, reg in found:
+        if reg.kind == "kernel" and reg.op and reg.op not in ops and \
+                namespaces.get(reg.namespace, (None,))[0] is dist:
+            possible.setdefault(reg.op, (dist, reg))
+    for dist in sorted((d for d in scan.distributions if not d.is_plugin), key=lambda d: d.name):
+        for op, reg in sorted(dist.possible_ops().items()):
+            if op not in ops and op.partition("::")[0] not in RESERVED_NAMESPACES:
+                possible.setdefault(op, (dist, reg))
     by_name = {d.name: d for d in scan.distributions if not d.is_plugin}
     for adoption in sorted(adoptions, key=lambda a: a.distribution):
         dist = by_name.get(adoption.distribution)
@@ -91,4 +129,17 @@ def foreign_owners(scan: Any, adoptions: Iterable[Any] = ()) -> ForeignOwners:
                                         module=next(iter(adoption.modules), ""),
                                         file=adoption.source or "")
                 namespaces.setdefault(ns, (dist, declared))
-    return ForeignOwners(namespaces=namespaces, ops=ops, kernels=kernels)
+    return ForeignOwners(namespaces=namespaces, ops=ops, kernels=kernels, possible_ops=possible,
+                         blocks=blocks)
+
+
+def possibly(owner: tuple[Any, Any]) -> str:
+    """Why a package may define an op the scan cannot tie to it for certain
+    (:attr:`ForeignOwners.possible_ops <opregistry.resolver.foreign.ForeignOwners.possible_ops>`)."""
+    dist, registration = owner
+    if registration.kind == "kernel":
+        return (f"registers a {registration.key} kernel for at its import, in a namespace it "
+                f"registers in (it defines the op where the scan cannot read it)")
+    return (f"may define: its C++ library holds the schema string "
+            f"{registration.name + (registration.schema or '')!r}, which names no namespace, "
+            f"and registers in {', '.join(dist.library_namespaces(registration.file))}")

@@ -11,6 +11,7 @@ the schema's own predicates (:meth:`~opregistry.schema.Schema.autograd_refusal`)
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import attrs
 
@@ -52,7 +53,7 @@ def _groups(ctx: Context, ops: dict[str, OpPlan], planned: dict[str, list[Kernel
         if k.op not in ops and k.op in declared_here:
             continue  # its op was refused, and that is reported; dependents next pass
         if k.op not in ops and k.conditional and (ctx.torch_owns(k.namespace)
-                                                  or k.op in ctx.foreign.ops):
+                                                  or ctx.foreign.op_owner(k.op)):
             ctx.refuse("kernel-condition-unsupported",
                        f"{k.origin} declares a {k.key} kernel with conditions for {k.op}, an "
                        f"op torch owns; conditions choose between kernels of ops opregistry "
@@ -97,9 +98,10 @@ def _plan_group(ctx: Context, qualname: str, key: str, declared: list[Kernel],
                                   backend=backend.name if backend else None))
     overrides = existing or (names(l.origin for l in losers) if losers else None)
     entry = _status(ctx, winner, owners, overrides)
-    if op_plan is None and qualname in ctx.foreign.ops:
+    held = ctx.foreign.op_owner(qualname) if op_plan is None else None
+    if held is not None:
         # registered after the package's own registration, or the package's would win
-        held = ctx.foreign.kernels.get((qualname, key)) or ctx.foreign.ops[qualname]
+        held = ctx.foreign.kernel_owner(qualname, key) or held
         entry = attrs.evolve(entry, after=held[1].module or None)
     if conditioned:
         planned.extend(_candidates(ctx, conditioned, entry, owners))
@@ -113,12 +115,12 @@ def _replaces_torch(ctx: Context, op_plan: OpPlan | None, winner: Kernel, qualna
     with torch.library), or ``None``; ``False`` when replacing without ``override=True``."""
     if op_plan is not None:
         return None
-    package = ctx.foreign.kernels.get((qualname, key))
+    package = ctx.foreign.kernel_owner(qualname, key)
     if package is not None:
         existing = package[0].distribution.text
     elif ctx.torch is not None and ctx.torch.has_kernel(qualname, key):
         existing = "torch"
-    elif ctx.torch is None and winner.override and qualname not in ctx.foreign.ops:
+    elif ctx.torch is None and winner.override and ctx.foreign.op_owner(qualname) is None:
         # without torch (``opregistry list``) the dispatcher cannot be asked; the
         # declaration says it replaces torch's kernel, and listings must show that
         return "torch"
@@ -126,9 +128,11 @@ def _replaces_torch(ctx: Context, op_plan: OpPlan | None, winner: Kernel, qualna
         return None
     if winner.override:
         return existing
+    block = package is not None and package[1].name is None
     ctx.refuse("kernel-override-undeclared",
                f"{winner.origin} registers a {key} kernel for {qualname}, which {existing} "
-               f"already implements for {key}",
+               + (f"may already implement for {key} ({_block_text(package[1])})" if block
+                  else f"already implements for {key}"),
                "declare override=True (and allow it with OPREGISTRY_ALLOW_OVERRIDE) "
                "if replacing its kernel is intended",
                (winner.origin,), op=qualname, key=key, source=winner.source)
@@ -389,13 +393,21 @@ def _check_triton(ctx: Context, groups: dict[tuple[str, str], list[Kernel]],
             del groups[(qualname, FUNCTIONAL_MODE_RULE)]
 
 
+def _block_text(registration: Any) -> str:
+    """What a registration of kernels whose ops the scan cannot name is, and where."""
+    if registration.kind == "IMPL":
+        return (f"its C++ {registration.api}({registration.namespace}, {registration.key}) "
+                f"block in {registration.source}, whose ops are not in the symbols")
+    return f"{registration.api} at {registration.source}, for an op it names at run time"
+
+
 def _package_op_allowed(ctx: Context, k: Kernel) -> bool:
     """A kernel for an op a package defines with torch.library directly: as for torch's ops.
 
     Denied unless the policy names the op or its namespace; a C++ kernel
     never (its library cannot be unloaded).
     """
-    owner = ctx.foreign.ops[k.op]
+    owner = ctx.foreign.op_owner(k.op)
     if k.kind.by_backend and ctx.policy.allows(k.op):
         return True
     ctx.refuse("kernel-package-op-denied",
@@ -411,7 +423,7 @@ def _package_op_allowed(ctx: Context, k: Kernel) -> bool:
 
 def _external_allowed(ctx: Context, k: Kernel) -> bool:
     """Rule 6 and the policy for a kernel whose op no distribution defines."""
-    if k.op in ctx.foreign.ops:
+    if ctx.foreign.op_owner(k.op) is not None:
         return _package_op_allowed(ctx, k)
     if not k.kind.by_backend and ctx.torch_owns(k.namespace):
         ctx.refuse("native-kernel-foreign",

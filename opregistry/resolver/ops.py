@@ -13,7 +13,7 @@ from ..plans import NamespacePlan, OpPlan
 from ..schema import (SCHEMA_KEYWORDS, Schema, check_mutates_args, check_tags, overload_refusal,
                       parse_signature)
 from .context import Context, dist_name, names
-from .foreign import owner_text
+from .foreign import owner_text, possibly
 
 __all__ = ["check_ops", "name_refusal"]
 
@@ -79,6 +79,15 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
                    f"{op.origin} defines {op.qualname}, which {owner_text(held)} defines at its "
                    f"import with torch.library: torch would refuse the second definition, "
                    f"crashing whichever is imported last",
+                   "rename the op or its overload (a FRAGMENT may add ops of new names)",
+                   (op.origin,), op=op.qualname, source=where)
+        return None
+    maybe = ctx.foreign.possible_ops.get(op.qualname)
+    if maybe is not None:
+        ctx.refuse("op-held-by-package",
+                   f"{op.origin} defines {op.qualname}, which {owner_text(maybe)} "
+                   f"{possibly(maybe)}: torch would refuse the second definition, "
+                   f"crashing whichever is imported last (a C++ library aborts the process)",
                    "rename the op or its overload (a FRAGMENT may add ops of new names)",
                    (op.origin,), op=op.qualname, source=where)
         return None
@@ -251,3 +260,4 @@ def _redefined(ctx: Context, qualname: str, defs: list[tuple[OpDef, Schema]],
                source=next((o.source for o in ops if o.origin in culprits and o.source),
                            ops[-1].source))
     return owner_defs if len(owner_defs) == 1 else []
+

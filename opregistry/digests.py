@@ -46,6 +46,7 @@ here imports a plugin's module: a top-level package is located with
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 from typing import Any, Iterable
@@ -279,6 +280,16 @@ def contents(dist: Any, *, trust_record: bool = False, entry_points: Any = None,
             for path, base in _locate(module):
                 for name, full in _walk(path, base):
                     files.setdefault(name, _sha256_file(full))
+    else:
+        # a file added among the installed ones that an import would run -- a
+        # ``k/__init__.py`` beside the locked ``k.py`` shadows it -- is in no RECORD: the
+        # package folders are listed for importable files RECORD lacks
+        importable = tuple(importlib.machinery.all_suffixes())
+        for module in _top_levels(dist, entry_points):
+            for path, base in _locate(module):
+                for name, full in _walk(path, base):
+                    if name not in files and name.endswith(importable):
+                        files[name] = _sha256_file(full)
     added, not_covered = _reference_files(references, files)
     ordered = dict(sorted(files.items()))
     record_out: dict[str, Any] = {"install": kind, "digest": digest_of(ordered), "files": ordered}

@@ -361,6 +361,29 @@ def test_locked_mode_imports_a_wheel_whose_record_is_wrong_and_refuses_it_edited
     assert registry.op(f"{ns}::f") is None and not marker.exists()
 
 
+def test_locked_mode_refuses_a_wheel_with_a_module_added_that_shadows_a_locked_one(
+        installs, ns, tmp_path, monkeypatch):
+    """``kernels/__init__.py`` added beside the locked ``kernels.py``: Python imports the
+    package, which no RECORD lists -- the lock's check lists the package folders, so the
+    added file is named and nothing of the distribution runs."""
+    package = installs.wheel("cw-shadow", ns)
+    path = tmp_path / "opregistry.lock"
+    _lock(installs, path)
+    installs.cleanup()
+    ran = tmp_path / "shadow-ran.txt"
+    (installs.site / package / "kernels").mkdir()
+    (installs.site / package / "kernels" / "__init__.py").write_text(
+        f"open({str(ran)!r}, 'w').write('ran')\ndef f(x):\n    return x * 100\n")
+    importlib.invalidate_caches()
+    assert any(f"file {package}/kernels/__init__.py added" in d
+               for d in _verify(installs, path))
+    monkeypatch.setenv("OPREGISTRY_LOCK", str(path))
+    registry = opregistry.load(plugins=installs.plugins(), reload=True)
+    (problem,) = [p for p in registry.problems if p.code == "lock-mismatch"]
+    assert f"file {package}/kernels/__init__.py added" in problem.message, problem.message
+    assert registry.op(f"{ns}::f") is None and not ran.exists()
+
+
 def test_the_record_trusting_fingerprint_hashes_a_file_whose_size_record_gets_wrong(
         target, ns, tmp_path):
     """``lock_data`` by default (``verify_consistent``) trusts RECORD only at RECORD's size."""

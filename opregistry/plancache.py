@@ -424,21 +424,28 @@ def store_listing(entry_id: str, kind: str, text: str, errors: bool) -> None:
 
 
 def _status(cache: PlanCache) -> dict[str, Any]:
-    """What the cache holds for ``cache``'s slot: ``none``, ``stale``, ``uncacheable``, ``valid``."""
-    entry = None
+    """What the cache holds for ``cache``'s slot: ``none``, ``stale``, ``uncacheable``, ``valid``.
+
+    As :meth:`PlanCache.lookup` reads it: the first of its keys whose entry holds; the first
+    entry found, stale or malformed, only when none does (the slot of this ``sys.path[0]``
+    may hold a stale entry that a process of another ``sys.path[0]`` never reads)."""
+    entry, first = None, None
     for key in cache.keys if cache.enabled else ():
-        entry = cache.disk.load(key)
-        if entry is not None:
-            cache.key = key
-            break
+        found = cache.disk.load(key)
+        if found is None:
+            continue
+        try:
+            changed = inputs.check_manifest(found["manifest"])
+        except Exception:  # noqa: BLE001 - a malformed entry is reported, never raised
+            first = first or {"status": "malformed"}
+            continue
+        if changed is not None:
+            first = first or {"status": "stale", "changed": changed}
+            continue
+        entry, cache.key = found, key
+        break
     if entry is None:
-        return {"status": "none"}
-    try:
-        changed = inputs.check_manifest(entry["manifest"])
-    except Exception:  # noqa: BLE001 - a malformed entry is reported, never raised
-        return {"status": "malformed"}
-    if changed is not None:
-        return {"status": "stale", "changed": changed}
+        return first or {"status": "none"}
     if "uncacheable" in entry:
         return {"status": "uncacheable", "reason": entry["uncacheable"]}
     return {"status": "valid", "ops": len(entry["plan"]["ops"]),

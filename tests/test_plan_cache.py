@@ -830,6 +830,31 @@ def test_cache_command_info_and_clear(env: Env) -> None:
     assert json.loads(cli("info", "--json"))["entries"] == 0
 
 
+def test_cache_info_reports_the_entry_a_lookup_would_use(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The slot of the command's own ``sys.path[0]`` (a console script's folder) may hold a
+    stale entry no ``import torch`` reads, while the shared slot's entry holds: ``cache
+    info`` says what ``lookup`` does -- valid -- and stale only when no entry holds."""
+    import types
+
+    entries = {"own": {"manifest": "old"},
+               "shared": {"manifest": "new", "plan": {"ops": {"a::b": 0}, "distributions": [0]}}}
+    monkeypatch.setattr(plancache.inputs, "check_manifest",
+                        lambda m: "site-packages changed" if m == "old" else None)
+
+    def slot(*keys: str) -> Any:
+        return types.SimpleNamespace(keys=keys, enabled=True, key=None, marker=lambda: None,
+                                     disk=types.SimpleNamespace(load=entries.get))
+
+    both = slot("own", "shared")
+    assert plancache._status(both) == {"status": "valid", "ops": 1, "distributions": 1,
+                                       "registers_nothing": False}
+    assert both.key == "shared"
+    assert plancache._status(slot("own")) == {"status": "stale",
+                                              "changed": "site-packages changed"}
+    assert plancache._status(slot("none")) == {"status": "none"}
+
+
 def test_cache_clear_says_what_it_could_not_remove(tmp_path: Path) -> None:
     """An OPREGISTRY_CACHE_DIR that is not a folder: named on stderr, exit 1 -- not "removed
     0 entries" and success, with the cache (or the mistake) left as it was."""

@@ -368,7 +368,11 @@ def _print_adopted(adopted: list[dict[str, Any]], t: Text) -> None:
            "read from their files)")
     rows = {(a["distribution"]["name"], op["name"]): _adopted_kernel_rows(op)
             for a in adopted for op in a["ops"]}
-    widths = t.widths([r for op_rows in rows.values() for r in op_rows])
+    # kernels of a namespace the scan could not tie to one op: they may apply to any of its ops
+    untied = {(a["distribution"]["name"], ns): [(k["key"], "may apply", k["where"], k["why"])
+                                                for k in kernels]
+              for a in adopted for ns, kernels in a.get("namespace_kernels", {}).items()}
+    widths = t.widths([r for op_rows in (*rows.values(), *untied.values()) for r in op_rows])
     for a in adopted:
         t.line(_adoption_line(a), wrap="      ")
         for op in a["ops"]:
@@ -382,6 +386,10 @@ def _print_adopted(adopted: list[dict[str, Any]], t: Text) -> None:
                        f"C++ library, a computed name; schema unknown)", wrap="        ")
             t.table(rows[(a["distribution"]["name"], op["name"])], indent="        ",
                     widths=widths)
+        for ns in a.get("namespace_kernels", {}):
+            t.line(f"    kernels of {ns} the scan could not tie to one op (they may apply to "
+                   f"any of its ops; none is known to)", wrap="        ")
+            t.table(untied[(a["distribution"]["name"], ns)], indent="        ", widths=widths)
 
 
 def _owner_text(owner: dict[str, Any] | None) -> str:
@@ -574,17 +582,22 @@ def _not_imported_note(namespace: str, modules: list[str]) -> str:
             f"(or touch torch.ops.{namespace})")
 
 
-def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: Text,
-                      not_imported: dict[str, list[str]] | None = None,
+def _show_adopted_ops(plan: Plan, rows: list[dict[str, Any]], args: argparse.Namespace,
+                      t: Text, not_imported: dict[str, list[str]] | None = None,
                       live: list[dict[str, Any]] | None = None) -> int:
     """``show`` of an adopted package's op: where it is defined, how it loads, its kernels
-    (and those op packages add to it); ``not_imported``: with ``--live``, its namespaces the
-    process did not import, so that the dispatcher holds none of their ops; ``live``: with
-    ``--live``, the dispatcher's view of those it did (:func:`report.live_ops`)."""
+    (and those op packages add to it, and those of its namespace the scan could not tie to
+    one op); ``not_imported``: with ``--live``, its namespaces the process did not import,
+    so that the dispatcher holds none of their ops; ``live``: with ``--live``, the
+    dispatcher's view of those it did (:func:`report.live_ops`)."""
+    namespaces = sorted({op["name"].split("::")[0] for row in rows for op in row["ops"]})
+    touch = {ns: report.first_touch(plan, ns) for ns in namespaces}
+    untied = report.namespace_kernels(plan, namespaces)
     if args.json:
         data = {"format_version": report.FORMAT_VERSION, "ops": [],
                 "external_kernels": [k for row in rows for op in row["ops"]
-                                     for k in op["kernels_added"]], "adopted": rows}
+                                     for k in op["kernels_added"]], "adopted": rows,
+                "first_touch": touch, "namespace_kernels": untied}
         if not_imported is not None:
             data["live_not_imported"] = not_imported
         if live:
@@ -594,63 +607,86 @@ def _show_adopted_ops(rows: list[dict[str, Any]], args: argparse.Namespace, t: T
     live_by_op = {row["op"].split(".")[0]: row for row in live or ()}
     first = True
     for row in rows:
-        dist = f"{row['distribution']['name']}=={row['distribution']['version']}"
         for op in row["ops"]:
             if not first:
                 t.line()
             first = False
             ns = op["name"].split("::")[0]
-            schema = (op["name"] + op["schema"][op["schema"].index("("):]
-                      if op["schema"] and "(" in op["schema"] else op["name"])
-            t.line(schema, wrap="    ")
-            loads = (f"the first touch of torch.ops.{ns} imports "
-                     f"{', '.join(row['namespaces'].get(ns, [])) or '(nothing known)'}"
-                     if row["load"] == "lazy" else "imported when the registry loads")
-            t.table([("adopted:", f"{dist}, {row['status']} ({row['reason']})"),
-                     ("defined at:", (f"{op['where']} ({op['api']})"
-                                      + ("; under a condition" if op["conditional"] else ""))
-                      if op["where"] else "not read: a stripped C++ library, or a computed "
-                                          "name; its kernels name it"),
-                     ("loads:", loads if row["status"] == "adopted" else "not imported"),
-                     ("declared:", "no: registered with torch.library by its package; "
-                                   "read from its files")])
-            t.line("\nKernels (read from the package's files)")
-            t.table([(k["key"], k["status"], k["where"], "; ".join(
-                filter(None, (k["api"], _overridden_note(k))))) for k in op["kernels"]],
-                header=("KEY", "STATUS", "REGISTERED AT", "HOW"), empty="(none)")
-            if op["kernels_added"]:
-                t.line("\nKernels op packages add (allowed by OPREGISTRY_ALLOW_OVERRIDE)")
-                t.table([(k["key"], k["status"], k["kernel"], _dist(k["distribution"]),
-                          _kernel_note(k)) for k in op["kernels_added"]],
-                        header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE"))
+            _print_adopted_op(row, op, touch[ns], untied.get(ns, []), t)
             if not_imported and ns in not_imported:
                 t.line("\nLive dispatcher (torch)")
                 t.line(f"  none of its ops: {_not_imported_note(ns, not_imported[ns])}")
             elif op["name"].split(".")[0] in live_by_op:
-                row = live_by_op[op["name"].split(".")[0]]
-                owner = row["defined_by"]
+                found = live_by_op[op["name"].split(".")[0]]
+                owner = found["defined_by"]
                 t.line("\nLive dispatcher (torch)")
                 t.table([("registered by:", _owner_text(owner) + (
                     f" (at {owner['site']})" if owner and owner["site"] else ""))])
-                _live_kernels(row, t)
+                _live_kernels(found, t)
     return EXIT_OK
+
+
+def _first_touch_text(ns: str, touch: list[dict[str, Any]]) -> str:
+    """What the first touch of ``torch.ops.<ns>`` imports: every adopted distribution's
+    modules for it, in import order (each with its distribution when there are several)."""
+    if len(touch) <= 1:
+        modules = ", ".join(touch[0]["modules"]) if touch else "(nothing known)"
+        return f"the first touch of torch.ops.{ns} imports {modules}"
+    return f"the first touch of torch.ops.{ns} imports " + ", then ".join(
+        f"{', '.join(entry['modules'])} ({_dist(entry['distribution'])})" for entry in touch)
+
+
+def _print_adopted_op(row: dict[str, Any], op: dict[str, Any], touch: list[dict[str, Any]],
+                      untied: list[dict[str, Any]], t: Text) -> None:
+    """One adopted op, as ``show`` prints it (read from its package's files)."""
+    dist = f"{row['distribution']['name']}=={row['distribution']['version']}"
+    ns = op["name"].split("::")[0]
+    schema = (op["name"] + op["schema"][op["schema"].index("("):]
+              if op["schema"] and "(" in op["schema"] else op["name"])
+    t.line(schema, wrap="    ")
+    loads = (_first_touch_text(ns, touch) if row["load"] == "lazy"
+             else "imported when the registry loads")
+    t.table([("adopted:", f"{dist}, {row['status']} ({row['reason']})"),
+             ("defined at:", (f"{op['where']} ({op['api']})"
+                              + ("; under a condition" if op["conditional"] else ""))
+              if op["where"] else "not read: a stripped C++ library, or a computed "
+                                  "name; its kernels name it"),
+             ("loads:", loads if row["status"] == "adopted" else "not imported"),
+             ("declared:", "no: registered with torch.library by its package; "
+                           "read from its files")])
+    t.line("\nKernels (read from the package's files)")
+    t.table([(k["key"], k["status"], k["where"], "; ".join(
+        filter(None, (k["api"], _overridden_note(k))))) for k in op["kernels"]],
+        header=("KEY", "STATUS", "REGISTERED AT", "HOW"), empty="(none)")
+    if untied:
+        t.line(f"\nKernels of {ns} the scan could not tie to one op (they may apply to it; "
+               f"none is known to)")
+        t.table([(k["key"], k["where"], _dist(k["distribution"]), k["why"]) for k in untied],
+                header=("KEY", "REGISTERED AT", "DISTRIBUTION", "WHY"))
+    if op["kernels_added"]:
+        t.line("\nKernels op packages add (allowed by OPREGISTRY_ALLOW_OVERRIDE)")
+        t.table([(k["key"], k["status"], k["kernel"], _dist(k["distribution"]),
+                  _kernel_note(k)) for k in op["kernels_added"]],
+                header=("KEY", "STATUS", "KERNEL", "DISTRIBUTION", "NOTE"))
 
 
 def cmd_show(args: argparse.Namespace, t: Text) -> int:
     resolved = _live_registry(args.imports).plan if args.live else _plan()
-    match = report.find_ops(resolved, args.op)
+    match = report.find_op(resolved, args.op)
     # registered with torch.library directly, by a package opregistry sees
     found = report.live_ops(resolved, args.op) \
         if match.kind in ("unknown", "left-out") and args.live else []
-    if match.kind in ("unknown", "external"):
+    if match.kind == "adopted":
         # registered by an adopted package at its import (op packages may add kernels to
         # it, under policy): what its files say, and with --live what the dispatcher holds
-        adopted = report.adopted_op_rows(resolved, match.name if match.kind == "external"
-                                         else args.op)
-        if adopted:
-            waiting = report.not_imported(resolved, {op["name"].split("::")[0]
-                                                     for row in adopted for op in row["ops"]})
-            return _show_adopted_ops(adopted, args, t, waiting if args.live else None, found)
+        adopted = report.adopted_op_rows(resolved, args.op)
+        if args.live:
+            found = list({row["op"]: row for name in match.candidates
+                          for row in report.live_ops(resolved, name)}.values())
+        waiting = report.not_imported(resolved, {op["name"].split("::")[0]
+                                                 for row in adopted for op in row["ops"]})
+        return _show_adopted_ops(resolved, adopted, args, t, waiting if args.live else None,
+                                 found)
     if found:
         return _show_live_ops(found, args, t)
     if match.kind not in ("ops", "external"):

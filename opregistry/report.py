@@ -45,9 +45,13 @@ __all__ = [
     "override_problems",
     "find_ops",
     "find_target",
+    "find_adopted",
+    "find_op",
     "list_report",
     "adopted_rows",
     "adopted_op_rows",
+    "namespace_kernels",
+    "first_touch",
     "show_report",
     "live_namespaces",
     "live_ops",
@@ -212,12 +216,15 @@ def list_report(plan: Plan, *, namespaces: Iterable[str] = (), backends: Iterabl
 def adopted_rows(plan: Plan, namespaces: Iterable[str] = ()) -> list[dict[str, Any]]:
     """The adopted distributions (``Adopted.to_dict``), their ops in ``namespaces`` (all: empty).
 
-    Read from the scan of their installed files: torch is not imported.
+    Each has ``namespace_kernels``: namespace -> the kernels its files register there that
+    the scan could not tie to one op (:func:`namespace_kernels`).  Read from the scan of
+    their installed files: torch is not imported.
     """
     wanted = set(namespaces)
     added: dict[str, list[KernelPlan]] = {}  # kernels op packages add to its ops, under policy
     for k in plan.external_kernels:
         added.setdefault(k.kernel.op, []).append(k)
+    untied = namespace_kernels(plan)
     rows = []
     for adopted in plan.adoptions:
         row = adopted.to_dict()
@@ -228,9 +235,16 @@ def adopted_rows(plan: Plan, namespaces: Iterable[str] = ()) -> list[dict[str, A
                     (distribution(k.kernel.origin) for k in added.get(op["name"], [])
                      if k.kernel.key == kernel["key"] and k.status == "active"
                      and k.overrides == f"{adopted.name}=={adopted.distribution.version}"), None)
+        row["namespace_kernels"] = {ns: [k for k in kernels if k["distribution"]["name"]
+                                         == adopted.name]
+                                    for ns, kernels in untied.items()
+                                    if any(k["distribution"]["name"] == adopted.name
+                                           for k in kernels)}
         if wanted:
             row["ops"] = [op for op in row["ops"] if op["name"].split("::")[0] in wanted]
             row["namespaces"] = {ns: m for ns, m in row["namespaces"].items() if ns in wanted}
+            row["namespace_kernels"] = {ns: k for ns, k in row["namespace_kernels"].items()
+                                        if ns in wanted}
             if not row["ops"] and not row["namespaces"]:
                 continue
         rows.append(row)
@@ -238,17 +252,66 @@ def adopted_rows(plan: Plan, namespaces: Iterable[str] = ()) -> list[dict[str, A
 
 
 def adopted_op_rows(plan: Plan, name: str) -> list[dict[str, Any]]:
-    """The adopted distributions whose ops ``name`` designates (``ns::op``, with or without an
-    overload, or ``torch.ops.ns.op``), each with those ops only -- read without torch."""
-    qualname = name[len("torch.ops."):].replace(".", "::", 1) if name.startswith(
-        "torch.ops.") else name
+    """The adopted distributions whose ops ``name`` designates, each with those ops only --
+    read without torch.  ``name`` is spelled as for :func:`find_ops` (``ns::op[.overload]``,
+    ``ns.op``, ``torch.ops.ns.op[.overload]``, ``op`` alone); empty when it names no adopted
+    op, or ops of several namespaces (:func:`find_adopted` says which)."""
+    match = find_adopted(plan, name)
+    if match.kind != "adopted":
+        return []
+    wanted = set(match.candidates)
     rows = []
     for row in adopted_rows(plan):
-        ops = [op for op in row["ops"] if op["name"] and (
-            op["name"] == qualname or op["name"].startswith(qualname + "."))]
+        ops = [op for op in row["ops"] if op["name"] in wanted]
         if ops:
             rows.append({**row, "ops": ops})
     return rows
+
+
+def _untied(reg: Any) -> str | None:
+    """Why ``reg`` is a kernel of its namespace the scan could not tie to one op, or ``None``."""
+    if reg.kind == "IMPL" and reg.key and "TORCH_LIBRARY_IMPL" in reg.api:
+        return f"C++ {reg.api} block (its ops are not in the symbols)"
+    if reg.kind == "kernel" and (not reg.op or not reg.key) and reg.unresolved:
+        return f"unresolved: {reg.unresolved}"
+    return None
+
+
+def namespace_kernels(plan: Plan, namespaces: Iterable[str] = ()
+                      ) -> dict[str, list[dict[str, Any]]]:
+    """namespace -> the kernels adopted distributions register in it that the scan could not
+    tie to one op: C++ ``TORCH_LIBRARY_IMPL`` blocks (their ops are not in the symbols) and
+    registrations whose op (or key) is unresolved, such as torchvision's ``register_meta``
+    helper.  Each may apply to any op of the namespace; none is known to.  Only the
+    namespaces of adopted ops (``namespaces`` of them, when given)."""
+    wanted = set(namespaces)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for adopted in plan.adoptions:
+        mine = set(adopted.namespaces) | {reg.namespace for reg in adopted.ops()}
+        for reg in adopted.registrations:
+            why = _untied(reg)
+            if why is None or reg.namespace not in mine or (wanted and reg.namespace not in wanted):
+                continue
+            row = {"key": reg.key or "?", "op": reg.op, "api": reg.api, "module": reg.module,
+                   "where": f"{reg.module}:{reg.line}" if reg.line is not None else
+                   f"{reg.module} ({reg.file.rsplit('/', 1)[-1]})",
+                   "source": reg.source, "why": why, "conditional": reg.conditional,
+                   "at_import": reg.at_import,
+                   "distribution": {"name": adopted.name,
+                                    "version": adopted.distribution.version}}
+            if row not in found.setdefault(reg.namespace, []):
+                found[reg.namespace].append(row)
+    return found
+
+
+def first_touch(plan: Plan, namespace: str) -> list[dict[str, Any]]:
+    """What the first touch of ``torch.ops.<namespace>`` imports, in order: one entry per
+    adopted distribution (lazily) registering in it, with its modules -- the adopter's table
+    (:class:`opregistry.adopting.Adopter`)."""
+    return [{"distribution": {"name": a.name, "version": a.distribution.version},
+             "modules": list(modules)}
+            for a in plan.adoptions if a.active and a.load == "lazy"
+            for ns, modules in a.modules if ns == namespace]
 
 
 def not_imported(plan: Plan, namespaces: Iterable[str]) -> dict[str, list[str]]:
@@ -267,15 +330,18 @@ def not_imported(plan: Plan, namespaces: Iterable[str]) -> dict[str, list[str]]:
 
 
 def live_namespaces(plan: Plan, namespaces: Iterable[str] = ()) -> list[str]:
-    """The namespaces ``list --live`` shows: ``namespaces``, or every namespace of the plan
-    and every namespace in torch's dispatcher that torch itself does not own."""
+    """The namespaces ``list --live`` shows: ``namespaces``, or every namespace of the plan,
+    every adopted one, and every namespace in torch's dispatcher that torch itself does not
+    own."""
     from . import torch_state
     from .keys import RESERVED_NAMESPACES
 
     if namespaces:
         return list(namespaces)
     live = {op.split("::", 1)[0] for op in torch_state.registered_ops()}
-    return sorted({n.name for n in plan.namespaces} | (live - RESERVED_NAMESPACES))
+    # each adopted namespace too: one adopted lazily and not imported has no ops there yet
+    adopted = {ns for a in plan.adoptions if a.active for ns in a.namespaces}
+    return sorted({n.name for n in plan.namespaces} | adopted | (live - RESERVED_NAMESPACES))
 
 
 def live_namespace(namespace: str, plan: Plan, attributor: Any = None) -> list[dict[str, Any]]:
@@ -327,10 +393,13 @@ class Match:
     overload named), ``"namespace"``, ``"external"`` (a torch op that
     packages add kernels to), ``"left-out"`` (declared, but left out by
     ``problems``), ``"ambiguous"`` (``candidates`` lists the choices) or
-    ``"unknown"`` (``candidates`` holds the close matches, for "did you mean").
+    ``"unknown"`` (``candidates`` holds the close matches, for "did you mean"); from
+    :func:`find_adopted` and :func:`find_op`, ``"adopted"``: ops of an adopted package,
+    ``candidates`` their names (one op packet: ``ns::op`` and its overloads).
     """
 
-    kind: Literal["ops", "namespace", "external", "left-out", "ambiguous", "unknown"]
+    kind: Literal["ops", "namespace", "external", "left-out", "ambiguous", "unknown",
+                  "adopted"]
     name: str
     ops: tuple[OpPlan, ...] = ()
     candidates: tuple[str, ...] = ()
@@ -415,15 +484,94 @@ def find_target(plan: Plan, text: str) -> Match:
     return find_ops(plan, text)
 
 
+def _adopted_names(plan: Plan) -> list[str]:
+    """Every adopted op (``ns::op[.overload]``) as ``list`` shows them: the ops its files
+    define, and those of its namespaces it gives kernels to (``Adopted.to_dict``)."""
+    names: set[str] = set()
+    for adopted in plan.adoptions:
+        mine = set(adopted.namespaces)
+        names |= {reg.op for reg in adopted.ops() if reg.op}
+        names |= {k.op for k in adopted.kernels if k.op and k.op.split("::")[0] in mine}
+    return sorted(names)
+
+
+def _fits(qualname: str, ns: str, name: str, overload: str | None) -> bool:
+    """Whether the op ``qualname`` fits a reading of :func:`_spellings`."""
+    op_ns, _, rest = qualname.partition("::")
+    base, _, op_overload = rest.partition(".")
+    if (ns and op_ns != ns) or base != name:
+        return False
+    return overload is None or (op_overload or "default") == overload
+
+
+def find_adopted(plan: Plan, text: str) -> Match:
+    """The adopted ops ``text`` names, spelled as for :func:`find_ops` and read the same way.
+
+    ``adopted`` (``candidates``: the op, its default overload, or every overload when it has
+    no default), ``ambiguous`` (ops of several namespaces: ``candidates`` lists them) or
+    ``unknown`` (``candidates``: close adopted names).  Read from the plan: no torch.
+    """
+    readings = _spellings(text)
+    names = _adopted_names(plan)
+    hits = sorted({q for q in names for reading in readings if _fits(q, *reading)})
+    packets = sorted({q.split(".")[0] for q in hits})
+    if len(packets) > 1:
+        return Match(kind="ambiguous", name=text, candidates=tuple(packets))
+    if not packets:
+        return Match(kind="unknown", name=text,
+                     candidates=tuple(_close_names(names, text)))
+    default = [q for q in hits if "." not in q.partition("::")[2]]
+    if default and all(overload is None for _, _, overload in readings):
+        hits = default  # ns::op is its default overload
+    return Match(kind="adopted", name=text, candidates=tuple(hits))
+
+
+def find_op(plan: Plan, text: str) -> Match:
+    """What ``show`` reads ``text`` as: :func:`find_ops` over the declared ops and
+    :func:`find_adopted` over the adopted ones, as one registry.
+
+    A name that fits ops of several namespaces, declared or adopted, is ``ambiguous``; one
+    that fits none is ``unknown`` with the close names of both.  A declared op wins over
+    an adopted op of the same name (an allowed override: ``external``), and an op left
+    out stays ``left-out``.
+    """
+    declared = find_ops(plan, text)
+    adopted = find_adopted(plan, text)
+    if adopted.kind == "unknown":
+        if declared.kind != "unknown":
+            return declared
+        names = [op.op.base_qualname for op in plan.ops] + _adopted_names(plan)
+        return Match(kind="unknown", name=text, candidates=tuple(_close_names(names, text)))
+    if declared.kind in ("left-out", "external"):
+        return declared if declared.kind == "left-out" else adopted
+    mine = set(adopted.candidates) if adopted.kind == "ambiguous" else {
+        adopted.candidates[0].split(".")[0]}
+    if declared.kind == "ops":
+        mine |= {op.op.base_qualname for op in declared.ops}
+    elif declared.kind == "ambiguous":
+        mine |= set(declared.candidates)
+    if len(mine) > 1:
+        return Match(kind="ambiguous", name=text, candidates=tuple(sorted(mine)))
+    return declared if declared.kind == "ops" else adopted
+
+
 def _close(plan: Plan, text: str, n: int = 3) -> list[str]:
     """Op names close to ``text`` ("did you mean"), compared by op name within a namespace."""
+    return _close_names([op.op.base_qualname for op in plan.ops], text, n)
+
+
+def _close_names(qualnames: Iterable[str], text: str, n: int = 3) -> list[str]:
+    """Of ``qualnames`` (``ns::op[.overload]``), the ops close to ``text``, by op name
+    within a namespace."""
     readings = _spellings(text) or [("", text, None)]
+    known = sorted({q.split(".")[0] for q in qualnames})
     found: list[str] = []
     for ns, name, _ in readings:
         by_name: dict[str, list[str]] = {}
-        for op in plan.ops:
-            if not ns or op.op.namespace == ns:
-                by_name.setdefault(op.op.name, []).append(op.op.base_qualname)
+        for qualname in known:
+            op_ns, _, op_name = qualname.partition("::")
+            if not ns or op_ns == ns:
+                by_name.setdefault(op_name, []).append(qualname)
         import difflib  # here: only a mistake needs it
 
         for near in difflib.get_close_matches(name, sorted(by_name), n=n, cutoff=0.7):

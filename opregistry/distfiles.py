@@ -33,7 +33,7 @@ from attrs import field, frozen
 
 from .variables import canonical_name
 from .foreign import InstalledDistribution
-from .regular import read_regular
+from .regular import read_regular, walk
 
 __all__ = ["NATIVE_SUFFIXES", "DistInfo", "distributions", "files_of",
            "is_editable", "module_name", "owner_of", "Owners", "owners"]
@@ -235,9 +235,8 @@ def _locate(name: str) -> list[tuple[str, str]]:
 def _folders(path: str) -> Iterable[tuple[str, list[str]]]:
     """``(folder, its file names)`` of the tree at ``path`` (``__pycache__`` and hidden
     folders aside), sorted."""
-    for folder, dirs, names in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-        yield folder, sorted(names)
+    for folder, _, names in walk(path, lambda d: d == "__pycache__" or d.startswith(".")):
+        yield folder, names
 
 
 def _walk(path: str, base: str, folders: list[str]) -> Iterable[tuple[str, str]]:

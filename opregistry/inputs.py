@@ -47,7 +47,7 @@ import sysconfig
 import time
 from typing import Any, Iterable, Mapping
 
-from .regular import open_regular
+from .regular import open_regular, walk
 
 __all__ = ["FIRST", "RACY_NS", "Stamper", "absolute", "first_folder", "plain_first", "settle", "slot",
            "environment_slot", "check_manifest", "sys_path_files", "module_files",
@@ -55,6 +55,9 @@ __all__ = ["FIRST", "RACY_NS", "Stamper", "absolute", "first_folder", "plain_fir
 
 #: a file modified less than this before it is stamped is also stamped by content
 RACY_NS = 2_000_000_000
+#: how far a file's modification time may lag the clock that wrote it (the kernel stamps
+#: files from a coarser clock than ``time.time_ns``)
+_CLOCK_SLACK_NS = 20_000_000
 
 _META_SUFFIXES = (".dist-info", ".egg-info")
 _META_FILES = ("entry_points.txt", "METADATA", "PKG-INFO")
@@ -111,7 +114,10 @@ class Stamper:
 
     def __init__(self, content: bool) -> None:
         self.content = content
-        self.racy_after = time.time_ns() - RACY_NS
+        #: when the build began (the declarations are read after): a file stamped with a
+        #: later time changed while it was built, perhaps after it was read
+        self.started = time.time_ns()
+        self.racy_after = self.started - RACY_NS
         self.stamps: dict[str, list[Any] | None] = {}
         self.before: dict[str, list[str] | None] = {}
         #: ``sys.path[0]`` when the folders were listed
@@ -129,7 +135,13 @@ class Stamper:
             self.before[folder] = _names(folder)
 
     def manifest(self, tops: Iterable[str]) -> dict[str, Any] | None:
-        """The manifest; ``None`` when a relevant entry of a folder changed meanwhile."""
+        """The manifest; ``None`` when a relevant entry of a folder changed meanwhile, or a
+        file was written after the build began: the plan may hold what it said before, and
+        its stamp (with the digest of what it says now) would vouch for the plan."""
+        since = self.started - _CLOCK_SLACK_NS
+        if any(found is not None and found[0] != -1 and found[1] >= since
+               for found in self.stamps.values()):
+            return None
         wanted = frozenset(tops)
         folders: dict[str, Any] = {}
         for folder, before in self.before.items():
@@ -325,11 +337,10 @@ def package_files(modules: Iterable[str]) -> list[str]:
             if isinstance(path, str):
                 found.append(os.path.abspath(path))
             continue
-        for root in roots:
-            for folder, dirs, files in os.walk(root):
-                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for root in roots:  # a linked folder's files too (their edits change the plan)
+            for folder, _, files in walk(root, lambda d: d == "__pycache__"):
                 found.append(folder)
-                found.extend(os.path.join(folder, f) for f in sorted(files)
+                found.extend(os.path.join(folder, f) for f in files
                              if not f.endswith((".pyc", ".pyo")))
     return found
 

@@ -232,7 +232,8 @@ class PlanCache:
             stamper.add(scan_inputs(env.foreign))
         manifest = stamper.manifest({m.partition(".")[0] for m in (*imported, *plugins, __name__)})
         if manifest is None:
-            log.debug("plan not cached: sys.path changed while it was built")
+            log.debug("plan not cached: sys.path or a file it read changed while it was "
+                      "built")
             return False
         entry: dict[str, Any] = {"manifest": manifest, "gate": gate, "id": os.urandom(12).hex(),
                                  "foreign": None if env.foreign is None else env.foreign.to_dict()}

@@ -17,9 +17,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import IO, Any
+from typing import IO, Any, Callable, Iterator
 
-__all__ = ["open_fd", "open_regular", "read_regular"]
+__all__ = ["open_fd", "open_regular", "read_regular", "walk"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
 
@@ -68,3 +68,20 @@ def read_regular(path: str) -> tuple[bytes, os.stat_result]:
     finally:
         os.close(fd)
     return data, st
+
+
+def walk(root: str, skip: Callable[[str], bool] = lambda name: False
+         ) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(root)`` that follows links to folders (a package's folder may be a link to
+    one shared elsewhere), each real folder once (a link loop ends), ``skip``'s folder names
+    left out; ``dirs`` and ``files`` sorted."""
+    seen: set[str] = set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not skip(d))
+        files.sort()
+        yield folder, dirs, files

@@ -395,6 +395,61 @@ def test_a_data_file_the_declarations_read(env: Env) -> None:
     _sees(env.probe(), "pcdata::b")
 
 
+def _data_package(env: Env, name: str, body: str) -> Path:
+    """Package ``name`` whose declarations define an op per name in ``data/names.json``."""
+    pkg = env.site / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent(f"""
+        import json, os
+        from opregistry import OpLibrary
+        here = os.path.dirname(__file__)
+        lib = OpLibrary({name!r})
+        with open(os.path.join(here, "data", "names.json")) as f:
+            for name in json.load(f):
+                lib.define(f"{{name}}(Tensor x) -> Tensor", kernels={{"cpu": "pc_kernels:clone"}})
+    """) + textwrap.dedent(body))
+    info = env.site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[opregistry.ops]\n{name} = {name}:lib\n")
+    return pkg
+
+
+def test_a_data_file_in_a_linked_folder_of_the_package(env: Env, tmp_path: Path) -> None:
+    """``data`` is a link to a folder shared elsewhere: its files are inputs as well."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "names.json").write_text('["a"]')
+    pkg = _data_package(env, "pclinked", "")
+    (pkg / "data").symlink_to(shared, target_is_directory=True)
+    (shared / "loop").symlink_to(shared, target_is_directory=True)  # a loop ends
+    _sees(env.warm(), "pclinked::a")
+    (shared / "names.json").write_text('["bb"]')
+    _sees(env.probe(), "pclinked::bb")
+
+
+def test_a_file_written_while_the_plan_is_built_is_read_again(env: Env, tmp_path: Path
+                                                              ) -> None:
+    """An editor saves a file the declarations read after they read it, during the first
+    build: the plan holds what it said before, so that build is not cached -- a stamp of
+    the file as it is now would vouch for the old plan."""
+    edited = tmp_path / "edited"
+    pkg = _data_package(env, "pcracy", f"""
+        if not os.path.exists({str(edited)!r}):
+            open({str(edited)!r}, "w").close()
+            with open(os.path.join(here, "data", "names.json"), "w") as f:
+                json.dump(["b"], f)
+    """)
+    (pkg / "data").mkdir()
+    (pkg / "data" / "names.json").write_text('["a"]')
+    _sees(env.probe(torch=False), "pcracy::a")
+    assert edited.exists()
+    found = env.probe(torch=False)
+    _sees(found, "pcracy::b")
+    assert found["list"]["cache"] != "hit", found
+    assert env.probe(torch=False)["list"]["cache"] == "hit"
+
+
 def test_the_configuration_file(env: Env, tmp_path: Path) -> None:
     env.op_dist("pc-one", "pcone", "f")
     env.op_dist("pc-two", "pctwo", "g")

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["REAL_PINS", "PROSE_PINS", "MORE_PROSE_PINS", "HEAVY_PINS", "NAMESPACE_PINS",
-           "STRIPPED_PINS", "site_of", "ensure_site"]
+           "STRIPPED_PINS", "TORCHVISION_PINS", "site_of", "ensure_site"]
 
 #: register ops with torch.library at their own import (bitsandbytes needs numpy and
 #: packaging at import, which the development environment has)
@@ -37,6 +37,12 @@ NAMESPACE_PINS = ("optimum-quanto==0.2.7",)
 #: registers from C++ libraries stripped of their symbols (``TORCH_LIBRARY(fbgemm, m)``), and
 #: adds fake kernels to their ops from Python (6 MB; built for one torch: its import may fail)
 STRIPPED_PINS = ("fbgemm-gpu-cpu==1.9.0",)
+#: registers from C++ (``TORCH_LIBRARY_FRAGMENT``, ``TORCH_LIBRARY_IMPL`` blocks, the older
+#: ``c10::RegisterOperators`` in its ``image`` library) and from Python (fake kernels, a
+#: ``register_meta`` helper naming its ops at run time); the index's wheel is a CUDA build
+#: of torch 2.13's: beside a CPU torch its library does not load, so the scan alone is
+#: tested (7.7 MB)
+TORCHVISION_PINS = ("torchvision==0.28.0",)
 
 
 def site_of(pins: tuple[str, ...]) -> Path:

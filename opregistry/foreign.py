@@ -224,11 +224,17 @@ class ForeignDistribution:
         FRAGMENTs: the string does not say which (vLLM's ``_C`` and ``_C_cache_ops`` in one
         library), so once it is loaded torch may hold the op in any of them."""
         out: dict[str, Registration] = {}
+        vague = [r for r in self.registrations
+                 if r.kind == "op" and r.namespace is None and r.name and r.line is None]
+        if not vague:
+            return out
+        owned: dict[str, set[str]] = {}
         for r in self.registrations:
-            if r.kind == "op" and r.namespace is None and r.name and r.line is None:
-                for ns in self.library_namespaces(r.file):
-                    out.setdefault(f"{ns}::{r.name}" + (f".{r.overload}" if r.overload else ""),
-                                   r)
+            if r.kind in ("DEF", "FRAGMENT") and r.namespace is not None and r.line is None:
+                owned.setdefault(r.file, set()).add(r.namespace)
+        for r in vague:
+            for ns in sorted(owned.get(r.file, ())):
+                out.setdefault(f"{ns}::{r.name}" + (f".{r.overload}" if r.overload else ""), r)
         return out
 
     def library_namespaces(self, file: str) -> tuple[str, ...]:

@@ -281,6 +281,13 @@ def stripped_package() -> Path:
     return _installed(realsite.STRIPPED_PINS)
 
 
+@pytest.fixture(scope="session")
+def torchvision_package() -> Path:
+    """:data:`realsite.TORCHVISION_PINS`, installed as :func:`real_packages` (never imported:
+    built for another torch)."""
+    return _installed(realsite.TORCHVISION_PINS)
+
+
 def _installed(pins: tuple[str, ...]) -> Path:
     try:
         return realsite.ensure_site(pins)

@@ -308,3 +308,50 @@ print(json.dumps({{"scale": torch.ops.{ns}.scale(torch.ones(2), 2.0).tolist(),
     found = json.loads(out.stdout.splitlines()[-1])
     assert found == {"scale": [102.0, 102.0], "overrides": "rawpkg==2.1", "after": package,
                      "errors": []}
+
+
+@pytest.mark.slow
+def test_torchvision_is_read_and_protected_before_torch(dists: DistFactory,
+                                                        torchvision_package: Path,
+                                                        tmp_path: Path) -> None:
+    """torchvision 0.28.0 from the index, scanned (its CUDA build does not load beside this
+    torch): the ``image`` library of torch's older API is read, ``nms`` -- defined in a
+    library without symbols, its fake kernel in Python -- is torchvision's, and a C++ CPU
+    kernel of it needs ``override=True`` even where the policy allows replacing it."""
+    dists.make("tvredef", ops={"r": "tvredef_ops:lib"}, modules={"tvredef_ops": '''
+from opregistry import OpLibrary
+lib = OpLibrary("torchvision", "FRAGMENT")
+lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+           kernels={"cpu": "tvredef_ops:k"})
+def k(dets, scores, iou_threshold):
+    return scores.argsort()
+'''})
+    dists.make("tvimage", ops={"i": "tvimage_ops:lib"}, modules={"tvimage_ops": '''
+from opregistry import OpLibrary
+lib = OpLibrary("image")
+lib.define("decode_png(Tensor data) -> Tensor", kernels={"cpu": "tvimage_ops:k"})
+def k(data):
+    return data
+'''})
+    dists.make("tvkernel", ops={"k": "tvkernel_ops:lib"}, modules={"tvkernel_ops": '''
+from opregistry import OpLibrary
+lib = OpLibrary("torchvision", "IMPL")
+lib.impl("torchvision::deform_conv2d", "cpu", "tvkernel_ops:k")
+def k(*args):
+    raise NotImplementedError
+'''})
+    env = _env(dists, tmp_path, torchvision_package,
+               OPREGISTRY_ALLOW_OVERRIDE="torchvision::deform_conv2d")
+    _, listing = _cli(env, "list", "-n", "image")
+    [row] = [a for a in listing["adopted"] if a["distribution"]["name"] == "torchvision"]
+    assert {"image::decode_png", "image::decode_jpeg"} <= {op["name"] for op in row["ops"]}
+    rc, doctor = _cli(env, "doctor")
+    assert rc == 1
+    errors = {(p["code"], p["distributions"][0]["name"]): p["message"]
+              for p in doctor["problems"] if p["severity"] == "error"}
+    assert set(errors) == {("op-held-by-package", "tvredef"),
+                           ("namespace-held-by-package", "tvimage"),
+                           ("kernel-override-undeclared", "tvkernel")}, errors
+    assert "torchvision==0.28.0" in errors[("op-held-by-package", "tvredef")]
+    assert "kernel at its import" in errors[("op-held-by-package", "tvredef")]
+    assert "may already implement for CPU" in errors[("kernel-override-undeclared", "tvkernel")]

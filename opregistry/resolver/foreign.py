@@ -138,7 +138,7 @@ def possibly(owner: tuple[Any, Any]) -> str:
     (:attr:`ForeignOwners.possible_ops <opregistry.resolver.foreign.ForeignOwners.possible_ops>`)."""
     dist, registration = owner
     if registration.kind == "kernel":
-        return (f"registers a {registration.key} kernel for at its import, in a namespace it "
+        return (f"gives a {registration.key} kernel at its import, in a namespace it "
                 f"registers in (it defines the op where the scan cannot read it)")
     return (f"may define: its C++ library holds the schema string "
             f"{registration.name + (registration.schema or '')!r}, which names no namespace, "

@@ -5,7 +5,8 @@ inputs changed, and tells by the inputs' *stamps*, the way CPython tells a
 stale ``.pyc`` (PEP 552):
 
 * **the slot** -- what is known without reading a file: Python's version
-  and executable, the platform, ``sys.path`` in order but its first entry
+  and executable (the file it links to, and its prefix), the platform, ``sys.path`` in
+  order but its first entry
   (the script's folder or the working directory: the manifest checks it),
   every ``OPREGISTRY_*`` variable (and the working directory when one names
   a file relative to it), the settings (allow- and block-lists, policy and
@@ -376,7 +377,10 @@ def _process(environ: Mapping[str, str], own: bool) -> list[Any]:
                        if k.startswith("OPREGISTRY_") and k != "OPREGISTRY_CACHE_DIR")
     relative = any(environ.get(k) and not os.path.isabs(environ[k]) for k in _PATH_VARIABLES)
     return [
-        sys.version, sys.executable, sys.platform, sys.implementation.cache_tag,
+        # the interpreter by what it is: `python`, `python3` and a console script's
+        # `python3.11` of one environment (links to one file, one prefix) share their slots
+        sys.version, os.path.realpath(sys.executable), sys.prefix, sys.platform,
+        sys.implementation.cache_tag,
         [FIRST if not own else first_folder(), *map(absolute, sys.path[1:])]
         if sys.path else [],
         variables, os.getcwd() if relative else None,

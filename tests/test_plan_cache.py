@@ -665,6 +665,24 @@ def test_python_platform_and_settings_name_the_slot(monkeypatch: pytest.MonkeyPa
     monkeypatch.undo()
     monkeypatch.setattr(sys, "platform", "other")
     assert base != inputs.slot(s, torch_imported=False, content=False, environ={})
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "prefix", sys.prefix + "-other")  # another environment
+    assert base != inputs.slot(s, torch_imported=False, content=False, environ={})
+
+
+def test_names_of_one_interpreter_share_its_slots(tmp_path: Path) -> None:
+    """``python``, ``python3`` and the console scripts' ``python3.11`` of one environment are
+    links to one file: one slot (``opregistry cache info`` of the console script reports
+    the entry ``python -c "import torch"`` uses)."""
+    folder = Path(sys.executable).parent
+    names = [folder / n for n in ("python", "python3", f"python3.{sys.version_info[1]}")
+             if (folder / n).exists()]
+    assert len(names) >= 2, f"a virtual environment has several names for its python: {names}"
+    code = ("import json; from opregistry import inputs; from opregistry.config import Settings;"
+            "print(inputs.slot(Settings(), torch_imported=True, content=False, environ={}))")
+    slots = {subprocess.run([str(path), "-c", code], capture_output=True, text=True,
+                            check=True, cwd=str(tmp_path)).stdout for path in names}
+    assert len(slots) == 1, slots
 
 
 def test_every_setting_names_the_slot() -> None:

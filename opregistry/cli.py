@@ -231,8 +231,13 @@ def _live_registry(imports: Sequence[str] = ()) -> Any:
         try:
             importlib.import_module(module)
         except Exception as exc:
-            raise SystemExit(f"opregistry: --import {module} failed: {type(exc).__name__}: {exc}; "
-                             f"the module must be importable here (installed, or on PYTHONPATH)")
+            missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None and (
+                module == exc.name or module.startswith(exc.name + "."))
+            raise SystemExit(
+                f"opregistry: --import {module} failed: {type(exc).__name__}: {exc}; "
+                + ("the module must be importable here (installed, or on PYTHONPATH)" if missing
+                   else f"it is found, and its import raised: python -c 'import {module}' "
+                        f"shows the whole error (a package built for another torch fails so)"))
     from .registry import load
 
     return load()

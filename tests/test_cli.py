@@ -221,6 +221,21 @@ def test_doctor_warns_about_missing_fake_and_allowed_override(dists, ns, scoped,
     assert "OPREGISTRY_ALLOW_OVERRIDE" in override["hint"]
 
 
+def test_an_import_that_fails_says_whether_the_module_is_missing_or_raised(dists, ns, scoped):
+    """``--import`` of a package that is there but raises (built for another torch) is not
+    told to install it; one that is not there is."""
+    broken = f"broken_{ns}"
+    (dists.root / f"{broken}.py").write_text("raise ImportError('undefined symbol: _ZN3c10')\n")
+    scoped()
+    with pytest.raises(SystemExit) as raised:
+        main(["doctor", "--live", "--import", broken])
+    assert f"its import raised: python -c 'import {broken}'" in str(raised.value)
+    assert "undefined symbol" in str(raised.value) and "installed" not in str(raised.value)
+    with pytest.raises(SystemExit) as missing:
+        main(["doctor", "--live", "--import", f"{broken}_absent.sub"])
+    assert "must be importable here (installed, or on PYTHONPATH)" in str(missing.value)
+
+
 def test_doctor_live_finds_namespace_held_by_torch(dists, ns, scoped, capsys):
     """A namespace a module holds in torch (a DEF outside opregistry) is found with --live --import."""
     ext = f"ext_{ns}"

@@ -294,3 +294,19 @@ def _installed(pins: tuple[str, ...]) -> Path:
     except RuntimeError as exc:
         pytest.fail(str(exc), pytrace=False)
 
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A site folder on ``sys.path`` for foreign distributions (tests/adoption_dists.py); their
+    modules (``fp_*``, ``fr_*``) forgotten after."""
+    root = tmp_path / "foreign-site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("OPREGISTRY_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("OPREGISTRY_ADOPT", "OPREGISTRY_ADOPT_BLOCK", "OPREGISTRY_KERNELS"):
+        monkeypatch.delenv(var, raising=False)
+    before = set(sys.modules)
+    yield root
+    for name in set(sys.modules) - before:
+        if name.split(".")[0].startswith(("fp_", "fr_")):  # fr_: test_adopted_reports.py
+            del sys.modules[name]

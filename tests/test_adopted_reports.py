@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
@@ -22,22 +22,6 @@ from opregistry.cli import main
 from . import adoption_dists
 from .conftest import DistFactory, op_dist, plan
 from .test_cli import doc_schemas, schema_errors
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A site folder on ``sys.path`` for adopted distributions; their modules forgotten after."""
-    root = tmp_path / "adopted-site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setenv("OPREGISTRY_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("OPREGISTRY_ADOPT", "OPREGISTRY_ADOPT_BLOCK", "OPREGISTRY_KERNELS"):
-        monkeypatch.delenv(var, raising=False)
-    before = set(sys.modules)
-    yield root
-    for name in set(sys.modules) - before:
-        if name.split(".")[0].startswith("fr_"):
-            del sys.modules[name]
 
 
 def _ops_package(ns: str, *names: str, overloads: tuple[str, ...] = ()) -> dict[str, str]:

@@ -14,7 +14,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 import torch
@@ -25,22 +25,6 @@ from opregistry import report
 from . import adoption_dists, foreign_dists
 from .conftest import DistFactory, load, op_dist, plan
 from .test_cli import doc_schemas, schema_errors
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A site folder on ``sys.path`` for foreign distributions; their modules forgotten after."""
-    root = tmp_path / "foreign-site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setenv("OPREGISTRY_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("OPREGISTRY_ADOPT", "OPREGISTRY_ADOPT_BLOCK", "OPREGISTRY_KERNELS"):
-        monkeypatch.delenv(var, raising=False)
-    before = set(sys.modules)
-    yield root
-    for name in set(sys.modules) - before:
-        if name.split(".")[0].startswith("fp_"):
-            del sys.modules[name]
 
 
 def _package(ns: str) -> dict[str, str]:

@@ -73,21 +73,14 @@ def _parsed(ctx: Context, op: OpDef, namespaces: dict[str, NamespacePlan],
         return None
     if not _release_takes(ctx, op, schema):
         return None
-    held = ctx.foreign.ops.get(op.qualname)
+    held = ctx.foreign.op_owner(op.qualname)
     if held is not None:
+        certain = op.qualname in ctx.foreign.ops
         ctx.refuse("op-held-by-package",
-                   f"{op.origin} defines {op.qualname}, which {owner_text(held)} defines at its "
-                   f"import with torch.library: torch would refuse the second definition, "
-                   f"crashing whichever is imported last",
-                   "rename the op or its overload (a FRAGMENT may add ops of new names)",
-                   (op.origin,), op=op.qualname, source=where)
-        return None
-    maybe = ctx.foreign.possible_ops.get(op.qualname)
-    if maybe is not None:
-        ctx.refuse("op-held-by-package",
-                   f"{op.origin} defines {op.qualname}, which {owner_text(maybe)} "
-                   f"{possibly(maybe)}: torch would refuse the second definition, "
-                   f"crashing whichever is imported last (a C++ library aborts the process)",
+                   f"{op.origin} defines {op.qualname}, which {owner_text(held)} "
+                   + ("defines at its import with torch.library" if certain else possibly(held))
+                   + ": torch would refuse the second definition, crashing whichever is "
+                     "imported last" + ("" if certain else " (a C++ library aborts the process)"),
                    "rename the op or its overload (a FRAGMENT may add ops of new names)",
                    (op.origin,), op=op.qualname, source=where)
         return None

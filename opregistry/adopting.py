@@ -359,10 +359,14 @@ def _real(path: str) -> str:
 def lock_verdict(adopted: Adopted, lockfile: str) -> str | None:
     """Why ``adopted``'s installed files do not match ``lockfile``, or ``None`` when they do."""
     from .digests import contents, file_differences
+    from .errors import LockMismatchError
     from .lockfile import installed, read_lock
 
     try:
+        # read_lock checks the shape: every table below is an object, every entry too
         locked = read_lock(lockfile)
+    except LockMismatchError as exc:  # unusable (missing, malformed, edited): refused
+        return f"the lockfile cannot be used ({exc.message})"
     except Exception as exc:  # noqa: BLE001 - an unusable lock proves nothing: refused
         return f"the lockfile cannot be used ({describe(exc)})"
     versions = locked.get("adopted", {})

@@ -78,7 +78,7 @@ def _sha256_file(path: str) -> str | None:
 
 def short(value: str | None) -> str:
     """The first 12 hex digits of a sha256, for messages; ``missing`` for ``None``."""
-    return "missing" if value is None else value[:12] + "..."
+    return "missing" if value is None else str(value)[:12] + "..."
 
 
 def digest_of(files: dict[str, str | None]) -> str:
@@ -363,8 +363,7 @@ def file_differences(distribution: str, old: dict[str, Any], new: dict[str, Any]
     ``in_a`` / ``in_b`` say where each record comes from (``"in the lockfile"``,
     ``"here"``).
     """
-    fa: dict[str, str | None] = old.get("files") or {}
-    fb: dict[str, str | None] = new.get("files") or {}
+    fa, fb = _file_map(old), _file_map(new)
     out = []
     for name in sorted(set(fa) | set(fb)):
         if name not in fb:
@@ -376,10 +375,21 @@ def file_differences(distribution: str, old: dict[str, Any], new: dict[str, Any]
         elif fa[name] != fb[name]:
             out.append(f"distribution {distribution}: file {name} changed (sha256 "
                        f"{short(fa[name])} {in_a}, {short(fb[name])} {in_b})")
-    if not out and old.get("install") != new.get("install"):
-        out.append(f"distribution {distribution}: installed as {old.get('install')} {in_a}, "
-                   f"as {new.get('install')} {in_b}")
+    install_a, install_b = (r.get("install") if isinstance(r, dict) else None for r in (old, new))
+    if not out and install_a != install_b:
+        out.append(f"distribution {distribution}: installed as {install_a} {in_a}, "
+                   f"as {install_b} {in_b}")
     return out
+
+
+def _file_map(record: Any) -> dict[str, Any]:
+    """A content record's ``files``; empty where the record has none, or not as a map.
+
+    :func:`opregistry.lockfile.read_lock` refuses a lockfile of another shape; this is
+    the second line, so that a comparison never fails on one.
+    """
+    files = record.get("files") if isinstance(record, dict) else None
+    return files if isinstance(files, dict) else {}
 
 
 def _native_file(ref: str, files: dict[str, str | None], added: list[str],

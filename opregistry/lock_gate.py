@@ -14,8 +14,10 @@ opregistry entry points that the allow/block lists admit, it checks
 A distribution that fails any check is never imported: discovery sees it
 as blocked, and the plan reports a ``lock-mismatch`` error that names the
 distribution and each differing file.  The rest loads.  A lockfile that
-cannot be read, is malformed or of another format version loads nothing,
-with one ``lock-unreadable`` error: in locked mode, no proof means no code.
+:func:`~opregistry.lockfile.read_lock` refuses -- missing, no regular file, not
+JSON, of another format version, a key of the wrong shape, a fingerprint missing
+or not its content's (edited by hand) -- loads nothing, with one
+``lock-unreadable`` error that says which: in locked mode, no proof means no code.
 
 Nothing here raises: :func:`gate` is on the path of ``import torch``.
 """

@@ -314,21 +314,21 @@ def write_lock(plan: Plan, path: PathLike | TextIO) -> dict[str, Any]:
 
 
 def read_lock(path: PathLike) -> dict[str, Any]:
-    """Read a lockfile, with errors that say which file and what to do."""
+    """Read a lockfile and check it whole: the one reader of lockfiles.
+
+    ``verify``, the locked mode's gate (:mod:`opregistry.lock_gate`) and
+    adoption's lock verdict all read a lockfile here, so that each refuses
+    the same files with the same sentence: a file that does not exist, is
+    not a regular file (a folder, a FIFO: never opened for a blocking read),
+    is not JSON, of another ``lock_version``, has a key of the wrong shape
+    (``contents.mypkg.files: expected an object, found a list``), or whose
+    ``fingerprint`` is missing or does not match its content (edited by
+    hand).  Each raises :class:`~opregistry.LockMismatchError` saying which
+    file, what is wrong and what to do; nothing else escapes.
+    """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise LockMismatchError(
-            f"lockfile {str(p)!r} does not exist; create it with 'opregistry lock -o {p}'"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LockMismatchError(
-            f"lockfile {str(p)!r} is not valid JSON ({exc}); regenerate it with "
-            f"'opregistry lock -o {p}'"
-        ) from None
+    redo = f"regenerate it with 'opregistry lock -o {p}'"
+    data = _parse(p, redo)
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         found = data.get("lock_version") if isinstance(data, dict) else None
         older = ""
@@ -340,17 +340,183 @@ def read_lock(path: PathLike) -> dict[str, Any]:
                      "plan references outside a distribution's own file list)")
         raise LockMismatchError(
             f"lockfile {str(p)!r} has lock_version {found!r}{older}, this opregistry reads "
-            f"{LOCK_VERSION}; regenerate it with 'opregistry lock -o {p}'"
+            f"{LOCK_VERSION}; {redo}"
         )
-    if not isinstance(data.get("distributions"), dict) or not isinstance(
-            data.get("contents"), dict):
+    wrong = _shape_error(data, _LOCK, "")
+    if wrong is not None:
+        raise LockMismatchError(f"lockfile {str(p)!r} is malformed ({wrong}); {redo}")
+    recorded, actual = data.get("fingerprint"), fingerprint_of(data)
+    if recorded is None:
         raise LockMismatchError(
-            f"lockfile {str(p)!r} is malformed (no 'distributions' or 'contents' table); "
-            f"regenerate it with 'opregistry lock -o {p}'"
-        )
+            f"lockfile {str(p)!r} has no fingerprint (it was edited by hand, or not written by "
+            f"'opregistry lock'), so nothing shows that its content is what was locked; {redo}")
+    if recorded != actual:
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} was edited by hand: its fingerprint {recorded} does not match "
+            f"its content ({actual}); {redo}")
     return data
 
 
+def _parse(p: Path, redo: str) -> Any:
+    """The JSON value of the file ``p``, read only if it is a regular file."""
+    from .regular import read_regular
+
+    try:
+        raw, _ = read_regular(str(p))
+    except FileNotFoundError:
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} does not exist; create it with 'opregistry lock -o {p}'"
+        ) from None
+    except OSError as exc:
+        kind = _kind(str(p))
+        why, todo = (f"it is {kind}, not a regular file", "give the path of a lockfile") \
+            if kind else (exc.strerror or str(exc), "make it readable, or give another")
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} cannot be read ({why}); {todo} ('opregistry lock -o FILE' "
+            f"writes one)") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError: both
+        raise LockMismatchError(
+            f"lockfile {str(p)!r} is not valid JSON ({exc}); {redo}"
+        ) from None
+
+
+def _kind(path: str) -> str | None:
+    """``a folder``, ``a FIFO (named pipe)``...: what ``path`` is when it is there but no
+    regular file; ``None`` otherwise.  ``os.stat`` opens nothing, so a FIFO does not block."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return None
+
+
+# -- the shape of a lockfile ---------------------------------------------------------
+#
+# A spec is a type (or a tuple of types: ``None`` for null), or one of the classes
+# below.  Only the shape is checked -- which keys hold objects, lists, strings --
+# so that every reader (diff, gate, adoption) can index without checking again;
+# the values themselves are compared, not judged.
+
+
+class _List:
+    """A list whose every item is ``item``."""
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+class _Map:
+    """An object (string keys) whose every value is ``value``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _Obj:
+    """An object with these ``required`` and ``optional`` keys (others are let be)."""
+
+    def __init__(self, required: Mapping[str, Any], optional: Mapping[str, Any] = {}) -> None:
+        self.required, self.optional = dict(required), dict(optional)
+
+
+_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer",
+          float: "a number", bool: "true or false", type(None): "null"}
+_STR_OR_NULL = (str, type(None))
+_KERNEL = _Obj({}, {"kernel": _STR_OR_NULL, "distribution": _STR_OR_NULL})
+#: a key's kernel, or the list under "KEY (overridden)" / "KEY (candidates)"
+_KERNELS = _Map((_KERNEL, _List(_KERNEL)))
+_STRINGS = _List(str)
+_LOCK = _Obj({
+    "lock_version": int,
+    "torch": _STR_OR_NULL,
+    "distributions": _Map(str),
+    "excluded": _STRINGS,
+    "backends": _Map(_Obj({"keys": _STRINGS, "device_type": _STR_OR_NULL,
+                           "distribution": _STR_OR_NULL})),
+    "namespaces": _Map(_Obj({"owner": _STR_OR_NULL, "fragments": _STRINGS, "closed": bool})),
+    "ops": _Map(_Obj({"schema": str, "tags": _STRINGS, "distribution": _STR_OR_NULL,
+                      "kernels": _KERNELS})),
+    "external_kernels": _Map(_KERNELS),
+    "contents": _Map(_Obj({"install": str, "digest": str, "files": _Map(_STR_OR_NULL)},
+                          {"references": _STRINGS, "not_covered": _STRINGS,
+                           "differs_from_record": _Map(str)})),
+}, {
+    "fingerprint": str,
+    "kernel_switches": _STRINGS,
+    "adopted": _Map(_Obj({"version": str, "load": str, "namespaces": _Map(_STRINGS),
+                          "ops": _STRINGS, "disabled_kernels": _STRINGS})),
+})
+
+
+def _key_path(where: str, key: str | int) -> str:
+    """``where.key``; ``where[0]`` for a list item; a key that is no plain name quoted."""
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    if key and all(c.isalnum() or c in "_-:" for c in key):
+        return f"{where}.{key}" if where else key
+    return f"{where}[{json.dumps(key)}]"
+
+
+def _expected(spec: Any) -> str:
+    """What ``spec`` calls for, in words: ``an object``, ``a string or null``."""
+    if isinstance(spec, tuple):
+        return " or ".join(_expected(s) for s in spec)
+    if isinstance(spec, (_Obj, _Map)):
+        return "an object"
+    if isinstance(spec, _List):
+        return "a list"
+    return _NAMES.get(spec, spec.__name__)
+
+
+def _matches(value: Any, spec: Any) -> bool:
+    """Whether ``value`` is of the kind ``spec`` calls for, its content not looked at."""
+    if isinstance(spec, tuple):
+        return any(_matches(value, s) for s in spec)
+    if isinstance(spec, (_Obj, _Map)):
+        return isinstance(value, dict)
+    if isinstance(spec, _List):
+        return isinstance(value, list)
+    if spec is int or spec is float:  # JSON's true and false are no numbers here
+        return isinstance(value, spec) and not isinstance(value, bool)
+    return isinstance(value, spec)
+
+
+def _shape_error(value: Any, spec: Any, where: str) -> str | None:
+    """``where.key: expected X, found Y`` for the first part of ``value`` that is not of the
+    shape ``spec``; ``None`` when all is."""
+    if isinstance(spec, tuple):
+        for one in spec:
+            if _matches(value, one):
+                return _shape_error(value, one, where)
+    if not _matches(value, spec):
+        found = _NAMES.get(type(value), type(value).__name__)
+        return f"{where or 'the lockfile'}: expected {_expected(spec)}, found {found}"
+    if isinstance(spec, _List):
+        parts: list[tuple[Any, Any, Any]] = [(i, item, spec.item) for i, item in enumerate(value)]
+    elif isinstance(spec, _Map):
+        parts = [(key, item, spec.value) for key, item in value.items()]
+    elif isinstance(spec, _Obj):
+        missing = sorted(set(spec.required) - set(value))
+        if missing:
+            return f"{where or 'the lockfile'}: the key {missing[0]!r} is missing"
+        known = {**spec.required, **spec.optional}
+        parts = [(key, item, known[key]) for key, item in value.items() if key in known]
+    else:
+        return None
+    for key, item, inner in parts:
+        wrong = _shape_error(item, inner, _key_path(where, key))
+        if wrong is not None:
+            return wrong
+    return None
 # -- differences -------------------------------------------------------------
 
 
@@ -552,11 +718,8 @@ def verify_plan(path: PathLike, plan: Plan, *, uncovered: list[str] | None = Non
         uncovered.extend(sorted(set(not_covered(locked)) | set(not_covered(current))))
     differences = diff_lock(locked, current)
     differences += _left_out_contents(locked, current)
-    recorded = locked.get("fingerprint")
+    recorded = locked["fingerprint"]  # read_lock: present, and the content's
     actual = fingerprint_of(current)
-    if not differences and recorded is not None and recorded != fingerprint_of(locked):
-        differences.append(f"the lockfile's fingerprint {recorded} does not match its content "
-                           f"({fingerprint_of(locked)}): it was edited by hand")
     if differences:
         raise LockMismatchError(
             f"the registry of this environment ({actual}) differs from the lockfile "

@@ -25,7 +25,7 @@ import pytest
 import opregistry
 from opregistry import LockMismatchError, cli
 from opregistry.digests import contents
-from opregistry.lockfile import LOCK_VERSION, lock_data, read_lock, write_lock
+from opregistry.lockfile import LOCK_VERSION, fingerprint_of, lock_data, read_lock, write_lock
 from opregistry.registry import verify_lock
 
 from . import per_version
@@ -461,6 +461,7 @@ def test_locked_mode_checks_the_version(installs, ns, tmp_path, monkeypatch):
     path = tmp_path / "opregistry.lock"
     data = _lock(installs, path)
     data["distributions"]["cw-version"] = "0.9"
+    data["fingerprint"] = fingerprint_of(data)  # the lock of another install, as 'lock' writes it
     path.write_text(json.dumps(data))
     monkeypatch.setenv("OPREGISTRY_LOCK", str(path))
     problems = opregistry.plan(plugins=installs.plugins()).problems

@@ -170,6 +170,13 @@ def _adopted(expected: dict[str, str]) -> Check:
     return check
 
 
+def _op_modules(name: str, expected: dict[str, str]) -> Check:
+    """What looking each op up imports, for the adopted ``name``."""
+    def check(plan: Plan) -> None:
+        assert dict(plan.adopted(name).op_modules) == expected, plan.adopted(name)
+    return check
+
+
 ALLOW_BNB = Policy(allow_override={"bnb"})
 
 #: case -> (declarations, environment, policy, {error code: culprit distributions}, checks)
@@ -202,6 +209,10 @@ CASES: dict[str, tuple[Declarations, Environment, Policy | None, dict[str, list[
         (_problem("adoption-conflict", "myext==0.1.0 and vllm==0.33.0 both define op "
                   "_C::silu_and_mul (perhaps: vllm==0.33.0's C++ library", "_C, _C_cache_ops"),
          _adopted({"myext": "refused", "vllm": "refused"}))),
+    "an-op-a-package-library-may-define-is-looked-up-through-its-loader": (
+        decl(), env(VLLM), None, {}, (_op_modules("vllm", {
+            "_C::silu_and_mul": "vllm.platforms.cuda",
+            "_C_cache_ops::silu_and_mul": "vllm.platforms.cuda"}),)),
     "allowed-override-of-a-c++-block-without-override-declared": (
         decl(kernel(A, "torchvision::nms")), env(TV29),
         Policy(allow_override={"torchvision::nms"}), {"kernel-override-undeclared": ["a"]},
